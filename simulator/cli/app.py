@@ -1,0 +1,36 @@
+"""The ``servesim`` command: a thin shell over the Python API.
+
+Each sub-command lives in its own module and only parses flags, calls the API and prints. A user
+mistake (:class:`~simulator.errors.ServesimError`) is printed as one ``error:`` line on stderr
+with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from simulator.cli.catalog import hardware_command, models_command
+from simulator.cli.console import error_console
+from simulator.cli.step import step_command
+from simulator.errors import ServesimError
+
+app = typer.Typer(
+    name="servesim",
+    help="Discrete-event simulator of LLM inference serving with a roofline cost model.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("step")(step_command)
+app.command("models")(models_command)
+app.command("hardware")(hardware_command)
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except ServesimError as exc:
+        error_console.print(f"[bold red]error:[/] {exc}", markup=True)
+        sys.exit(2)

@@ -1,0 +1,20 @@
+"""The roofline cost model: (model, hardware, parallelism, precision, batch) -> seconds."""
+
+from simulator.cost.attention import AttentionShape, causal_pairs
+from simulator.cost.batch import BatchShape
+from simulator.cost.communication import ring_allgather_s, ring_allreduce_s
+from simulator.cost.roofline import OpCost, roofline
+from simulator.cost.step_cost import BREAKDOWN_KEYS, CostModel, StepCost
+
+__all__ = [
+           "BREAKDOWN_KEYS",
+           "AttentionShape",
+           "BatchShape",
+           "CostModel",
+           "OpCost",
+           "StepCost",
+           "causal_pairs",
+           "ring_allgather_s",
+           "ring_allreduce_s",
+           "roofline",
+]

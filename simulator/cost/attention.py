@@ -1,0 +1,105 @@
+"""The cost of the attention kernels: the one place to read or change it.
+
+Attention is split the way serving engines run it: one kernel for the prefill chunks of the step
+(FlashAttention over variable-length sequences) and one for the decoding requests (paged
+attention: one query per sequence over its cached KV). Both are costed per layer on one GPU of
+the tensor-parallel group, which holds ``heads`` query heads.
+
+Prefill chunk of ``q`` new tokens over ``c`` earlier ones (causal):
+  attended (query, key) pairs ``P = q*c + q(q+1)/2`` (each new token sees the context and the new
+  tokens up to itself; with a sliding window ``W`` each sees at most ``W``);
+  FLOPs ``= P * flops_per_pair`` where ``flops_per_pair = 2 * heads * (d_qk + d_v)``
+  (score product plus weighted sum of values);
+  bytes ``=`` read Q and write O for the ``q`` tokens, read the KV of all ``c + q`` tokens once
+  (FlashAttention's IO: the earlier chunks' KV is re-read by every later chunk, which is what makes
+  chunked prefill cost more than one pass), and write the new tokens' KV into the cache.
+  The compute efficiency is read at the chunk's equivalent causal length ``sqrt(2P)``, so a short
+  chunk over a long context counts as the larger kernel it is.
+
+Decode of a request with ``c`` cached tokens: its one query sees ``min(c + 1, W)`` keys; FLOPs per
+key as above; bytes = that many tokens of KV (the dominant term), plus Q, O and the new KV write.
+The memory efficiency is read at the kernel's total bytes per layer.
+
+MLA (DeepSeek) caches one latent of ``kv_lora_rank + rope_dim`` per token shared by all heads;
+decode runs in the absorbed form (every head scores against the latent, so
+``flops_per_key = 2 * heads * (2 * kv_lora_rank + rope_dim)``), prefill in the expanded form
+(``d_qk = nope + rope``, ``d_v = v_head_dim``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.cost.batch import BatchShape
+from simulator.cost.roofline import OpCost, memory_efficiency
+from simulator.hardware import HardwareProfile
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Per-GPU attention dimensions of one layer."""
+
+    heads: int
+    q_head_dim: int
+    v_head_dim: int
+    kv_elements_per_token: int
+    prefill_flops_per_pair: int
+    decode_flops_per_key: int
+    window: int | None
+
+
+def causal_pairs(new: np.ndarray, context: np.ndarray, window: int | None) -> np.ndarray:
+    """Attended (query, key) pairs of chunks of ``new`` tokens over ``context`` earlier ones.
+
+    New token ``j`` (1-based) sees ``context + j`` keys, or ``window`` if fewer. With
+    ``k = clip(window - context, 0, new)`` tokens below the window the sum is
+    ``k*context + k(k+1)/2 + (new - k)*window``.
+    """
+    new = new.astype(np.float64)
+    context = context.astype(np.float64)
+    if window is None:
+        return new * context + new * (new + 1) / 2
+    below = np.clip(window - context, 0, new)
+    return below * context + below * (below + 1) / 2 + (new - below) * window
+
+
+def prefill_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,
+                      peak_flops: float, act_bytes: float, kv_bytes: float,
+                      layers: int) -> OpCost:
+    if batch.num_prefills == 0:
+        return OpCost("attn_prefill", 0.0, 0.0, 0.0, 0.0, 0.0)
+    eff = hardware.efficiency.attention_prefill
+    new, context = batch.prefill_tokens, batch.prefill_context
+    pairs = causal_pairs(new, context, shape.window)
+    flops = pairs * shape.prefill_flops_per_pair
+    compute_s = float(np.sum(flops / (peak_flops * eff.compute(np.sqrt(2.0 * pairs)))))
+    kv_read = context + new if shape.window is None else np.minimum(context + new, shape.window + new)
+    total_new = float(new.sum())
+    nbytes = (total_new * shape.heads * (shape.q_head_dim + shape.v_head_dim) * act_bytes
+              + (float(kv_read.sum()) + total_new) * shape.kv_elements_per_token * kv_bytes)
+    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, total_new))
+    total_flops = float(flops.sum())
+    return OpCost("attn_prefill", total_flops * layers, nbytes * layers, compute_s * layers,
+                  memory_s * layers, eff.fixed_s * layers)
+
+
+def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,
+                     peak_flops: float, act_bytes: float, kv_bytes: float,
+                     layers: int) -> OpCost:
+    if batch.num_decodes == 0:
+        return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
+    eff = hardware.efficiency.attention_decode
+    seen = batch.decode_context + 1
+    if shape.window is not None:
+        seen = np.minimum(seen, shape.window)
+    keys = float(seen.sum())
+    n = batch.num_decodes
+    flops = keys * shape.decode_flops_per_key
+    nbytes = ((keys + n) * shape.kv_elements_per_token * kv_bytes
+              + n * shape.heads * (shape.q_head_dim + shape.v_head_dim) * act_bytes)
+    compute_s = flops / (peak_flops * eff.compute.at(float(n)))
+    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, float(n)))
+    return OpCost("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
+                  memory_s * layers, eff.fixed_s * layers)

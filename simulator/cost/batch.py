@@ -1,0 +1,114 @@
+"""The shape of one iteration's batch, as the cost model needs it.
+
+In the unified token-budget view every scheduled request processes some *new* tokens over some
+*context* it has already computed. A request still working through its prompt is a prefill
+(a whole prompt, or one chunk of it); a request past its prompt is a decode and processes exactly
+one new token. Recompute after preemption is a prefill again. The cost model needs only these
+arrays (and a few sums of them), never the requests themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.errors import ServesimError
+
+_INT = np.int64
+
+
+def _as_tokens(values: Sequence[int] | np.ndarray, field: str) -> np.ndarray:
+    array = np.asarray(values, dtype=_INT).reshape(-1)
+    if array.size and array.min() < 0:
+        raise ServesimError(field, "token counts cannot be negative", "give counts >= 0")
+    return array
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """One iteration: prefill chunks and decoding requests.
+
+    ``prefill_tokens[i]`` new prompt tokens are computed for prefill ``i`` on top of
+    ``prefill_context[i]`` tokens it computed in earlier steps (0 unless chunked or recomputed);
+    ``prefill_emits[i]`` says whether this chunk finishes the prompt, so the step also samples
+    that request's first output token (and runs the LM head for it).
+    ``decode_context[j]`` is the number of tokens already in decoding request ``j``'s KV cache;
+    its one new token attends to those and to itself.
+    """
+
+    prefill_tokens: np.ndarray
+    prefill_context: np.ndarray
+    prefill_emits: np.ndarray
+    decode_context: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not (len(self.prefill_tokens) == len(self.prefill_context) == len(self.prefill_emits)):
+            raise ServesimError("batch", "prefill arrays differ in length",
+                                "give one context and one emits flag per prefill chunk")
+        if self.prefill_tokens.size and self.prefill_tokens.min() < 1:
+            raise ServesimError("prefill_tokens", "a prefill chunk needs at least one token",
+                                "drop empty chunks")
+
+    @classmethod
+    def build(cls, prefill_tokens: Sequence[int] | np.ndarray = (),
+              prefill_context: Sequence[int] | np.ndarray | None = None,
+              decode_context: Sequence[int] | np.ndarray = (),
+              prefill_emits: Sequence[bool] | np.ndarray | None = None) -> BatchShape:
+        """Full prompts by default: no earlier context, and every prefill emits a token."""
+        tokens = _as_tokens(prefill_tokens, "prefill_tokens")
+        context = (np.zeros_like(tokens) if prefill_context is None
+                   else _as_tokens(prefill_context, "prefill_context"))
+        emits = (np.ones(tokens.shape, dtype=bool) if prefill_emits is None
+                 else np.asarray(prefill_emits, dtype=bool).reshape(-1))
+        return cls(tokens, context, emits, _as_tokens(decode_context, "decode_context"))
+
+    @classmethod
+    def decode(cls, batch_size: int, context: int) -> BatchShape:
+        """``batch_size`` requests decoding, each with ``context`` tokens already cached."""
+        return cls.build(decode_context=np.full(batch_size, context, dtype=_INT))
+
+    @classmethod
+    def prefill(cls, *prompt_lengths: int) -> BatchShape:
+        return cls.build(prefill_tokens=list(prompt_lengths))
+
+    @classmethod
+    def from_requests(cls, new_tokens: np.ndarray, computed_tokens: np.ndarray,
+                      prompt_tokens: np.ndarray) -> BatchShape:
+        """Classify scheduled requests by where they stand (the engine's view): a request whose
+        computed count is still below its prompt length is prefilling; the rest decode."""
+        new_tokens = np.asarray(new_tokens, dtype=_INT)
+        computed_tokens = np.asarray(computed_tokens, dtype=_INT)
+        prompt_tokens = np.asarray(prompt_tokens, dtype=_INT)
+        is_prefill = computed_tokens < prompt_tokens
+        return cls(new_tokens[is_prefill], computed_tokens[is_prefill],
+                   computed_tokens[is_prefill] + new_tokens[is_prefill] >= prompt_tokens[is_prefill],
+                   computed_tokens[~is_prefill])
+
+    # ------------------------------------------------------------------ sums the cost model uses
+    @property
+    def num_prefills(self) -> int:
+        return int(self.prefill_tokens.size)
+
+    @property
+    def num_decodes(self) -> int:
+        return int(self.decode_context.size)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return int(self.prefill_tokens.sum())
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Rows of every GEMM in this step (the M dimension)."""
+        return self.num_prefill_tokens + self.num_decodes
+
+    @property
+    def num_logits(self) -> int:
+        """Sequences that sample a token this step (rows of the LM head)."""
+        return self.num_decodes + int(self.prefill_emits.sum())
+
+    @property
+    def is_empty(self) -> bool:
+        return self.num_new_tokens == 0

@@ -1,0 +1,59 @@
+"""The roofline rule every operator is charged by.
+
+``time = fixed + max(flops / (peak * compute_eff), bytes / (bandwidth * memory_eff))``
+
+``fixed`` is the kernel's launch cost and minimum duration (per launch), the efficiencies come from
+the hardware profile's curves evaluated at the operator's shape. An operator that repeats in every
+layer is costed once per layer and multiplied, so efficiencies see the per-kernel shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.hardware import OperatorEfficiency
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """One operator class summed over the step (all layers that run it)."""
+
+    name: str
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float
+    fixed_s: float
+
+    @property
+    def roofline_s(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def time_s(self) -> float:
+        return self.roofline_s + self.fixed_s
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def memory_efficiency(eff: OperatorEfficiency, nbytes: float, tokens: float) -> float:
+    """The memory curve read on its own axis: the kernel's bytes, or its tokens."""
+    return eff.memory.at(nbytes if eff.memory.axis == "bytes" else tokens)
+
+
+def roofline(name: str, flops: float, nbytes: float, *, peak_flops: float, bandwidth: float,
+             eff: OperatorEfficiency, compute_axis: float, repeat: float = 1.0,
+             kernels: float = 1.0) -> OpCost:
+    """Cost of ``repeat`` identical kernels each doing ``flops`` and moving ``nbytes``.
+
+    ``compute_axis`` is the kernel's position on the compute curve's axis (tokens); the memory
+    curve is read at the kernel's own byte count.
+    """
+    if flops <= 0 and nbytes <= 0:
+        return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
+    compute_s = flops / (peak_flops * eff.compute.at(compute_axis)) if flops > 0 else 0.0
+    memory_s = nbytes / (bandwidth * memory_efficiency(eff, nbytes, compute_axis)) if nbytes > 0 else 0.0
+    return OpCost(name, flops * repeat, nbytes * repeat, compute_s * repeat, memory_s * repeat,
+                  eff.fixed_s * kernels * repeat)

@@ -1,0 +1,119 @@
+"""Numeric formats of weights, activations and the KV cache, and what they cost in bytes.
+
+A serving deployment picks one format per tensor class (:class:`Precision`). Bytes per element
+decide memory traffic and capacity; the *math* format of a GEMM decides which peak FLOP/s of the
+hardware applies. Weight-only quantisation (int4/int8/fp8 weights with 16-bit activations) shrinks
+the bytes a GEMM reads but runs the math in 16 bits after dequantisation; W8A8 and FP8 (8-bit
+weights *and* activations) also run the math on the 8-bit tensor cores.
+
+Group-wise formats store one scale (fp16, 2 bytes) per ``group_size`` elements, as AWQ and GPTQ
+do for int4 with group 128: 0.5 + 2/128 = 0.515625 bytes per weight. 8-bit formats use per-channel
+or per-tensor scales whose size is negligible next to the tensor and is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from simulator.errors import ServesimError
+
+SCALE_BYTES = 2.0
+"""Bytes of one group scale (an fp16 number)."""
+
+
+class DType(StrEnum):
+    """A storage or math format. ``bf16`` and ``fp16`` cost the same everywhere."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+
+    @property
+    def bits(self) -> int:
+        return {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}[self.value]
+
+    @property
+    def is_grouped(self) -> bool:
+        """Whether the format carries one scale per group of elements (int4)."""
+        return self is DType.INT4
+
+    def bytes_per_element(self, group_size: int = 128) -> float:
+        """Storage bytes per element, scales included for grouped formats."""
+        raw = self.bits / 8
+        if self.is_grouped:
+            return raw + SCALE_BYTES / group_size
+        return raw
+
+    @classmethod
+    def parse(cls, value: str | DType, field: str) -> DType:
+        """Read a dtype name as a user wrote it (``bfloat16`` and ``float16`` are accepted too)."""
+        if isinstance(value, DType):
+            return value
+        aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float8": "fp8",
+                   "fp8_e4m3": "fp8", "e4m3": "fp8"}
+        name = aliases.get(str(value).lower(), str(value).lower())
+        try:
+            return cls(name)
+        except ValueError:
+            choices = ", ".join(d.value for d in cls)
+            raise ServesimError(field, f"unknown dtype {value!r}", f"use one of {choices}") from None
+
+
+ACTIVATION_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.INT8)
+"""Activations are never stored in 4 bits by the kernels we model."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The formats of one deployment: weights, activations and KV cache.
+
+    ``group_size`` applies to every grouped (int4) tensor. The GEMM math format is the activation
+    format: 16-bit activations mean dequantise-then-multiply in 16 bits (weight-only
+    quantisation); 8-bit activations with 8-bit or narrower weights run on 8-bit tensor cores.
+    """
+
+    weight: DType = DType.BF16
+    activation: DType = DType.BF16
+    kv_cache: DType = DType.BF16
+    group_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATION_DTYPES:
+            raise ServesimError(
+                "act_dtype", f"{self.activation.value} activations are not supported",
+                "use bf16, fp16, fp8 or int8")
+        if self.activation.bits < self.weight.bits:
+            raise ServesimError(
+                "act_dtype",
+                f"{self.activation.value} activations with {self.weight.value} weights is not a "
+                "real kernel (W16A8)",
+                f"use weight_dtype {self.activation.value} (W8A8) or act_dtype bf16")
+        if self.group_size <= 0:
+            raise ServesimError("group_size", f"must be positive, got {self.group_size}",
+                                "use 128 (AWQ/GPTQ default)")
+
+    @property
+    def math(self) -> DType:
+        """The format the tensor cores multiply in."""
+        return self.activation
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.weight.bytes_per_element(self.group_size)
+
+    @property
+    def act_bytes(self) -> float:
+        return self.activation.bytes_per_element(self.group_size)
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.kv_cache.bytes_per_element(self.group_size)
+
+    @classmethod
+    def from_names(cls, weight: str = "bf16", activation: str = "bf16", kv_cache: str = "bf16",
+                   group_size: int = 128) -> Precision:
+        return cls(DType.parse(weight, "weight_dtype"), DType.parse(activation, "act_dtype"),
+                   DType.parse(kv_cache, "kv_dtype"), group_size)

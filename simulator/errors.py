@@ -1,0 +1,22 @@
+"""User-facing errors.
+
+Every mistake a user can make (an unknown model, a malformed profile, a batch that cannot fit in
+GPU memory) raises :class:`ServesimError`. Its string form is one line that names the field at
+fault and the fix, and the CLI prints exactly that line instead of a traceback. Internal bugs stay
+ordinary exceptions so that they do show a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ServesimError(Exception):
+    """A user mistake, reported as ``<field>: <problem>; <fix>`` on one line."""
+
+    def __init__(self, field: str, problem: str, fix: str = "") -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        message = f"{field}: {problem}" if field else problem
+        if fix:
+            message = f"{message}; {fix}"
+        super().__init__(" ".join(message.split()))

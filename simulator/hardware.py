@@ -1,0 +1,330 @@
+"""Hardware profiles: spec-sheet peaks plus calibrated efficiency curves, with provenance.
+
+A profile (``hardware_profiles/<name>.yaml``) says what one GPU can do at best (peak FLOP/s per
+math format, HBM size and bandwidth, links to its peers and to the host) and how close real
+kernels get to that best (:class:`Efficiency`, per operator class). The cost model charges every
+operator ``fixed_s + max(flops / (peak * compute_eff), bytes / (bandwidth * memory_eff))``, so the
+profile holds exactly the numbers that formula needs.
+
+Efficiencies are curves, not constants: a GEMM with 16 tokens cannot fill an H100's tensor cores
+and a decode-attention kernel reading 1 MB cannot saturate HBM. A curve is a table of points on
+one *axis* (``tokens`` for GEMMs and prefill attention, ``bytes`` for decode attention and
+elementwise kernels) interpolated linearly in log(axis) and held flat beyond its ends. The
+shipped defaults are hand-set from public measurements; ``servesim calibrate`` replaces them with
+fitted tables and records the fit error in ``provenance``.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from simulator.dtypes import DType
+from simulator.errors import ServesimError
+from simulator.resources import hardware_profiles_dir
+
+Axis = Literal["tokens", "bytes"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Curve(_Strict):
+    """An efficiency in (0, 1] as a function of one shape axis (log-linear, clamped ends).
+
+    Time is work over efficiency, so a curve that rose faster than its axis would make a bigger
+    kernel finish sooner. Every segment must satisfy ``d ln(eff) / d ln(x) <= 1`` (checked at
+    its lower end, where it is largest); fitted tables are held to the same rule.
+    """
+
+    axis: Axis = "tokens"
+    x: tuple[float, ...] = (1.0,)
+    y: tuple[float, ...] = (1.0,)
+
+    @model_validator(mode="after")
+    def _check(self) -> Curve:
+        if len(self.x) != len(self.y) or not self.x:
+            raise ValueError(f"x and y need the same non-zero length, got {len(self.x)} and {len(self.y)}")
+        if any(v <= 0 for v in self.x) or list(self.x) != sorted(self.x):
+            raise ValueError("x must be positive and increasing")
+        if any(not 0 < v <= 1 for v in self.y):
+            raise ValueError("y must be efficiencies in (0, 1]")
+        for i in range(len(self.x) - 1):
+            slope = (self.y[i + 1] - self.y[i]) / math.log(self.x[i + 1] / self.x[i])
+            if slope > self.y[i] * (1 + 1e-9):
+                raise ValueError(
+                    f"between x={self.x[i]:g} and x={self.x[i + 1]:g} the efficiency rises faster "
+                    "than the axis, so more work would take less time; raise y at the lower point")
+        return self
+
+    @classmethod
+    def constant(cls, value: float, axis: Axis = "tokens") -> Curve:
+        return cls(axis=axis, x=(1.0,), y=(value,))
+
+    @cached_property
+    def _log_x(self) -> np.ndarray:
+        return np.log(np.asarray(self.x, dtype=float))
+
+    @cached_property
+    def _y(self) -> np.ndarray:
+        return np.asarray(self.y, dtype=float)
+
+    @cached_property
+    def _log_x_list(self) -> list[float]:
+        return [math.log(v) for v in self.x]
+
+    def at(self, value: float) -> float:
+        """Efficiency at one scalar ``value`` (pure Python: the cost model calls this ~20 times
+        per step, where NumPy's per-call overhead would dominate)."""
+        xs, ys = self._log_x_list, self.y
+        if len(xs) == 1:
+            return ys[0]
+        lv = math.log(value) if value > 0 else -math.inf
+        if lv <= xs[0]:
+            return ys[0]
+        if lv >= xs[-1]:
+            return ys[-1]
+        i = bisect_right(xs, lv)
+        frac = (lv - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ys[i - 1] + frac * (ys[i] - ys[i - 1])
+
+    def __call__(self, value: float | np.ndarray) -> float | np.ndarray:
+        """Efficiency at ``value`` on the curve's axis (scalar or array)."""
+        if np.ndim(value) == 0:
+            return self.at(float(value))
+        if len(self.x) == 1:
+            return np.full(np.shape(value), self.y[0])
+        logged = np.log(np.maximum(value, 1e-30))
+        return np.interp(logged, self._log_x, self._y)
+
+
+def _coerce_curve(value: Any, axis: Axis) -> Any:
+    """Let a YAML author write a bare number for a constant efficiency."""
+    if isinstance(value, (int, float)):
+        return {"axis": axis, "x": [1.0], "y": [float(value)]}
+    return value
+
+
+class OperatorEfficiency(_Strict):
+    """How close one class of kernels gets to the roofline, and its fixed cost per launch."""
+
+    compute: Curve = Curve.constant(1.0)
+    memory: Curve = Curve.constant(1.0, "bytes")
+    fixed_s: float = Field(0.0, ge=0.0, description="per-kernel launch + minimum duration")
+
+    @field_validator("compute", mode="before")
+    @classmethod
+    def _compute(cls, value: Any) -> Any:
+        return _coerce_curve(value, "tokens")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> Any:
+        return _coerce_curve(value, "bytes")
+
+
+class Efficiency(_Strict):
+    """Efficiency per operator class. ``ideal()`` gives the pure roofline (all 1, no fixed cost)."""
+
+    gemm: OperatorEfficiency = OperatorEfficiency()
+    attention_prefill: OperatorEfficiency = OperatorEfficiency()
+    attention_decode: OperatorEfficiency = OperatorEfficiency()
+    elementwise: OperatorEfficiency = OperatorEfficiency()
+
+
+class Link(_Strict):
+    """A data path: ``bandwidth_Bps`` is one direction, as NCCL bus bandwidth is quoted."""
+
+    kind: str
+    bandwidth_Bps: float = Field(gt=0)
+    latency_s: float = Field(ge=0)
+    efficiency: float = Field(1.0, gt=0, le=1, description="achieved / peak bandwidth")
+
+
+class Memory(_Strict):
+    capacity_bytes: float = Field(gt=0)
+    bandwidth_Bps: float = Field(gt=0)
+    reserved_bytes: float = Field(
+        0.0, ge=0, description="CUDA context, NCCL and allocator slack: never available to vLLM")
+
+
+class Overhead(_Strict):
+    step_s: float = Field(0.0, ge=0, description="scheduler, input prep, sampling per iteration")
+
+
+class HardwareProfile(_Strict):
+    """One GPU model as the cost model sees it."""
+
+    name: str
+    display_name: str
+    vendor: str = "nvidia"
+    spec_only: bool = Field(
+        True, description="true while no efficiency here was fitted to measurements")
+    peak_flops: dict[DType, float]
+    memory: Memory
+    interconnect: Link
+    host_link: Link
+    efficiency: Efficiency = Efficiency()
+    overhead: Overhead = Overhead()
+    cost_per_gpu_hour: float | None = Field(None, ge=0)
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _positive_peaks(cls, value: dict[DType, float]) -> dict[DType, float]:
+        for dtype, flops in value.items():
+            if not flops > 0:
+                raise ValueError(f"peak_flops.{dtype.value} must be positive")
+        if DType.BF16 not in value:
+            raise ValueError("peak_flops.bf16 is required")
+        return value
+
+    def peak(self, math_dtype: DType) -> float:
+        """Dense peak FLOP/s for GEMMs whose math runs in ``math_dtype``."""
+        key = DType.BF16 if math_dtype is DType.FP16 else math_dtype
+        if key not in self.peak_flops:
+            have = ", ".join(sorted(d.value for d in self.peak_flops))
+            raise ServesimError(
+                "act_dtype", f"{self.name} has no {math_dtype.value} tensor cores (it has {have})",
+                f"use act_dtype bf16 (weight-only {math_dtype.value}) or other hardware")
+        return self.peak_flops[key]
+
+    def ridge_point(self, math_dtype: DType = DType.BF16) -> float:
+        """FLOPs per HBM byte above which a kernel is compute-bound at peak."""
+        return self.peak(math_dtype) / self.memory.bandwidth_Bps
+
+    def ideal(self) -> HardwareProfile:
+        """The same hardware with perfect efficiency and no overheads: the textbook roofline."""
+        link = self.interconnect.model_copy(update={"efficiency": 1.0, "latency_s": 0.0})
+        return self.model_copy(update={"efficiency": Efficiency(), "overhead": Overhead(),
+                                       "interconnect": link, "name": f"{self.name} (ideal)"})
+
+    def summary(self) -> dict[str, Any]:
+        fp8 = self.peak_flops.get(DType.FP8)
+        return {
+            "name": self.name,
+            "gpu": self.display_name,
+            "bf16_tflops": round(self.peak_flops[DType.BF16] / 1e12),
+            "fp8_tflops": round(fp8 / 1e12) if fp8 else None,
+            "hbm_gib": round(self.memory.capacity_bytes / 2**30, 1),
+            "hbm_tbps": round(self.memory.bandwidth_Bps / 1e12, 2),
+            "link": f"{self.interconnect.kind} {self.interconnect.bandwidth_Bps / 1e9:.0f} GB/s",
+            "ridge_flop_per_byte": round(self.ridge_point()),
+            "calibration": "spec-only" if self.spec_only else "calibrated",
+            "usd_per_gpu_hour": self.cost_per_gpu_hour,
+        }
+
+
+# --------------------------------------------------------------------------- loading
+def builtin_hardware_names() -> list[str]:
+    return sorted(p.stem for p in hardware_profiles_dir().glob("*.yaml"))
+
+
+def _format_validation_error(exc: ValidationError, where: str) -> ServesimError:
+    first = exc.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    problem = first["msg"]
+    if first["type"] == "extra_forbidden":
+        problem = "unknown key"
+    return ServesimError(f"{where}: {location}", problem,
+                         "fix this entry (see hardware_profiles/h100-sxm-80gb.yaml for the format)")
+
+
+def hardware_from_dict(data: Any, where: str) -> HardwareProfile:
+    if not isinstance(data, dict):
+        raise ServesimError(where, "a hardware profile must be a YAML mapping", "check the file")
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        raise _format_validation_error(exc, where) from None
+
+
+def load_hardware_file(path: Path) -> HardwareProfile:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise ServesimError(str(path), f"malformed YAML{line}", "fix the syntax") from None
+    except OSError as exc:
+        raise ServesimError(str(path), f"cannot read: {exc.strerror}", "check the path") from None
+    return hardware_from_dict(data, str(path))
+
+
+def load_hardware(name_or_path: str | Path, where: str = "hardware") -> HardwareProfile:
+    """A built-in profile by name (``h100-sxm-80gb``, or a unique prefix such as ``h100-sxm``)
+    or a YAML file."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.exists():
+            raise ServesimError(where, f"no such file {path}",
+                                "give a built-in profile name or the path of a profile YAML")
+        return load_hardware_file(path)
+    names = builtin_hardware_names()
+    key = text.lower()
+    matches = [n for n in names if n == key] or [n for n in names if n.startswith(key)]
+    if len(matches) == 1:
+        return load_hardware_file(hardware_profiles_dir() / f"{matches[0]}.yaml")
+    if len(matches) > 1:
+        raise ServesimError(where, f"{text!r} is ambiguous ({', '.join(matches)})",
+                            "give the full profile name")
+    raise ServesimError(where, f"unknown hardware {text!r}",
+                        f"use one of {', '.join(names)} or a path to a profile YAML")
+
+
+class _ProfileDumper(yaml.SafeDumper):
+    """Writes profiles the way people read them: number lists on one line, big numbers as
+    ``9.894e+14`` (a form PyYAML reads back as a float)."""
+
+
+def _represent_float(dumper: yaml.SafeDumper, value: float) -> yaml.Node:
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        mantissa, exponent = f"{value:.10e}".split("e")
+        mantissa = mantissa.rstrip("0")
+        text = f"{mantissa}0e{exponent}" if mantissa.endswith(".") else f"{mantissa}e{exponent}"
+        return dumper.represent_scalar("tag:yaml.org,2002:float", text)
+    return dumper.represent_float(value)
+
+
+def _represent_list(dumper: yaml.SafeDumper, value: list) -> yaml.Node:
+    flow = all(isinstance(v, (int, float)) for v in value)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flow)
+
+
+_ProfileDumper.add_representer(float, _represent_float)
+_ProfileDumper.add_representer(list, _represent_list)
+_ProfileDumper.add_representer(tuple, _represent_list)
+
+
+def dump_profile_yaml(data: dict[str, Any]) -> str:
+    return yaml.dump(data, Dumper=_ProfileDumper, sort_keys=False, width=100, allow_unicode=True)
+
+
+def profile_to_yaml(profile: HardwareProfile) -> str:
+    """Serialise a profile in the shipped layout (used by calibration to write fitted tables)."""
+    return dump_profile_yaml(profile.model_dump(mode="json", exclude_none=True))
+
+
+__all__ = [
+    "Curve",
+    "Efficiency",
+    "HardwareProfile",
+    "Link",
+    "Memory",
+    "OperatorEfficiency",
+    "Overhead",
+    "builtin_hardware_names",
+    "dump_profile_yaml",
+    "hardware_from_dict",
+    "load_hardware",
+    "profile_to_yaml",
+]

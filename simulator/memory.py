@@ -1,0 +1,130 @@
+"""Per-GPU memory budget of a deployment, and the KV-cache pool that falls out of it.
+
+Sized the way vLLM sizes it: of the GPU's HBM, a fraction ``gpu_memory_utilization`` may be
+used; from that come off the runtime's reserve (CUDA context, NCCL buffers), the weights (this
+GPU's shard) and the peak activation workspace of the largest step the scheduler may run
+(``max_num_batched_tokens`` tokens, ``max_num_seqs`` rows of fp32 logits). What is left holds KV
+blocks of ``block_size`` tokens.
+
+The activation estimate is the largest set of tensors alive at once in one layer: the hidden
+state and the residual, plus the widest of the QKV output and the MLP's up-projection output
+with its activation (all 16-bit), plus the logits. vLLM measures this with a profiling run; the
+estimate is within a few hundred MB of it for dense models, which matters only for small GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.dtypes import Precision
+from simulator.errors import ServesimError
+from simulator.hardware import HardwareProfile
+from simulator.model_spec import ModelSpec
+
+ACTIVATION_BYTES = 2.0
+"""Intermediate activations are 16-bit even under FP8 GEMMs (outputs are written in bf16)."""
+LOGIT_BYTES = 4.0
+"""The sampler works on fp32 logits."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes on one GPU of the tensor-parallel group."""
+
+    capacity_bytes: float
+    gpu_memory_utilization: float
+    reserved_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    kv_bytes_per_token: float
+
+    @property
+    def budget_bytes(self) -> float:
+        return self.capacity_bytes * self.gpu_memory_utilization
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        """What remains for the KV cache (negative when the model does not fit)."""
+        return self.budget_bytes - self.reserved_bytes - self.weight_bytes - self.activation_bytes
+
+    @property
+    def kv_token_capacity(self) -> int:
+        """Tokens of KV cache the pool holds (before rounding to blocks)."""
+        return max(0, math.floor(self.kv_cache_bytes / self.kv_bytes_per_token))
+
+    def num_blocks(self, block_size: int = 16) -> int:
+        return max(0, math.floor(self.kv_cache_bytes / (self.kv_bytes_per_token * block_size)))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"capacity_bytes": self.capacity_bytes,
+                "gpu_memory_utilization": self.gpu_memory_utilization,
+                "reserved_bytes": self.reserved_bytes, "weight_bytes": self.weight_bytes,
+                "activation_bytes": self.activation_bytes, "kv_cache_bytes": self.kv_cache_bytes,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "kv_token_capacity": self.kv_token_capacity}
+
+
+def activation_workspace_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int,
+                               max_num_seqs: int) -> float:
+    """Peak activation memory of the largest step (see the module docstring)."""
+    h = model.hidden_size
+    qkv = (model.num_heads // tp) * (model.q_head_dim * 2 + model.v_head_dim)
+    if model.moe is not None:
+        rows = model.moe.top_k
+        up = rows * 3 * model.moe.expert_intermediate // tp + rows * h
+    else:
+        up = 3 * model.intermediate_size // tp
+    widest = max(qkv, up, 3 * model.intermediate_size // tp if model.num_dense_layers else 0)
+    per_token = (2 * h + widest) * ACTIVATION_BYTES
+    logits = max_num_seqs * (model.vocab_size // tp) * LOGIT_BYTES
+    return max_num_batched_tokens * per_token + logits
+
+
+def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
+                precision: Precision | None = None, gpu_memory_utilization: float = 0.9,
+                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> MemoryPlan:
+    """The per-GPU budget; raises when the weights and workspace alone do not fit."""
+    precision = precision or Precision()
+    model.check_tensor_parallel(tp)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ServesimError("gpu_memory_utilization",
+                            f"must be in (0, 1], got {gpu_memory_utilization}", "use e.g. 0.9")
+    plan = MemoryPlan(
+        capacity_bytes=hardware.memory.capacity_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        reserved_bytes=hardware.memory.reserved_bytes,
+        weight_bytes=model.weight_bytes(precision.weight, precision.group_size, tp),
+        activation_bytes=activation_workspace_bytes(model, tp, max_num_batched_tokens,
+                                                    max_num_seqs),
+        kv_bytes_per_token=model.kv_bytes_per_token(precision.kv_cache, tp, precision.group_size),
+    )
+    if plan.kv_cache_bytes <= 0:
+        gib = 2**30
+        need = (plan.weight_bytes + plan.activation_bytes + plan.reserved_bytes) / gib
+        fits_tp = smallest_fitting_tp(model, hardware, precision, gpu_memory_utilization,
+                                      max_num_batched_tokens, max_num_seqs)
+        hint = (f"use tp {fits_tp} or more" if fits_tp else "use a larger GPU")
+        raise ServesimError(
+            "tp",
+            f"{model.name} needs {need:.1f} GiB per GPU for weights and activations at tp {tp} "
+            f"but {hardware.name} offers {plan.budget_bytes / gib:.1f} GiB "
+            f"(gpu_memory_utilization {gpu_memory_utilization})",
+            f"{hint}, or quantise the weights (e.g. weight_dtype int4)")
+    return plan
+
+
+def smallest_fitting_tp(model: ModelSpec, hardware: HardwareProfile, precision: Precision,
+                        gpu_memory_utilization: float, max_num_batched_tokens: int,
+                        max_num_seqs: int) -> int | None:
+    """The smallest power-of-two TP degree (up to 64) that leaves room for a KV cache."""
+    for tp in (1, 2, 4, 8, 16, 32, 64):
+        if model.num_heads % tp:
+            break
+        budget = hardware.memory.capacity_bytes * gpu_memory_utilization
+        used = (model.weight_bytes(precision.weight, precision.group_size, tp)
+                + activation_workspace_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
+                + hardware.memory.reserved_bytes)
+        if used < budget:
+            return tp
+    return None

@@ -1,0 +1,40 @@
+"""Where the built-in hardware profiles, model configs and example configs live.
+
+In a checkout (and an editable install) they are the top-level ``hardware_profiles/`` and
+``configs/`` folders of the repository. A wheel installs the same files inside the package as
+``simulator/_builtin_profiles`` and ``simulator/_builtin_configs`` (see ``pyproject.toml``), so
+``pip install .`` works from any directory. We look in the checkout first so that an edited
+profile is picked up without reinstalling.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_REPO_ROOT = _PACKAGE_DIR.parent
+_LAYOUT = {
+    "hardware_profiles": ("hardware_profiles", "_builtin_profiles"),
+    "configs": ("configs", "_builtin_configs"),
+}
+
+
+def builtin_dir(kind: str) -> Path:
+    """The folder holding the built-in files of ``kind`` (``hardware_profiles`` or ``configs``)."""
+    checkout_name, installed_name = _LAYOUT[kind]
+    checkout = _REPO_ROOT / checkout_name
+    if checkout.is_dir() and (_REPO_ROOT / "pyproject.toml").is_file():
+        return checkout
+    return _PACKAGE_DIR / installed_name
+
+
+def hardware_profiles_dir() -> Path:
+    return builtin_dir("hardware_profiles")
+
+
+def model_configs_dir() -> Path:
+    return builtin_dir("configs") / "models"
+
+
+def configs_dir() -> Path:
+    return builtin_dir("configs")

@@ -1,0 +1,41 @@
+"""Shared fixtures: built-in specs, the textbook roofline profile, and the shared data folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator import HardwareProfile, ModelSpec, load_hardware, load_model
+from simulator.hardware import Memory
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def llama2_7b() -> ModelSpec:
+    return load_model("llama-2-7b")
+
+
+@pytest.fixture(scope="session")
+def llama3_8b() -> ModelSpec:
+    return load_model("llama-3-8b")
+
+
+@pytest.fixture(scope="session")
+def a100() -> HardwareProfile:
+    return load_hardware("a100-sxm-80gb")
+
+
+@pytest.fixture(scope="session")
+def textbook_a100(a100: HardwareProfile) -> HardwareProfile:
+    """An A100 as textbooks draw it: 312 TFLOP/s, exactly 2.0 TB/s, efficiency 1, no overheads."""
+    memory = Memory(capacity_bytes=a100.memory.capacity_bytes, bandwidth_Bps=2.0e12)
+    return a100.ideal().model_copy(update={"memory": memory})
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not present at {SHARED_DATA} (optional: only for real-data checks)")
+    return SHARED_DATA

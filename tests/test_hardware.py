@@ -1,0 +1,124 @@
+"""Hardware profiles: the shipped files, their provenance, curves and clear errors."""
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator import DType, ServesimError, load_hardware
+from simulator.hardware import Curve, builtin_hardware_names, profile_to_yaml
+
+REQUIRED = {"a100-sxm-80gb", "a100-pcie-80gb", "h100-sxm-80gb", "h100-pcie-80gb",
+            "h200-sxm-141gb", "l40s", "b200", "mi300x"}
+
+
+def test_every_required_profile_ships() -> None:
+    assert set(builtin_hardware_names()) >= REQUIRED
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_profile_numbers_have_sources(name: str) -> None:
+    profile = load_hardware(name)
+    for key in ("peak_flops", "memory.capacity_bytes", "memory.bandwidth_Bps", "interconnect",
+                "host_link", "efficiency.gemm", "efficiency.attention_prefill",
+                "efficiency.attention_decode", "efficiency.elementwise", "overhead.step_s",
+                "calibration"):
+        assert profile.provenance.get(key), f"{name}: no provenance for {key}"
+    # Nothing here is fitted yet, and the profile must say so.
+    assert profile.spec_only
+    assert "spec-only" in profile.provenance["calibration"]
+
+
+def test_spec_sheet_peaks() -> None:
+    h100 = load_hardware("h100-sxm-80gb")
+    assert h100.peak(DType.BF16) == pytest.approx(989.4e12)
+    assert h100.peak(DType.FP16) == h100.peak(DType.BF16)
+    assert h100.peak(DType.FP8) == pytest.approx(2 * 989.4e12, rel=1e-3)
+    assert h100.memory.bandwidth_Bps == 3.35e12
+    assert load_hardware("h200-sxm-141gb").memory.bandwidth_Bps == 4.8e12
+
+
+def test_a100_has_no_fp8_tensor_cores() -> None:
+    with pytest.raises(ServesimError, match="a100-sxm-80gb has no fp8 tensor cores"):
+        load_hardware("a100-sxm-80gb").peak(DType.FP8)
+
+
+def test_ridge_points() -> None:
+    # 312 TFLOP/s over 2.039 TB/s; textbooks round the bandwidth to 2 TB/s and get 156.
+    assert load_hardware("a100-sxm-80gb").ridge_point() == pytest.approx(312 / 2.039, rel=1e-9)
+    assert load_hardware("h100-sxm-80gb").ridge_point() == pytest.approx(989.4 / 3.35, rel=1e-9)
+
+
+def test_prefix_lookup_and_ambiguity() -> None:
+    assert load_hardware("h200").name == "h200-sxm-141gb"
+    with pytest.raises(ServesimError, match="'h100' is ambiguous"):
+        load_hardware("h100")
+
+
+def test_curve_interpolates_in_log_space_and_clamps() -> None:
+    curve = Curve(axis="tokens", x=(16, 1024), y=(0.2, 0.8))
+    assert curve.at(4) == 0.2 and curve.at(1e6) == 0.8
+    assert curve.at(128) == pytest.approx(0.5)  # 128 = geometric midpoint of 16 and 1024
+    assert curve(128.0) == pytest.approx(0.5)
+    import numpy as np
+    assert np.allclose(curve(np.array([4.0, 128.0, 1e6])), [0.2, 0.5, 0.8])
+
+
+def test_curve_rejects_efficiency_above_one() -> None:
+    with pytest.raises(ValueError, match="efficiencies in"):
+        Curve(x=(1, 2), y=(0.5, 1.5))
+
+
+def test_ideal_profile_is_the_pure_roofline() -> None:
+    ideal = load_hardware("h100-sxm-80gb").ideal()
+    assert ideal.efficiency.gemm.compute.at(1) == 1.0
+    assert ideal.efficiency.attention_decode.fixed_s == 0.0
+    assert ideal.overhead.step_s == 0.0 and ideal.interconnect.latency_s == 0.0
+
+
+def test_profile_round_trips_through_yaml(tmp_path: Path) -> None:
+    profile = load_hardware("h100-sxm-80gb")
+    path = tmp_path / "copy.yaml"
+    path.write_text(profile_to_yaml(profile))
+    again = load_hardware(path)
+    assert again == profile
+    assert again.memory.capacity_bytes == 81559 * 2**20  # no digits lost
+
+
+def test_malformed_yaml_reports_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\npeak_flops: {bf16: 1e15\nmemory: [\n")
+    with pytest.raises(ServesimError, match=r"malformed YAML at line \d+; fix the syntax"):
+        load_hardware(path)
+
+
+def test_wrong_field_is_named(tmp_path: Path) -> None:
+    data = yaml.safe_load(profile_to_yaml(load_hardware("l40s")))
+    data["memory"]["bandwidth_Bps"] = -1
+    path = tmp_path / "neg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ServesimError, match=r"memory\.bandwidth_Bps: Input should be greater than 0"):
+        load_hardware(path)
+    data["memory"]["bandwidth_Bps"] = 1e12
+    data["memroy"] = {}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ServesimError, match=r"memroy: unknown key"):
+        load_hardware(path)
+
+
+def test_unknown_hardware_lists_choices() -> None:
+    with pytest.raises(ServesimError, match="unknown hardware 'tpu-v5'; use one of a100-pcie-80gb"):
+        load_hardware("tpu-v5")
+
+
+def test_capacity_is_what_the_device_reports() -> None:
+    assert load_hardware("a100-sxm-80gb").memory.capacity_bytes == 80 * 2**30
+    assert math.isclose(load_hardware("mi300x").memory.capacity_bytes, 192 * 2**30)
+
+
+def test_curve_that_would_make_more_work_faster_is_rejected() -> None:
+    # 0.1 -> 0.5 over a doubling of the axis: a 2x bigger GEMM would finish 2.5x sooner.
+    with pytest.raises(ValueError, match="rises faster than the axis"):
+        Curve(x=(64, 128), y=(0.1, 0.5))
+    Curve(x=(64, 128), y=(0.1, 0.169))  # just under the limit 0.1 * (1 + ln 2)
