@@ -91,6 +91,12 @@ class Precision:
                 f"{self.activation.value} activations with {self.weight.value} weights is not a "
                 "real kernel (W16A8)",
                 f"use weight_dtype {self.activation.value} (W8A8) or act_dtype bf16")
+        eight_bit = {DType.FP8, DType.INT8}
+        if {self.weight, self.activation} == eight_bit:
+            raise ServesimError(
+                "act_dtype", f"{self.weight.value} weights with {self.activation.value} activations "
+                "mixes two 8-bit formats in one GEMM, which no kernel does",
+                f"use act_dtype {self.weight.value} (W8A8) or bf16 (weight-only)")
         if self.group_size <= 0:
             raise ServesimError("group_size", f"must be positive, got {self.group_size}",
                                 "use 128 (AWQ/GPTQ default)")

@@ -114,11 +114,18 @@ def _coerce_curve(value: Any, axis: Axis) -> Any:
 
 
 class OperatorEfficiency(_Strict):
-    """How close one class of kernels gets to the roofline, and its fixed cost per launch."""
+    """How close one class of kernels gets to the roofline, and its fixed cost per launch.
 
-    compute: Curve = Curve.constant(1.0)
-    memory: Curve = Curve.constant(1.0, "bytes")
-    fixed_s: float = Field(0.0, ge=0.0, description="per-kernel launch + minimum duration")
+    All three are required in a profile: a missing efficiency must not silently mean a perfect one.
+    """
+
+    compute: Curve
+    memory: Curve
+    fixed_s: float = Field(ge=0.0, description="per-kernel launch + minimum duration")
+
+    @classmethod
+    def perfect(cls) -> OperatorEfficiency:
+        return cls(compute=Curve.constant(1.0), memory=Curve.constant(1.0, "bytes"), fixed_s=0.0)
 
     @field_validator("compute", mode="before")
     @classmethod
@@ -132,12 +139,18 @@ class OperatorEfficiency(_Strict):
 
 
 class Efficiency(_Strict):
-    """Efficiency per operator class. ``ideal()`` gives the pure roofline (all 1, no fixed cost)."""
+    """Efficiency per operator class; every class is required in a profile."""
 
-    gemm: OperatorEfficiency = OperatorEfficiency()
-    attention_prefill: OperatorEfficiency = OperatorEfficiency()
-    attention_decode: OperatorEfficiency = OperatorEfficiency()
-    elementwise: OperatorEfficiency = OperatorEfficiency()
+    gemm: OperatorEfficiency
+    attention_prefill: OperatorEfficiency
+    attention_decode: OperatorEfficiency
+    elementwise: OperatorEfficiency
+
+    @classmethod
+    def perfect(cls) -> Efficiency:
+        """The pure roofline: efficiency 1 everywhere and no fixed cost."""
+        one = OperatorEfficiency.perfect()
+        return cls(gemm=one, attention_prefill=one, attention_decode=one, elementwise=one)
 
 
 class Link(_Strict):
@@ -157,7 +170,7 @@ class Memory(_Strict):
 
 
 class Overhead(_Strict):
-    step_s: float = Field(0.0, ge=0, description="scheduler, input prep, sampling per iteration")
+    step_s: float = Field(ge=0, description="scheduler, input prep, sampling per iteration")
 
 
 class HardwareProfile(_Strict):
@@ -172,8 +185,8 @@ class HardwareProfile(_Strict):
     memory: Memory
     interconnect: Link
     host_link: Link
-    efficiency: Efficiency = Efficiency()
-    overhead: Overhead = Overhead()
+    efficiency: Efficiency
+    overhead: Overhead
     cost_per_gpu_hour: float | None = Field(None, ge=0)
     provenance: dict[str, Any] = Field(default_factory=dict)
 
@@ -204,7 +217,8 @@ class HardwareProfile(_Strict):
     def ideal(self) -> HardwareProfile:
         """The same hardware with perfect efficiency and no overheads: the textbook roofline."""
         link = self.interconnect.model_copy(update={"efficiency": 1.0, "latency_s": 0.0})
-        return self.model_copy(update={"efficiency": Efficiency(), "overhead": Overhead(),
+        return self.model_copy(update={"efficiency": Efficiency.perfect(),
+                                       "overhead": Overhead(step_s=0.0),
                                        "interconnect": link, "name": f"{self.name} (ideal)"})
 
     def summary(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ The activation estimate is the largest set of tensors alive at once in one layer
 state and the residual, plus the widest of the QKV output and the MLP's up-projection output
 with its activation (all 16-bit), plus the logits. vLLM measures this with a profiling run; the
 estimate is within a few hundred MB of it for dense models, which matters only for small GPUs.
+The logits are gathered, so every GPU holds the full vocabulary's.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from simulator.dtypes import Precision
 from simulator.errors import ServesimError
 from simulator.hardware import HardwareProfile
-from simulator.model_spec import ModelSpec
+from simulator.model_spec import ModelSpec, ceil_div
 
 ACTIVATION_BYTES = 2.0
 """Intermediate activations are 16-bit even under FP8 GEMMs (outputs are written in bf16)."""
@@ -69,15 +70,21 @@ def activation_workspace_bytes(model: ModelSpec, tp: int, max_num_batched_tokens
                                max_num_seqs: int) -> float:
     """Peak activation memory of the largest step (see the module docstring)."""
     h = model.hidden_size
-    qkv = (model.num_heads // tp) * (model.q_head_dim * 2 + model.v_head_dim)
-    if model.moe is not None:
-        rows = model.moe.top_k
-        up = rows * 3 * model.moe.expert_intermediate // tp + rows * h
+    heads = model.num_heads // tp
+    if model.mla is not None:
+        qkv = heads * (2 * model.q_head_dim + model.v_head_dim)  # expanded for prefill
     else:
-        up = 3 * model.intermediate_size // tp
-    widest = max(qkv, up, 3 * model.intermediate_size // tp if model.num_dense_layers else 0)
+        qkv = (heads + 2 * max(1, model.num_kv_heads // tp)) * model.head_dim
+    mlp_widths = 3 if model.gated_mlp else 2  # gate and up outputs plus the activation
+
+    def mlp(intermediate: int) -> int:
+        return mlp_widths * ceil_div(intermediate, tp)
+
+    widest = max(qkv, mlp(model.intermediate_size) if model.num_dense_layers else 0)
+    if model.moe is not None:
+        widest = max(widest, model.moe.top_k * (mlp(model.moe.expert_intermediate) + h))
     per_token = (2 * h + widest) * ACTIVATION_BYTES
-    logits = max_num_seqs * (model.vocab_size // tp) * LOGIT_BYTES
+    logits = max_num_seqs * model.vocab_size * LOGIT_BYTES  # gathered: the full vocabulary
     return max_num_batched_tokens * per_token + logits
 
 
@@ -119,8 +126,10 @@ def smallest_fitting_tp(model: ModelSpec, hardware: HardwareProfile, precision: 
                         max_num_seqs: int) -> int | None:
     """The smallest power-of-two TP degree (up to 64) that leaves room for a KV cache."""
     for tp in (1, 2, 4, 8, 16, 32, 64):
-        if model.num_heads % tp:
-            break
+        try:
+            model.check_tensor_parallel(tp)
+        except ServesimError:
+            continue
         budget = hardware.memory.capacity_bytes * gpu_memory_utilization
         used = (model.weight_bytes(precision.weight, precision.group_size, tp)
                 + activation_workspace_bytes(model, tp, max_num_batched_tokens, max_num_seqs)

@@ -36,15 +36,14 @@ NON_GATED_FAMILIES = frozenset(
 @dataclass(frozen=True)
 class MoESpec:
     """Mixture of experts: ``num_experts`` routed experts, ``top_k`` per token, optional shared
-    experts that every token uses, and ``first_dense_layers`` ordinary MLP layers before the first
-    MoE layer (DeepSeek's ``first_k_dense_replace``)."""
+    experts that every token uses, in the layers listed in ``layers``."""
 
     num_experts: int
     top_k: int
     expert_intermediate: int
     shared_intermediate: int = 0
-    first_dense_layers: int = 0
-    layer_freq: int = 1
+    layers: tuple[int, ...] = ()
+    """Indices of the MoE layers (the others have a dense MLP), by the family's own rule."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +110,7 @@ class ModelSpec:
     # ----------------------------------------------------------------- layer composition
     @cached_property
     def num_moe_layers(self) -> int:
-        if self.moe is None:
-            return 0
-        candidates = range(self.moe.first_dense_layers, self.num_layers)
-        return sum(1 for i in candidates if (i - self.moe.first_dense_layers) % self.moe.layer_freq == 0)
+        return len(self.moe.layers) if self.moe is not None else 0
 
     @cached_property
     def num_dense_layers(self) -> int:
@@ -222,11 +218,19 @@ class ModelSpec:
         per_elem = dtype.bytes_per_element(group_size)
         kept = self.params_kept_16bit
         kept_replicated = self.norm_params + self.num_moe_layers * self.router_params
-        quant_replicated = self.replicated_params - kept_replicated
-        quant_sharded = self.param_count - kept - quant_replicated
+        quant_replicated = self.replicated_params - kept_replicated + self._kv_replica_params(tp)
+        quant_sharded = self.param_count - kept - (self.replicated_params - kept_replicated)
         kept_sharded = kept - kept_replicated
         return (quant_sharded / tp * per_elem + quant_replicated * per_elem
                 + kept_sharded / tp * 2.0 + kept_replicated * 2.0)
+
+    def _kv_replica_params(self, tp: int) -> float:
+        """Extra K/V projection weights each GPU holds when there are fewer KV heads than GPUs
+        (each GPU keeps a whole head instead of a 1/tp share of them all)."""
+        if self.mla is not None or self.num_kv_heads >= tp:
+            return 0.0
+        per_head = 2 * self.head_dim * (self.hidden_size + (1 if self.attention_bias else 0))
+        return self.num_layers * per_head * (1 - self.num_kv_heads / tp)
 
     # ----------------------------------------------------------------- KV cache
     def kv_elements_per_token_per_layer(self, tp: int = 1) -> int:
@@ -315,6 +319,19 @@ def _positive_int(config: dict[str, Any], keys: tuple[str, ...], where: str,
     return value
 
 
+def _moe_layer_indices(config: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """Which layers are MoE, by each family's rule as its Hugging Face modelling code applies it:
+    Qwen-MoE ``(i + 1) % decoder_sparse_step == 0`` minus ``mlp_only_layers``; DeepSeek
+    ``i >= first_k_dense_replace and i % moe_layer_freq == 0``; Mixtral every layer."""
+    if config.get("decoder_sparse_step"):
+        step = int(config["decoder_sparse_step"])
+        dense = set(config.get("mlp_only_layers") or ())
+        return tuple(i for i in range(layers) if (i + 1) % step == 0 and i not in dense)
+    first = int(config.get("first_k_dense_replace") or 0)
+    freq = int(config.get("moe_layer_freq") or 1)
+    return tuple(i for i in range(layers) if i >= first and i % freq == 0)
+
+
 def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model") -> ModelSpec:
     """Build a :class:`ModelSpec` from the dict of a Hugging Face ``config.json``."""
     if not isinstance(config, dict):
@@ -348,9 +365,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
             raise ServesimError(f"{where}: num_experts_per_tok",
                                 f"{top_k} exceeds the {num_experts} experts", "fix the config.json")
         moe = MoESpec(num_experts=int(num_experts), top_k=top_k, expert_intermediate=expert_i,
-                      shared_intermediate=shared_i,
-                      first_dense_layers=int(config.get("first_k_dense_replace") or 0),
-                      layer_freq=int(config.get("moe_layer_freq") or config.get("decoder_sparse_step") or 1))
+                      shared_intermediate=shared_i, layers=_moe_layer_indices(config, layers))
 
     mla = None
     if config.get("kv_lora_rank"):

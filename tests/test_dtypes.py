@@ -38,3 +38,9 @@ def test_w16a8_is_rejected_with_the_fix() -> None:
 def test_int4_activations_are_rejected() -> None:
     with pytest.raises(ServesimError, match="act_dtype: int4 activations are not supported"):
         Precision.from_names("int4", "int4")
+
+
+def test_two_different_8_bit_formats_are_rejected() -> None:
+    with pytest.raises(ServesimError, match="mixes two 8-bit formats"):
+        Precision.from_names("fp8", "int8")
+    Precision.from_names("int4", "fp8")  # W4A8 kernels exist (e.g. QServe)

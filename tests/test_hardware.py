@@ -122,3 +122,12 @@ def test_curve_that_would_make_more_work_faster_is_rejected() -> None:
     with pytest.raises(ValueError, match="rises faster than the axis"):
         Curve(x=(64, 128), y=(0.1, 0.5))
     Curve(x=(64, 128), y=(0.1, 0.169))  # just under the limit 0.1 * (1 + ln 2)
+
+
+def test_missing_efficiency_is_an_error_not_a_perfect_gpu(tmp_path: Path) -> None:
+    data = yaml.safe_load(profile_to_yaml(load_hardware("l40s")))
+    del data["efficiency"]["attention_decode"]
+    path = tmp_path / "partial.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ServesimError, match=r"efficiency\.attention_decode: Field required"):
+        load_hardware(path)

@@ -56,3 +56,13 @@ def test_bad_utilisation_is_rejected() -> None:
     with pytest.raises(ServesimError, match=r"gpu_memory_utilization: must be in \(0, 1\]"):
         plan_memory(load_model("llama-3-8b"), load_hardware("h100-sxm-80gb"),
                     gpu_memory_utilization=1.5)
+
+
+def test_logits_workspace_holds_the_full_vocabulary_on_every_gpu() -> None:
+    from simulator.memory import activation_workspace_bytes
+    model = load_model("llama-3-8b")
+    one = activation_workspace_bytes(model, 1, max_num_batched_tokens=1, max_num_seqs=256)
+    eight = activation_workspace_bytes(model, 8, max_num_batched_tokens=1, max_num_seqs=256)
+    logits = 256 * 128_256 * 4
+    assert one - logits == (2 * 4096 + 3 * 14336) * 2
+    assert eight - logits == (2 * 4096 + 3 * 14336 // 8) * 2

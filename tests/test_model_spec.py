@@ -152,3 +152,25 @@ def test_malformed_config_names_the_problem(tmp_path: Path) -> None:
                                     "num_attention_heads": 4, "vocab_size": 100}))
     with pytest.raises(ServesimError, match="hidden_size: must be a positive integer, got -8"):
         load_model(negative)
+
+
+def test_weight_bytes_count_replicated_kv_heads() -> None:
+    """Llama-2-70B at TP 16: 8 KV heads, so each GPU holds one whole K and V head per layer
+    instead of half of one."""
+    model = load_model("llama-2-70b")
+    even_split = model.weight_bytes("bf16", tp=16) - 80 * 2 * 128 * 8192 * (1 - 8 / 16) * 2
+    norms = (2 * 80 + 1) * 8192
+    assert even_split == pytest.approx(((model.param_count - norms) / 16 + norms) * 2)
+
+
+def test_moe_layer_placement_follows_each_family() -> None:
+    base = {"hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "vocab_size": 100,
+            "intermediate_size": 128, "num_experts_per_tok": 2}
+    deepseek = model_from_hf_config({**base, "n_routed_experts": 8, "first_k_dense_replace": 1,
+                                     "moe_layer_freq": 2}, "ds")
+    assert deepseek.moe is not None and deepseek.moe.layers == (2, 4)
+    qwen = model_from_hf_config({**base, "num_hidden_layers": 5, "num_experts": 8,
+                                 "decoder_sparse_step": 2}, "qwen-moe")
+    assert qwen.moe is not None and qwen.moe.layers == (1, 3)
+    mixtral = model_from_hf_config({**base, "num_local_experts": 8}, "mx")
+    assert mixtral.num_moe_layers == 6 and mixtral.num_dense_layers == 0

@@ -3,27 +3,33 @@
 Attention is split the way serving engines run it: one kernel for the prefill chunks of the step
 (FlashAttention over variable-length sequences) and one for the decoding requests (paged
 attention: one query per sequence over its cached KV). Both are costed per layer on one GPU of
-the tensor-parallel group, which holds ``heads`` query heads.
+the tensor-parallel group, which holds ``heads`` query heads, and both run in 16-bit math: the KV
+cache may be stored narrower (fp8, int8, int4) and is dequantised as it is read. Q and O are
+16-bit activations.
 
 Prefill chunk of ``q`` new tokens over ``c`` earlier ones (causal):
   attended (query, key) pairs ``P = q*c + q(q+1)/2`` (each new token sees the context and the new
   tokens up to itself; with a sliding window ``W`` each sees at most ``W``);
   FLOPs ``= P * flops_per_pair`` where ``flops_per_pair = 2 * heads * (d_qk + d_v)``
   (score product plus weighted sum of values);
-  bytes ``=`` read Q and write O for the ``q`` tokens, read the KV of all ``c + q`` tokens once
-  (FlashAttention's IO: the earlier chunks' KV is re-read by every later chunk, which is what makes
-  chunked prefill cost more than one pass), and write the new tokens' KV into the cache.
+  bytes ``=`` read Q and write O for the ``q`` tokens, read the K and V of every key any of them
+  sees once (``min(c + q, W - 1 + q)`` tokens: FlashAttention's IO, so the earlier chunks' KV is
+  re-read by every later chunk, which is what makes chunked prefill cost more than one pass), and
+  write the new tokens' KV into the cache.
   The compute efficiency is read at the chunk's equivalent causal length ``sqrt(2P)``, so a short
   chunk over a long context counts as the larger kernel it is.
 
 Decode of a request with ``c`` cached tokens: its one query sees ``min(c + 1, W)`` keys; FLOPs per
-key as above; bytes = that many tokens of KV (the dominant term), plus Q, O and the new KV write.
-The memory efficiency is read at the kernel's total bytes per layer.
+key as above; bytes = that many tokens of cached KV (the dominant term), plus Q, O and the new
+KV write. The memory efficiency is read at the kernel's total bytes per layer.
 
-MLA (DeepSeek) caches one latent of ``kv_lora_rank + rope_dim`` per token shared by all heads;
-decode runs in the absorbed form (every head scores against the latent, so
-``flops_per_key = 2 * heads * (2 * kv_lora_rank + rope_dim)``), prefill in the expanded form
-(``d_qk = nope + rope``, ``d_v = v_head_dim``).
+MLA (DeepSeek) caches one latent of ``kv_lora_rank + rope_dim`` per token shared by all heads.
+Decode runs in the absorbed form: each head's query is ``kv_lora_rank + rope_dim`` wide and scores
+against the latent directly, its output is ``kv_lora_rank`` wide
+(``flops_per_key = 2 * heads * (2 * kv_lora_rank + rope_dim)``), and only the latent is read.
+Prefill runs in the expanded form (``d_qk = nope + rope``, ``d_v = v_head_dim``) over K and V
+up-projected from the latents, so it reads ``heads * (d_qk + d_v)`` elements per key; the
+up-projection itself is a GEMM priced with the projections.
 """
 
 from __future__ import annotations
@@ -36,17 +42,29 @@ from simulator.cost.batch import BatchShape
 from simulator.cost.roofline import OpCost, memory_efficiency
 from simulator.hardware import HardwareProfile
 
+ATTENTION_IO_BYTES = 2.0
+"""Q and O are 16-bit activations whatever the GEMM precision."""
+
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Per-GPU attention dimensions of one layer."""
+    """Per-GPU attention dimensions of one layer.
+
+    ``cache_elements_per_token`` is what the KV cache stores (and decode reads) per token;
+    ``prefill_kv_elements_per_token`` is what the prefill kernel reads per key (the same, except
+    for MLA's expanded K/V). ``decode_q_width`` and ``decode_o_width`` are the per-request query
+    and output widths of the decode kernel, all heads together.
+    """
 
     heads: int
     q_head_dim: int
     v_head_dim: int
-    kv_elements_per_token: int
+    cache_elements_per_token: int
+    prefill_kv_elements_per_token: int
     prefill_flops_per_pair: int
     decode_flops_per_key: int
+    decode_q_width: int
+    decode_o_width: int
     window: int | None
 
 
@@ -65,9 +83,16 @@ def causal_pairs(new: np.ndarray, context: np.ndarray, window: int | None) -> np
     return below * context + below * (below + 1) / 2 + (new - below) * window
 
 
+def prefill_keys_read(new: np.ndarray, context: np.ndarray, window: int | None) -> np.ndarray:
+    """Distinct keys a chunk's queries see: all ``context + new``, or with a window the last
+    ``window - 1`` context tokens before the chunk plus the chunk itself."""
+    if window is None:
+        return context + new
+    return np.minimum(context + new, window - 1 + new)
+
+
 def prefill_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,
-                      peak_flops: float, act_bytes: float, kv_bytes: float,
-                      layers: int) -> OpCost:
+                      peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
     if batch.num_prefills == 0:
         return OpCost("attn_prefill", 0.0, 0.0, 0.0, 0.0, 0.0)
     eff = hardware.efficiency.attention_prefill
@@ -75,19 +100,18 @@ def prefill_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwa
     pairs = causal_pairs(new, context, shape.window)
     flops = pairs * shape.prefill_flops_per_pair
     compute_s = float(np.sum(flops / (peak_flops * eff.compute(np.sqrt(2.0 * pairs)))))
-    kv_read = context + new if shape.window is None else np.minimum(context + new, shape.window + new)
+    keys = float(prefill_keys_read(new, context, shape.window).sum())
     total_new = float(new.sum())
-    nbytes = (total_new * shape.heads * (shape.q_head_dim + shape.v_head_dim) * act_bytes
-              + (float(kv_read.sum()) + total_new) * shape.kv_elements_per_token * kv_bytes)
+    nbytes = (total_new * shape.heads * (shape.q_head_dim + shape.v_head_dim) * ATTENTION_IO_BYTES
+              + keys * shape.prefill_kv_elements_per_token * kv_bytes
+              + total_new * shape.cache_elements_per_token * kv_bytes)
     memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, total_new))
-    total_flops = float(flops.sum())
-    return OpCost("attn_prefill", total_flops * layers, nbytes * layers, compute_s * layers,
+    return OpCost("attn_prefill", float(flops.sum()) * layers, nbytes * layers, compute_s * layers,
                   memory_s * layers, eff.fixed_s * layers)
 
 
 def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,
-                     peak_flops: float, act_bytes: float, kv_bytes: float,
-                     layers: int) -> OpCost:
+                     peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
     if batch.num_decodes == 0:
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
     eff = hardware.efficiency.attention_decode
@@ -95,11 +119,11 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
     if shape.window is not None:
         seen = np.minimum(seen, shape.window)
     keys = float(seen.sum())
-    n = batch.num_decodes
+    n = float(batch.num_decodes)
     flops = keys * shape.decode_flops_per_key
-    nbytes = ((keys + n) * shape.kv_elements_per_token * kv_bytes
-              + n * shape.heads * (shape.q_head_dim + shape.v_head_dim) * act_bytes)
-    compute_s = flops / (peak_flops * eff.compute.at(float(n)))
-    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, float(n)))
+    nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
+              + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
+    compute_s = flops / (peak_flops * eff.compute.at(n))
+    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, n))
     return OpCost("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
                   memory_s * layers, eff.fixed_s * layers)

@@ -75,16 +75,28 @@ class BatchShape:
 
     @classmethod
     def from_requests(cls, new_tokens: np.ndarray, computed_tokens: np.ndarray,
-                      prompt_tokens: np.ndarray) -> BatchShape:
-        """Classify scheduled requests by where they stand (the engine's view): a request whose
-        computed count is still below its prompt length is prefilling; the rest decode."""
-        new_tokens = np.asarray(new_tokens, dtype=_INT)
-        computed_tokens = np.asarray(computed_tokens, dtype=_INT)
-        prompt_tokens = np.asarray(prompt_tokens, dtype=_INT)
-        is_prefill = computed_tokens < prompt_tokens
-        return cls(new_tokens[is_prefill], computed_tokens[is_prefill],
-                   computed_tokens[is_prefill] + new_tokens[is_prefill] >= prompt_tokens[is_prefill],
-                   computed_tokens[~is_prefill])
+                      total_tokens: np.ndarray) -> BatchShape:
+        """The engine's view, in the unified token-budget terms of DESIGN.md.
+
+        Each scheduled request computes ``new_tokens`` more of its ``total_tokens`` (prompt plus
+        output generated so far), ``computed_tokens`` of which are already in its KV cache. A
+        request with exactly one uncomputed token that it now computes is a decode; any other is
+        a prefill chunk (a prompt, part of one, or a recompute after preemption), and it samples
+        a token when it reaches ``total_tokens``.
+        """
+        new = np.asarray(new_tokens, dtype=_INT)
+        computed = np.asarray(computed_tokens, dtype=_INT)
+        total = np.asarray(total_tokens, dtype=_INT)
+        if new.size and new.min() < 1:
+            raise ServesimError("new_tokens", "a scheduled request computes at least one token",
+                                "do not schedule requests with no new tokens")
+        if np.any(computed + new > total):
+            raise ServesimError("new_tokens", "computed + new exceeds the request's tokens",
+                                "schedule at most total - computed new tokens")
+        is_decode = (new == 1) & (computed + 1 == total) & (computed > 0)
+        prefill = ~is_decode
+        return cls(new[prefill], computed[prefill], computed[prefill] + new[prefill] == total[prefill],
+                   computed[is_decode])
 
     # ------------------------------------------------------------------ sums the cost model uses
     @property

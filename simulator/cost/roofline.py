@@ -49,11 +49,13 @@ def roofline(name: str, flops: float, nbytes: float, *, peak_flops: float, bandw
     """Cost of ``repeat`` identical kernels each doing ``flops`` and moving ``nbytes``.
 
     ``compute_axis`` is the kernel's position on the compute curve's axis (tokens); the memory
-    curve is read at the kernel's own byte count.
+    curve is read at one kernel's byte count (``nbytes / kernels`` when several kernels are
+    lumped into one record).
     """
     if flops <= 0 and nbytes <= 0:
         return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
     compute_s = flops / (peak_flops * eff.compute.at(compute_axis)) if flops > 0 else 0.0
-    memory_s = nbytes / (bandwidth * memory_efficiency(eff, nbytes, compute_axis)) if nbytes > 0 else 0.0
+    memory_eff = memory_efficiency(eff, nbytes / kernels, compute_axis)
+    memory_s = nbytes / (bandwidth * memory_eff) if nbytes > 0 else 0.0
     return OpCost(name, flops * repeat, nbytes * repeat, compute_s * repeat, memory_s * repeat,
                   eff.fixed_s * kernels * repeat)

@@ -19,8 +19,14 @@ Sharding (Megatron-style, as vLLM does it): QKV/gate/up are split by output colu
 input rows; KV heads are split across GPUs (replicated when there are fewer KV heads than GPUs);
 the vocabulary is split for the embedding and the LM head; norms, MLA's down-projections
 (``q_a``, ``kv_a``) and the MoE router are replicated. Routed experts are TP-sharded (every GPU
-holds a 1/tp slice of every expert), vLLM's default without expert parallelism. Communication runs
-in 16 bits even when the GEMMs run in 8.
+holds a 1/tp slice of every expert), vLLM's default without expert parallelism. Widths that TP
+does not divide are padded up (vLLM pads the vocabulary).
+
+Precision: the layer GEMMs read weights in the weight format and inputs in the activation
+format, and run on the peak of the activation format (8-bit for W8A8/FP8). Everything else moves
+16-bit values: GEMM outputs, the residual stream, elementwise kernels, attention's Q and O, and
+TP collectives. The LM head and the MoE router stay 16-bit in weights and math, as quantised
+checkpoints leave them; attention math is 16-bit (FP8 attention kernels are not modelled).
 """
 
 from __future__ import annotations
@@ -31,16 +37,17 @@ from simulator.cost.attention import AttentionShape, decode_attention, prefill_a
 from simulator.cost.batch import BatchShape
 from simulator.cost.communication import ring_allgather_s, ring_allreduce_s
 from simulator.cost.roofline import OpCost, roofline
-from simulator.dtypes import Precision
-from simulator.hardware import HardwareProfile, OperatorEfficiency
-from simulator.model_spec import ModelSpec
+from simulator.dtypes import DType, Precision
+from simulator.hardware import HardwareProfile
+from simulator.model_spec import ModelSpec, ceil_div
 
 BREAKDOWN_KEYS = ("embedding", "qkv_proj", "attn_prefill", "attn_decode", "o_proj", "mlp", "moe",
                   "elementwise", "lm_head", "communication", "overhead")
 """Operator classes of :attr:`StepCost.breakdown`; stable names that other tools read."""
 
-COMM_BYTES = 2.0
-"""Bytes per element of TP collectives (bf16), whatever the GEMM precision."""
+IO_BYTES = 2.0
+"""Bytes per element of the residual stream, GEMM outputs, elementwise kernels and TP collectives:
+16-bit whatever the GEMM precision (FP8 GEMMs quantise their input on the fly and write bf16)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class CostModel:
         self.tp = tp
         self.precision = precision or Precision()
         self.peak_flops = hardware.peak(self.precision.math)
+        self.bf16_peak = hardware.peak(DType.BF16)
         self.bandwidth = hardware.memory.bandwidth_Bps
         self._gemm_eff = hardware.efficiency.gemm
         self._elem_eff = hardware.efficiency.elementwise
@@ -97,16 +105,22 @@ class CostModel:
     def _attention_shape(self) -> AttentionShape:
         m, tp = self.model, self.tp
         heads = m.num_heads // tp
-        kv_elements = m.kv_elements_per_token_per_layer(tp)
-        prefill_per_pair = 2 * heads * (m.q_head_dim + m.v_head_dim)
+        cache = m.kv_elements_per_token_per_layer(tp)
+        per_pair = 2 * heads * (m.q_head_dim + m.v_head_dim)
         if m.mla is not None:
-            decode_per_key = 2 * heads * (2 * m.mla.kv_lora_rank + m.mla.qk_rope_head_dim)
-        else:
-            decode_per_key = prefill_per_pair
-        return AttentionShape(heads=heads, q_head_dim=m.q_head_dim, v_head_dim=m.v_head_dim,
-                              kv_elements_per_token=kv_elements,
-                              prefill_flops_per_pair=prefill_per_pair,
-                              decode_flops_per_key=decode_per_key, window=m.sliding_window)
+            latent, rope = m.mla.kv_lora_rank, m.mla.qk_rope_head_dim
+            return AttentionShape(
+                heads=heads, q_head_dim=m.q_head_dim, v_head_dim=m.v_head_dim,
+                cache_elements_per_token=cache,
+                prefill_kv_elements_per_token=heads * (m.q_head_dim + m.v_head_dim),
+                prefill_flops_per_pair=per_pair, decode_flops_per_key=2 * heads * (2 * latent + rope),
+                decode_q_width=heads * (latent + rope), decode_o_width=heads * latent, window=None)
+        return AttentionShape(
+            heads=heads, q_head_dim=m.head_dim, v_head_dim=m.head_dim,
+            cache_elements_per_token=cache, prefill_kv_elements_per_token=cache,
+            prefill_flops_per_pair=per_pair, decode_flops_per_key=per_pair,
+            decode_q_width=heads * m.head_dim, decode_o_width=heads * m.head_dim,
+            window=m.sliding_window)
 
     def _attention_projection_shapes(self) -> list[tuple[int, int]]:
         """(K, N) of each attention input projection on one GPU."""
@@ -119,27 +133,42 @@ class CostModel:
         q_width = heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
         shapes = ([(h, a.q_lora_rank), (a.q_lora_rank, q_width)] if a.q_lora_rank
                   else [(h, q_width)])
-        shapes += [(h, a.cache_width), (a.kv_lora_rank, heads * (a.qk_nope_head_dim + a.v_head_dim))]
+        shapes += [(h, a.cache_width), (a.kv_lora_rank, self._mla_kv_up_width)]
         return shapes
+
+    @property
+    def _mla_kv_up_width(self) -> int:
+        """Output width of MLA's ``kv_b`` up-projection on one GPU (K nope part and V)."""
+        m = self.model
+        assert m.mla is not None
+        return m.num_heads // self.tp * (m.mla.qk_nope_head_dim + m.mla.v_head_dim)
 
     # ------------------------------------------------------------------ operator helpers
     def _gemm(self, name: str, m: float, k: int, n: int, repeat: float,
-              weight_bytes: float | None = None) -> OpCost:
-        """``repeat`` GEMMs of (m x k) @ (k x n): weights read once, activations in and out."""
-        weights = k * n * self._weight_bytes if weight_bytes is None else weight_bytes
-        nbytes = weights + m * (k + n) * self._act_bytes
-        return roofline(name, 2.0 * m * k * n, nbytes, peak_flops=self.peak_flops,
+              weight_bytes: float | None = None, sixteen_bit: bool = False) -> OpCost:
+        """``repeat`` GEMMs of (m x k) @ (k x n): the weights read once, the input read in the
+        activation format, the output written in 16 bits. ``sixteen_bit`` GEMMs (LM head, router)
+        keep 16-bit weights, inputs and math whatever the deployment's precision."""
+        if m <= 0:
+            return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
+        in_bytes = IO_BYTES if sixteen_bit else self._act_bytes
+        if weight_bytes is None:
+            weight_bytes = k * n * (IO_BYTES if sixteen_bit else self._weight_bytes)
+        nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
+        return roofline(name, 2.0 * m * k * n, nbytes,
+                        peak_flops=self.bf16_peak if sixteen_bit else self.peak_flops,
                         bandwidth=self.bandwidth, eff=self._gemm_eff, compute_axis=m,
                         repeat=repeat)
 
-    def _elementwise(self, name: str, nbytes: float, tokens: float, kernels: float,
-                     repeat: float, eff: OperatorEfficiency | None = None) -> OpCost:
-        return roofline(name, 0.0, nbytes, peak_flops=self.peak_flops, bandwidth=self.bandwidth,
-                        eff=eff or self._elem_eff, compute_axis=tokens, repeat=repeat,
-                        kernels=kernels)
+    def _elementwise(self, name: str, elements: float, tokens: float, kernels: float,
+                     repeat: float) -> OpCost:
+        """``kernels`` memory-bound kernels moving ``elements`` 16-bit values in all."""
+        return roofline(name, 0.0, elements * IO_BYTES, peak_flops=self.bf16_peak,
+                        bandwidth=self.bandwidth, eff=self._elem_eff, compute_axis=tokens,
+                        repeat=repeat, kernels=kernels)
 
     def _mlp(self, tokens: float, intermediate: int, repeat: float, name: str) -> list[OpCost]:
-        h, local = self.model.hidden_size, intermediate // self.tp
+        h, local = self.model.hidden_size, ceil_div(intermediate, self.tp)
         up_width = 2 * local if self.model.gated_mlp else local
         return [self._gemm(name, tokens, h, up_width, repeat),
                 self._gemm(name, tokens, local, h, repeat)]
@@ -158,17 +187,18 @@ class CostModel:
         assignments = tokens * top_k
         hit = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
         rows_per_expert = assignments / hit
-        local = moe.expert_intermediate // self.tp
+        local = ceil_div(moe.expert_intermediate, self.tp)
         up_width = 2 * local if self.model.gated_mlp else local
         expert_weights = h * (up_width + local)
         flops = 2.0 * assignments * expert_weights
-        nbytes = (hit * expert_weights * self._weight_bytes
-                  + assignments * (2 * h + up_width + local) * self._act_bytes)
+        # Per assignment: read the token (activation format), write the up output (16-bit),
+        # read the activated intermediate (activation format), write the expert's output row.
+        io = assignments * ((h + local) * self._act_bytes + (up_width + h) * IO_BYTES)
+        nbytes = hit * expert_weights * self._weight_bytes + io
         experts_cost = roofline("moe", flops, nbytes, peak_flops=self.peak_flops,
                                 bandwidth=self.bandwidth, eff=self._gemm_eff,
                                 compute_axis=rows_per_expert, repeat=repeat, kernels=2)
-        router = self._gemm("moe", tokens, h, experts, repeat,
-                            weight_bytes=h * experts * COMM_BYTES)
+        router = self._gemm("moe", tokens, h, experts, repeat, sixteen_bit=True)
         return [router, experts_cost]
 
     # ------------------------------------------------------------------ the step
@@ -180,23 +210,30 @@ class CostModel:
                                                  "communication": 0.0, "overhead": 0.0},
                             0.0, 0.0, ())
         token_ops, comm_s, token_s = self._token_part(batch.num_new_tokens, batch.num_logits)
-        prefill, decode = self._attention_ops(batch)
+        batch_ops = self._batch_ops(batch)
         # The total is summed exactly as step_time() sums it, so both agree to the last bit.
-        total = token_s + prefill.time_s + decode.time_s
-        return self._assemble([*token_ops, prefill, decode], comm_s, total)
+        total = token_s + sum(op.time_s for op in batch_ops)
+        return self._assemble([*token_ops, *batch_ops], comm_s, total)
 
     def step_time(self, batch: BatchShape) -> float:
         """Seconds for one iteration: the engine's fast path, same number as ``step().time_s``."""
         if batch.is_empty:
             return 0.0
         _, _, token_s = self._token_part(batch.num_new_tokens, batch.num_logits)
-        prefill, decode = self._attention_ops(batch)
-        return token_s + prefill.time_s + decode.time_s
+        return token_s + sum(op.time_s for op in self._batch_ops(batch))
 
-    def _attention_ops(self, batch: BatchShape) -> tuple[OpCost, OpCost]:
-        args = (self.hardware, self.peak_flops, self._act_bytes, self._kv_bytes, self.model.num_layers)
-        return (prefill_attention(batch, self.attention, *args),
-                decode_attention(batch, self.attention, *args))
+    def _batch_ops(self, batch: BatchShape) -> list[OpCost]:
+        """The operators that depend on each request's context, not just on the token count."""
+        layers = self.model.num_layers
+        args = (self.hardware, self.bf16_peak, self._kv_bytes, layers)
+        ops = [prefill_attention(batch, self.attention, *args),
+               decode_attention(batch, self.attention, *args)]
+        if self.model.mla is not None and batch.num_prefills:
+            # MLA prefill over earlier context re-expands the cached latents into K and V.
+            context_rows = float(batch.prefill_context.sum())
+            ops.append(self._gemm("qkv_proj", context_rows, self.model.mla.kv_lora_rank,
+                                  self._mla_kv_up_width, layers))
+        return ops
 
     def _token_part(self, tokens: int, logits: int) -> tuple[tuple[OpCost, ...], float, float]:
         """Everything but attention, which depends only on the step's new tokens and logits rows:
@@ -214,9 +251,9 @@ class CostModel:
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp = self.model, self.tp
-        h, layers, ab = m.hidden_size, m.num_layers, self._act_bytes
+        h, layers = m.hidden_size, m.num_layers
         heads = m.num_heads // tp
-        ops = [self._elementwise("embedding", 2 * tokens * h * ab, tokens, 1, 1)]
+        ops = [self._elementwise("embedding", 2 * tokens * h, tokens, 1, 1)]
         for k, n in self._attn_gemms:
             ops.append(self._gemm("qkv_proj", tokens, k, n, layers))
         ops.append(self._gemm("o_proj", tokens, heads * m.v_head_dim, h, layers))
@@ -230,29 +267,32 @@ class CostModel:
             if m.moe.shared_intermediate:
                 ops.extend(self._mlp(tokens, m.moe.shared_intermediate, sparse, "mlp"))
 
-        # Two fused residual-add + RMSNorm (read x and residual, write both), RoPE on q and k,
-        # and the MLP activation (read gate and up, write their product).
-        rope_dim = m.mla.qk_rope_head_dim if m.mla else m.head_dim
-        rope_heads = heads + (1 if m.mla else max(1, m.num_kv_heads // tp))
-        per_layer = 8 * tokens * h + 2 * tokens * rope_heads * rope_dim
+        # Two fused residual-add + RMSNorm (read x and residual, write both), RoPE on q and k
+        # (MLA: on the rope parts only, plus the RMSNorms of its two latents), and the MLP
+        # activation (read gate and up, write their product).
+        if m.mla is not None:
+            rope = 2 * tokens * (heads + 1) * m.mla.qk_rope_head_dim
+            rope += 2 * tokens * ((m.mla.q_lora_rank or 0) + m.mla.kv_lora_rank)
+        else:
+            rope = 2 * tokens * (heads + max(1, m.num_kv_heads // tp)) * m.head_dim
+        per_layer = 8 * tokens * h + rope
         gate = 3 if m.gated_mlp else 2
         if dense:
-            ops.append(self._elementwise(
-                "elementwise", (per_layer + gate * tokens * m.intermediate_size / tp) * ab,
-                tokens, 4, dense))
+            activation = gate * tokens * ceil_div(m.intermediate_size, tp)
+            ops.append(self._elementwise("elementwise", per_layer + activation, tokens, 4, dense))
         if sparse:
             assert m.moe is not None
             moe_rows = tokens * m.moe.top_k
-            moe_act = gate * (moe_rows * m.moe.expert_intermediate
-                              + tokens * m.moe.shared_intermediate) / tp
+            activation = gate * (moe_rows * ceil_div(m.moe.expert_intermediate, tp)
+                                 + tokens * ceil_div(m.moe.shared_intermediate, tp))
             # The expert GEMMs write one row per assignment (counted there); the weighted sum
             # over each token's experts reads them back and writes one row per token.
-            permute = moe_rows * h + tokens * h
-            ops.append(self._elementwise("elementwise", (per_layer + moe_act + permute) * ab,
+            combine = moe_rows * h + tokens * h
+            ops.append(self._elementwise("elementwise", per_layer + activation + combine,
                                          tokens, 6, sparse))
-        ops.append(self._elementwise("elementwise", 2 * tokens * h * ab, tokens, 1, 1))
-        vocab = m.vocab_size // tp  # the LM head stays 16-bit in quantised checkpoints
-        ops.append(self._gemm("lm_head", logits, h, vocab, 1, weight_bytes=h * vocab * 2.0))
+        ops.append(self._elementwise("elementwise", 2 * tokens * h, tokens, 1, 1))
+        ops.append(self._gemm("lm_head", logits, h, ceil_div(m.vocab_size, tp), 1,
+                              sixteen_bit=True))
         return ops
 
     def _communication_s(self, tokens: float, logits: float) -> float:
@@ -261,9 +301,9 @@ class CostModel:
         if self.tp == 1:
             return 0.0
         link, m = self.hardware.interconnect, self.model
-        residual = tokens * m.hidden_size * COMM_BYTES
+        residual = tokens * m.hidden_size * IO_BYTES
         return ((2 * m.num_layers + 1) * ring_allreduce_s(residual, self.tp, link)
-                + ring_allgather_s(logits * m.vocab_size * COMM_BYTES, self.tp, link))
+                + ring_allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, link))
 
     def _assemble(self, ops: list[OpCost], comm_s: float, total: float) -> StepCost:
         breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
