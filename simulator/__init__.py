@@ -10,9 +10,11 @@ The public API, for notebooks and scripts (the CLI is a thin shell over it)::
 from simulator.cost import BatchShape, CostModel, StepCost
 from simulator.dtypes import DType, Precision
 from simulator.errors import ServesimError
-from simulator.hardware import HardwareProfile, load_hardware
+from simulator.hardware import HardwareProfile
+from simulator.hardware_io import load_hardware
 from simulator.memory import MemoryPlan, plan_memory
-from simulator.model_spec import ModelSpec, load_model
+from simulator.model_config import load_model
+from simulator.model_spec import ModelSpec
 from simulator.step_report import StepReport, analyse_step
 
 __version__ = "0.1.0"

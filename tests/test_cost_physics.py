@@ -19,7 +19,7 @@ from simulator import (
     load_hardware,
 )
 from simulator.cost import causal_pairs, ring_allgather_s, ring_allreduce_s
-from simulator.model_spec import load_model, model_from_hf_config
+from simulator.model_config import load_model, model_from_hf_config
 
 
 def seven_billion_model() -> ModelSpec:

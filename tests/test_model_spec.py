@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from simulator import ModelSpec, ServesimError, load_model
-from simulator.model_spec import builtin_model_names, model_from_hf_config
+from simulator.model_config import builtin_model_names, model_from_hf_config
 from simulator.resources import model_configs_dir
 
 ISSUE_CATALOGUE = {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b",

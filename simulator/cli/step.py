@@ -12,8 +12,8 @@ from simulator.cli.console import console as _console
 from simulator.cost import BatchShape
 from simulator.dtypes import Precision
 from simulator.errors import ServesimError
-from simulator.hardware import load_hardware
-from simulator.model_spec import load_model
+from simulator.hardware_io import load_hardware
+from simulator.model_config import load_model
 from simulator.step_report import StepReport, analyse_step
 
 GIB = 2**30

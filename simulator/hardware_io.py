@@ -1,0 +1,108 @@
+"""Reading and writing hardware profile YAML files, and the built-in catalogue of them.
+
+Errors name the YAML path of the bad entry (``memory.bandwidth_Bps: Input should be greater
+than 0``) or the line of a syntax error. Profiles are written back (by calibration) in the
+shipped layout: number lists on one line and large numbers in a float form PyYAML reads back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from simulator.errors import ServesimError
+from simulator.hardware import HardwareProfile
+from simulator.resources import hardware_profiles_dir
+
+
+def builtin_hardware_names() -> list[str]:
+    return sorted(p.stem for p in hardware_profiles_dir().glob("*.yaml"))
+
+
+def _format_validation_error(exc: ValidationError, where: str) -> ServesimError:
+    first = exc.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    problem = first["msg"]
+    if first["type"] == "extra_forbidden":
+        problem = "unknown key"
+    return ServesimError(f"{where}: {location}", problem,
+                         "fix this entry (see hardware_profiles/h100-sxm-80gb.yaml for the format)")
+
+
+def hardware_from_dict(data: Any, where: str) -> HardwareProfile:
+    if not isinstance(data, dict):
+        raise ServesimError(where, "a hardware profile must be a YAML mapping", "check the file")
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        raise _format_validation_error(exc, where) from None
+
+
+def load_hardware_file(path: Path) -> HardwareProfile:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise ServesimError(str(path), f"malformed YAML{line}", "fix the syntax") from None
+    except OSError as exc:
+        raise ServesimError(str(path), f"cannot read: {exc.strerror}", "check the path") from None
+    return hardware_from_dict(data, str(path))
+
+
+def load_hardware(name_or_path: str | Path, where: str = "hardware") -> HardwareProfile:
+    """A built-in profile by name (``h100-sxm-80gb``, or a unique prefix such as ``h100-sxm``)
+    or a YAML file."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.exists():
+            raise ServesimError(where, f"no such file {path}",
+                                "give a built-in profile name or the path of a profile YAML")
+        return load_hardware_file(path)
+    names = builtin_hardware_names()
+    key = text.lower()
+    matches = [n for n in names if n == key] or [n for n in names if n.startswith(key)]
+    if len(matches) == 1:
+        return load_hardware_file(hardware_profiles_dir() / f"{matches[0]}.yaml")
+    if len(matches) > 1:
+        raise ServesimError(where, f"{text!r} is ambiguous ({', '.join(matches)})",
+                            "give the full profile name")
+    raise ServesimError(where, f"unknown hardware {text!r}",
+                        f"use one of {', '.join(names)} or a path to a profile YAML")
+
+
+class _ProfileDumper(yaml.SafeDumper):
+    """Writes profiles the way people read them: number lists on one line, big numbers as
+    ``9.894e+14`` (a form PyYAML reads back as a float)."""
+
+
+def _represent_float(dumper: yaml.SafeDumper, value: float) -> yaml.Node:
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        mantissa, exponent = f"{value:.10e}".split("e")
+        mantissa = mantissa.rstrip("0")
+        text = f"{mantissa}0e{exponent}" if mantissa.endswith(".") else f"{mantissa}e{exponent}"
+        return dumper.represent_scalar("tag:yaml.org,2002:float", text)
+    return dumper.represent_float(value)
+
+
+def _represent_list(dumper: yaml.SafeDumper, value: list) -> yaml.Node:
+    flow = all(isinstance(v, (int, float)) for v in value)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flow)
+
+
+_ProfileDumper.add_representer(float, _represent_float)
+_ProfileDumper.add_representer(list, _represent_list)
+_ProfileDumper.add_representer(tuple, _represent_list)
+
+
+def dump_profile_yaml(data: dict[str, Any]) -> str:
+    return yaml.dump(data, Dumper=_ProfileDumper, sort_keys=False, width=100, allow_unicode=True)
+
+
+def profile_to_yaml(profile: HardwareProfile) -> str:
+    """Serialise a profile in the shipped layout (used by calibration to write fitted tables)."""
+    return dump_profile_yaml(profile.model_dump(mode="json", exclude_none=True))
