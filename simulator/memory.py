@@ -88,6 +88,20 @@ def activation_workspace_bytes(model: ModelSpec, tp: int, max_num_batched_tokens
     return max_num_batched_tokens * per_token + logits
 
 
+def _build_plan(model: ModelSpec, hardware: HardwareProfile, tp: int, precision: Precision,
+                gpu_memory_utilization: float, max_num_batched_tokens: int,
+                max_num_seqs: int) -> MemoryPlan:
+    return MemoryPlan(
+        capacity_bytes=hardware.memory.capacity_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        reserved_bytes=hardware.memory.reserved_bytes,
+        weight_bytes=model.weight_bytes(precision.weight, precision.group_size, tp),
+        activation_bytes=activation_workspace_bytes(model, tp, max_num_batched_tokens,
+                                                    max_num_seqs),
+        kv_bytes_per_token=model.kv_bytes_per_token(precision.kv_cache, tp, precision.group_size),
+    )
+
+
 def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
                 precision: Precision | None = None, gpu_memory_utilization: float = 0.9,
                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> MemoryPlan:
@@ -97,20 +111,12 @@ def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
     if not 0 < gpu_memory_utilization <= 1:
         raise ServesimError("gpu_memory_utilization",
                             f"must be in (0, 1], got {gpu_memory_utilization}", "use e.g. 0.9")
-    plan = MemoryPlan(
-        capacity_bytes=hardware.memory.capacity_bytes,
-        gpu_memory_utilization=gpu_memory_utilization,
-        reserved_bytes=hardware.memory.reserved_bytes,
-        weight_bytes=model.weight_bytes(precision.weight, precision.group_size, tp),
-        activation_bytes=activation_workspace_bytes(model, tp, max_num_batched_tokens,
-                                                    max_num_seqs),
-        kv_bytes_per_token=model.kv_bytes_per_token(precision.kv_cache, tp, precision.group_size),
-    )
+    limits = (gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
+    plan = _build_plan(model, hardware, tp, precision, *limits)
     if plan.kv_cache_bytes <= 0:
         gib = 2**30
         need = (plan.weight_bytes + plan.activation_bytes + plan.reserved_bytes) / gib
-        fits_tp = smallest_fitting_tp(model, hardware, precision, gpu_memory_utilization,
-                                      max_num_batched_tokens, max_num_seqs)
+        fits_tp = smallest_fitting_tp(model, hardware, precision, *limits)
         hint = (f"use tp {fits_tp} or more" if fits_tp else "use a larger GPU")
         raise ServesimError(
             "tp",
@@ -124,16 +130,14 @@ def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
 def smallest_fitting_tp(model: ModelSpec, hardware: HardwareProfile, precision: Precision,
                         gpu_memory_utilization: float, max_num_batched_tokens: int,
                         max_num_seqs: int) -> int | None:
-    """The smallest power-of-two TP degree (up to 64) that leaves room for a KV cache."""
+    """The smallest valid power-of-two TP degree (up to 64) that leaves room for a KV cache."""
     for tp in (1, 2, 4, 8, 16, 32, 64):
         try:
             model.check_tensor_parallel(tp)
         except ServesimError:
             continue
-        budget = hardware.memory.capacity_bytes * gpu_memory_utilization
-        used = (model.weight_bytes(precision.weight, precision.group_size, tp)
-                + activation_workspace_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
-                + hardware.memory.reserved_bytes)
-        if used < budget:
+        plan = _build_plan(model, hardware, tp, precision, gpu_memory_utilization,
+                           max_num_batched_tokens, max_num_seqs)
+        if plan.kv_cache_bytes > 0:
             return tp
     return None

@@ -187,36 +187,30 @@ class ModelSpec:
                 - self.lm_head_params + self.vocab_size * self.hidden_size)
 
     @cached_property
-    def replicated_params(self) -> int:
-        """Parameters every TP rank holds whole: norms, the MoE router, MLA's down-projections
-        (``q_a``, ``kv_a`` and their norms), as vLLM shards them."""
-        params = self.norm_params + self.num_moe_layers * self.router_params
-        if self.mla is not None:
-            m, h = self.mla, self.hidden_size
-            q_down = h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
-            params += self.num_layers * (q_down + h * m.cache_width + m.kv_lora_rank)
-        return params
-
-    @cached_property
-    def params_kept_16bit(self) -> int:
-        """Parameters that quantised checkpoints (AWQ, GPTQ, FP8) leave in 16 bits: the embedding,
-        the LM head, the norms and the router."""
-        return (self.embedding_params + self.lm_head_params + self.norm_params
-                + self.num_moe_layers * self.router_params)
+    def mla_down_params(self) -> int:
+        """MLA's down-projections ``q_a`` and ``kv_a`` with their latent norms: replicated on
+        every TP rank, as vLLM shards them."""
+        if self.mla is None:
+            return 0
+        m, h = self.mla, self.hidden_size
+        q_down = h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
+        return self.num_layers * (q_down + h * m.cache_width + m.kv_lora_rank)
 
     def weight_bytes(self, dtype: DType | str = DType.BF16, group_size: int = 128,
                      tp: int = 1) -> float:
-        """Weight bytes on one GPU of a ``tp``-way group (``tp=1``: the whole model), with the
-        matmul weights stored in ``dtype`` and :attr:`params_kept_16bit` in 16 bits."""
-        dtype = DType.parse(dtype, "weight_dtype")
-        per_elem = dtype.bytes_per_element(group_size)
-        kept = self.params_kept_16bit
-        kept_replicated = self.norm_params + self.num_moe_layers * self.router_params
-        quant_replicated = self.replicated_params - kept_replicated + self._kv_replica_params(tp)
-        quant_sharded = self.param_count - kept - (self.replicated_params - kept_replicated)
-        kept_sharded = kept - kept_replicated
-        return (quant_sharded / tp * per_elem + quant_replicated * per_elem
-                + kept_sharded / tp * 2.0 + kept_replicated * 2.0)
+        """Weight bytes on one GPU of a ``tp``-way group (``tp=1``: the whole model).
+
+        Four disjoint classes: the embedding and LM head (16-bit in quantised checkpoints, split
+        over the vocabulary), the norms and router (16-bit, replicated), MLA's down-projections
+        and any replicated KV heads (``dtype``, replicated), and everything else (``dtype``,
+        sharded).
+        """
+        per_elem = DType.parse(dtype, "weight_dtype").bytes_per_element(group_size)
+        vocab_16bit = self.embedding_params + self.lm_head_params
+        replicated_16bit = self.norm_params + self.num_moe_layers * self.router_params
+        sharded = self.param_count - vocab_16bit - replicated_16bit - self.mla_down_params
+        replicated = self.mla_down_params + self._kv_replica_params(tp)
+        return (sharded / tp + replicated) * per_elem + (vocab_16bit / tp + replicated_16bit) * 2.0
 
     def _kv_replica_params(self, tp: int) -> float:
         """Extra K/V projection weights each GPU holds when there are fewer KV heads than GPUs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -107,16 +108,16 @@ class BatchShape:
     def num_decodes(self) -> int:
         return int(self.decode_context.size)
 
-    @property
+    @cached_property
     def num_prefill_tokens(self) -> int:
         return int(self.prefill_tokens.sum())
 
-    @property
+    @cached_property
     def num_new_tokens(self) -> int:
         """Rows of every GEMM in this step (the M dimension)."""
         return self.num_prefill_tokens + self.num_decodes
 
-    @property
+    @cached_property
     def num_logits(self) -> int:
         """Sequences that sample a token this step (rows of the LM head)."""
         return self.num_decodes + int(self.prefill_emits.sum())
