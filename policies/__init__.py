@@ -1,6 +1,10 @@
-"""Scheduling policies and routers over one shared token-budget core.
+"""Scheduling policies and routers over one shared token-budget core (see :mod:`policies.base`).
 
-Empty until the engine issue (foundation part 2) lands the policy interface and the continuous
-batching policy; static, chunked-prefill, SJF, priority and disaggregated follow in the policies
-issue. The cost model does not depend on it.
+Importing this package registers the built-in policies and routers by name.
 """
+
+from policies import continuous, routers  # noqa: F401
+from policies.base import POLICIES, Batch, Policy, make_policy
+from policies.routers import ROUTERS, Router, make_router
+
+__all__ = ["POLICIES", "ROUTERS", "Batch", "Policy", "Router", "make_policy", "make_router"]

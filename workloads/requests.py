@@ -107,6 +107,18 @@ class RequestTable:
         """Requests per second over the span of arrivals (0 for fewer than two requests)."""
         return (len(self) - 1) / self.duration_s if self.duration_s > 0 else 0.0
 
+    def describe(self) -> str:
+        """One line for the CLI: count, span, mean rate, prompt/output mean and median, source."""
+        if not len(self):
+            return f"0 requests ({self.source})" if self.source else "0 requests"
+        prompt, output = self.prompt_tokens, self.output_tokens
+        text = (f"{len(self)} requests over {self.duration_s:.1f} s ({self.mean_rate:.2f} req/s); "
+                f"prompt mean {prompt.mean():.0f} / p50 {np.median(prompt):.0f}, "
+                f"output mean {output.mean():.0f} / p50 {np.median(output):.0f} tokens")
+        if self.prefix_block_ids is not None:
+            text += f"; {self.prefix_block_ids.size} prefix blocks of {self.prefix_block_size} tokens"
+        return f"{text} [{self.source}]" if self.source else text
+
     # ------------------------------------------------------------------ transforms
     def take(self, rows: np.ndarray) -> RequestTable:
         """The requests at ``rows`` (indices or a boolean mask), prefix blocks carried along."""

@@ -13,6 +13,7 @@ import typer
 
 from simulator.cli.catalog import hardware_command, models_command
 from simulator.cli.console import error_console
+from simulator.cli.run import run_command, validate_command
 from simulator.cli.step import step_command
 from simulator.errors import ServesimError
 
@@ -23,6 +24,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.command("run")(run_command)
+app.command("validate")(validate_command)
 app.command("step")(step_command)
 app.command("models")(models_command)
 app.command("hardware")(hardware_command)

@@ -4,9 +4,10 @@ from simulator.cost.attention import AttentionShape, causal_pairs
 from simulator.cost.batch import BatchShape
 from simulator.cost.communication import ring_allgather_s, ring_allreduce_s
 from simulator.cost.roofline import OpCost, roofline
-from simulator.cost.step_cost import BREAKDOWN_KEYS, CostModel, StepCost
+from simulator.cost.step_cost import BOUNDS, BREAKDOWN_KEYS, CostModel, StepCost
 
 __all__ = [
+           "BOUNDS",
            "BREAKDOWN_KEYS",
            "AttentionShape",
            "BatchShape",

@@ -115,11 +115,11 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
     if batch.num_decodes == 0:
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
     eff = hardware.efficiency.attention_decode
-    seen = batch.decode_context + 1
-    if shape.window is not None:
-        seen = np.minimum(seen, shape.window)
-    keys = float(seen.sum())
     n = float(batch.num_decodes)
+    if shape.window is None:
+        keys = batch.decode_context_sum + n
+    else:
+        keys = float(np.minimum(batch.decode_context + 1, shape.window).sum())
     flops = keys * shape.decode_flops_per_key
     nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
               + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)

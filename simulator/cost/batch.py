@@ -10,8 +10,7 @@ arrays (and a few sums of them), never the requests themselves.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,6 +44,15 @@ class BatchShape:
     decode_context: np.ndarray
 
     def __post_init__(self) -> None:
+        prefills, decodes = int(self.prefill_tokens.size), int(self.decode_context.size)
+        prefill_tokens = int(self.prefill_tokens.sum()) if prefills else 0
+        set_ = object.__setattr__
+        set_(self, "num_prefills", prefills)
+        set_(self, "num_decodes", decodes)
+        set_(self, "num_prefill_tokens", prefill_tokens)
+        set_(self, "num_new_tokens", prefill_tokens + decodes)
+        set_(self, "decode_context_sum", float(self.decode_context.sum()) if decodes else 0.0)
+        set_(self, "num_logits", decodes + (int(self.prefill_emits.sum()) if prefills else 0))
         if not (len(self.prefill_tokens) == len(self.prefill_context) == len(self.prefill_emits)):
             raise ServesimError("batch", "prefill arrays differ in length",
                                 "give one context and one emits flag per prefill chunk")
@@ -100,27 +108,18 @@ class BatchShape:
                    computed[is_decode])
 
     # ------------------------------------------------------------------ sums the cost model uses
-    @property
-    def num_prefills(self) -> int:
-        return int(self.prefill_tokens.size)
-
-    @property
-    def num_decodes(self) -> int:
-        return int(self.decode_context.size)
-
-    @cached_property
-    def num_prefill_tokens(self) -> int:
-        return int(self.prefill_tokens.sum())
-
-    @cached_property
-    def num_new_tokens(self) -> int:
-        """Rows of every GEMM in this step (the M dimension)."""
-        return self.num_prefill_tokens + self.num_decodes
-
-    @cached_property
-    def num_logits(self) -> int:
-        """Sequences that sample a token this step (rows of the LM head)."""
-        return self.num_decodes + int(self.prefill_emits.sum())
+    # The sums below are computed once, in __post_init__: the engine reads them several times
+    # per step, and (before Python 3.12) functools.cached_property takes a lock on every read.
+    num_prefills: int = field(init=False)
+    num_decodes: int = field(init=False)
+    num_prefill_tokens: int = field(init=False)
+    """Prompt tokens computed this step, over all prefill chunks."""
+    num_new_tokens: int = field(init=False)
+    """Rows of every GEMM in this step (the M dimension)."""
+    decode_context_sum: float = field(init=False)
+    """Tokens cached by all decoding requests together (what decode attention reads)."""
+    num_logits: int = field(init=False)
+    """Sequences that sample a token this step (rows of the LM head)."""
 
     @property
     def is_empty(self) -> bool:

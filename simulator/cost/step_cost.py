@@ -50,6 +50,24 @@ IO_BYTES = 2.0
 16-bit whatever the GEMM precision (FP8 GEMMs quantise their input on the fly and write bf16)."""
 
 
+BOUNDS = ("compute", "memory", "communication", "overhead")
+"""What a step can be bound by, in the order :meth:`CostModel.step_summary` indexes them."""
+
+
+@dataclass(frozen=True, slots=True)
+class _TokenPart:
+    """The memoised operators that depend only on (new tokens, logits rows), with their sums."""
+
+    ops: tuple[OpCost, ...]
+    comm_s: float
+    total_s: float
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+    flops: float
+    hbm_bytes: float
+
+
 @dataclass(frozen=True)
 class StepCost:
     """One iteration's predicted time with its anatomy.
@@ -99,7 +117,7 @@ class CostModel:
         self._weight_bytes = self.precision.weight_bytes
         self.attention = self._attention_shape()
         self._attn_gemms = self._attention_projection_shapes()
-        self._token_cache: dict[tuple[int, int], tuple[tuple[OpCost, ...], float, float]] = {}
+        self._token_cache: dict[tuple[int, int], _TokenPart] = {}
 
     # ------------------------------------------------------------------ per-GPU shapes
     def _attention_shape(self) -> AttentionShape:
@@ -209,25 +227,32 @@ class CostModel:
             return StepCost(0.0, zero, "idle", {"compute": 0.0, "memory": 0.0,
                                                  "communication": 0.0, "overhead": 0.0},
                             0.0, 0.0, ())
-        token_ops, comm_s, token_s = self._token_part(batch.num_new_tokens, batch.num_logits)
+        part = self._token_part(batch.num_new_tokens, batch.num_logits)
         batch_ops = self._batch_ops(batch)
         # The total is summed exactly as step_time() sums it, so both agree to the last bit.
-        total = token_s + sum(op.time_s for op in batch_ops)
-        return self._assemble([*token_ops, *batch_ops], comm_s, total)
+        total = part.total_s
+        for op in batch_ops:
+            total += op.time_s
+        return self._assemble([*part.ops, *batch_ops], part.comm_s, total)
 
     def step_time(self, batch: BatchShape) -> float:
         """Seconds for one iteration: the engine's fast path, same number as ``step().time_s``."""
         if batch.is_empty:
             return 0.0
-        _, _, token_s = self._token_part(batch.num_new_tokens, batch.num_logits)
-        return token_s + sum(op.time_s for op in self._batch_ops(batch))
+        total = self._token_part(batch.num_new_tokens, batch.num_logits).total_s
+        for op in self._batch_ops(batch):
+            total += op.time_s
+        return total
 
     def _batch_ops(self, batch: BatchShape) -> list[OpCost]:
         """The operators that depend on each request's context, not just on the token count."""
         layers = self.model.num_layers
         args = (self.hardware, self.bf16_peak, self._kv_bytes, layers)
-        ops = [prefill_attention(batch, self.attention, *args),
-               decode_attention(batch, self.attention, *args)]
+        ops = []
+        if batch.num_prefills:
+            ops.append(prefill_attention(batch, self.attention, *args))
+        if batch.num_decodes:
+            ops.append(decode_attention(batch, self.attention, *args))
         if self.model.mla is not None and batch.num_prefills:
             # MLA prefill over earlier context re-expands the cached latents into K and V.
             context_rows = float(batch.prefill_context.sum())
@@ -235,7 +260,7 @@ class CostModel:
                                   self._mla_kv_up_width, layers))
         return ops
 
-    def _token_part(self, tokens: int, logits: int) -> tuple[tuple[OpCost, ...], float, float]:
+    def _token_part(self, tokens: int, logits: int) -> _TokenPart:
         """Everything but attention, which depends only on the step's new tokens and logits rows:
         memoised, so a simulation pays for each distinct (tokens, logits) pair once."""
         key = (tokens, logits)
@@ -243,11 +268,36 @@ class CostModel:
         if cached is None:
             ops = tuple(self._token_ops(float(tokens), float(logits)))
             comm_s = self._communication_s(float(tokens), float(logits))
-            total = sum(op.time_s for op in ops) + comm_s + self.hardware.overhead.step_s
-            cached = (ops, comm_s, total)
+            step_s = self.hardware.overhead.step_s
+            total = sum(op.time_s for op in ops) + comm_s + step_s
+            cached = _TokenPart(ops, comm_s, total,
+                                compute_s=sum(op.roofline_s for op in ops if op.bound == "compute"),
+                                memory_s=sum(op.roofline_s for op in ops if op.bound == "memory"),
+                                overhead_s=sum(op.fixed_s for op in ops) + step_s,
+                                flops=sum(op.flops for op in ops), hbm_bytes=sum(op.bytes for op in ops))
             if len(self._token_cache) < 1 << 16:
                 self._token_cache[key] = cached
         return cached
+
+    def step_summary(self, batch: BatchShape) -> tuple[float, int, float, float]:
+        """The engine's per-step record: (seconds, index of the bound in :data:`BOUNDS`, FLOPs,
+        HBM bytes), without building the breakdown. Same time and bound as :meth:`step`."""
+        if batch.is_empty:
+            return 0.0, BOUNDS.index("overhead"), 0.0, 0.0
+        part = self._token_part(batch.num_new_tokens, batch.num_logits)
+        total, compute_s, memory_s = part.total_s, part.compute_s, part.memory_s
+        overhead_s, flops, nbytes = part.overhead_s, part.flops, part.hbm_bytes
+        for op in self._batch_ops(batch):
+            total += op.time_s
+            if op.compute_s >= op.memory_s:
+                compute_s += op.compute_s
+            else:
+                memory_s += op.memory_s
+            overhead_s += op.fixed_s
+            flops += op.flops
+            nbytes += op.bytes
+        sums = (compute_s, memory_s, part.comm_s, overhead_s)
+        return total, sums.index(max(sums)), flops, nbytes
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp = self.model, self.tp

@@ -1,0 +1,142 @@
+"""``servesim run`` and ``servesim validate``: simulate an experiment YAML, or only check it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from simulator.cli.console import console
+from simulator.config import ExperimentConfig, load_experiment
+from simulator.engine import resolve_deployment, simulate
+from simulator.engine.deployment import Deployment
+from simulator.errors import ServesimError
+from simulator.metrics import write_run
+from simulator.resources import configs_dir
+from workloads import build_workload
+from workloads.requests import RequestTable
+
+GIB = 2**30
+
+
+def find_config(text: str) -> Path:
+    """A path, or the name of a built-in experiment (``quickstart`` -> configs/quickstart.yaml)."""
+    path = Path(text)
+    if path.is_file():
+        return path
+    builtin = configs_dir() / f"{text.removesuffix('.yaml')}.yaml"
+    if builtin.is_file() and path.parent == Path("."):
+        return builtin
+    known = ", ".join(sorted(p.stem for p in configs_dir().glob("*.yaml")))
+    raise ServesimError("CONFIG", f"{text} not found", f"give a YAML path or a built-in experiment ({known})")
+
+
+SetOption = Annotated[list[str] | None, typer.Option(
+    "--set", help="Override a config key, e.g. --set deployment.tp=2 (repeatable)")]
+SeedOption = Annotated[int | None, typer.Option(help="Seed of the workload (overrides the file)")]
+
+
+def _prepare(config_path: str, overrides: list[str] | None, seed: int | None
+             ) -> tuple[Path, ExperimentConfig, Deployment, RequestTable]:
+    path = find_config(config_path)
+    config = load_experiment(path, overrides or [], seed)
+    deployment = resolve_deployment(config)
+    workload = build_workload(config.workload, config.seed, path.parent)
+    if len(workload) == 0:
+        raise ServesimError("workload", "has no requests", "widen the time window or raise num_requests")
+    return path, config, deployment, workload
+
+
+def _describe(config: ExperimentConfig, deployment: Deployment, workload: RequestTable) -> None:
+    d, m, lim = deployment, deployment.memory, deployment.limits
+    console.print(f"[bold]{config.name}[/]: {d.model.name} on {d.replicas} x {d.tp} x "
+                  f"[bold]{d.hardware.name}[/] ({d.num_gpus} GPU{'s' if d.num_gpus > 1 else ''}), "
+                  f"policy [bold]{config.policy.name}[/], router {config.router.name}")
+    console.print(f"memory per GPU: weights {m.weight_bytes / GIB:.1f} GiB, activations "
+                  f"{m.activation_bytes / GIB:.1f} GiB, KV pool {m.kv_cache_bytes / GIB:.1f} GiB = "
+                  f"{lim.num_blocks:,} blocks of {lim.block_size} tokens per replica; "
+                  f"max_num_seqs {lim.max_num_seqs}, max_num_batched_tokens "
+                  f"{lim.max_num_batched_tokens:,}, max_model_len {lim.max_model_len:,}")
+    console.print(f"workload: {escape(workload.describe())}")
+    if d.hardware.spec_only:
+        console.print("[dim]hardware profile is spec-only: efficiencies are defaults, not fitted to "
+                      "measurements[/]")
+
+
+def validate_command(
+    config: Annotated[str, typer.Argument(help="Experiment YAML (or a built-in name, e.g. quickstart)")],
+    overrides: SetOption = None,
+    seed: SeedOption = None,
+) -> None:
+    """Check an experiment without running it: keys, model, hardware, memory fit and workload."""
+    _, cfg, deployment, workload = _prepare(config, overrides, seed)
+    _describe(cfg, deployment, workload)
+    console.print("[green]valid[/]")
+
+
+def run_command(
+    config: Annotated[str, typer.Argument(help="Experiment YAML (or a built-in name, e.g. quickstart)")],
+    overrides: SetOption = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default runs/<name>)")] = None,
+    seed: SeedOption = None,
+    report: Annotated[bool, typer.Option(help="Write report.html")] = True,
+    quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
+) -> None:
+    """Simulate an experiment and write its summary, tables and interactive report."""
+    path, cfg, deployment, workload = _prepare(config, overrides, seed)
+    _describe(cfg, deployment, workload)
+    out_dir = out or Path("runs") / cfg.name
+    columns = (TextColumn("simulating"), BarColumn(),
+               TextColumn("{task.completed:,}/{task.total:,} requests"),
+               TextColumn("sim {task.fields[sim]:,.0f} s"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=quiet, transient=True) as bar:
+        task = bar.add_task("run", total=len(workload), sim=0.0)
+
+        def progress(done: int, total: int, sim_s: float) -> None:
+            bar.update(task, completed=done, sim=sim_s)
+
+        result = simulate(cfg, workload, path.parent, progress=None if quiet else progress)
+    tables = write_run(result, out_dir, report=report)
+    render_summary(tables.summary)
+    console.print(f"simulated {len(workload):,} requests, {len(result.steps):,} steps in "
+                  f"{result.wall_time_s:.2f} s wall ({len(workload) / max(result.wall_time_s, 1e-9):,.0f} "
+                  "requests/s)")
+    written = "summary.json, config.resolved.yaml"
+    if cfg.output == "full":
+        written += ", requests.parquet, steps.parquet, itl.parquet" + (", report.html" if report else "")
+    console.print(f"wrote {out_dir}/ ({written})")
+
+
+def _fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
+
+
+def render_summary(summary: dict[str, Any]) -> None:
+    table = Table(show_edge=False, box=None, pad_edge=False)
+    table.add_column("latency")
+    for column in ("mean", "p50", "p90", "p99", "max"):
+        table.add_column(column, justify="right")
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queueing_s", "queueing")):
+        stats = summary[key]
+        table.add_row(label, *(_fmt(stats[c]) for c in ("mean", "p50", "p90", "p99", "max")))
+    console.print(table)
+    t = summary["throughput"]
+    console.print(f"throughput: {t['requests_per_s']:.2f} requests/s, {t['output_tokens_per_s']:,.0f} "
+                  f"output tokens/s, {t['total_tokens_per_s']:,.0f} total tokens/s over "
+                  f"{summary['duration_s']:,.1f} s")
+    kv, batch = summary["kv"], summary["batch"]
+    peak = kv["peak_blocks_used"] / max(kv["blocks_total"], 1)
+    console.print(f"completed {summary['completed']:,}, rejected {summary['rejected']:,}, preemptions "
+                  f"{summary['preemptions']:,}; mean batch {batch['mean_size']:.1f}; KV use mean "
+                  f"{kv['mean_utilization']:.0%}, peak {peak:.0%}")
+    if summary.get("slos"):
+        limits = ", ".join(f"{k.removesuffix('_s').upper()} <= {_fmt(v)}" for k, v in summary["slos"].items())
+        console.print(f"SLOs ({limits}): attainment [bold]{summary['slo_attainment']:.1%}[/], goodput "
+                      f"{summary['goodput_requests_per_s']:.2f} requests/s")

@@ -1,0 +1,90 @@
+"""From an experiment's deployment keys to the objects a replica runs: model, hardware, cost
+model, memory plan and engine limits, with vLLM's defaults filled in and every limit checked."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simulator.config import ExperimentConfig
+from simulator.cost import CostModel
+from simulator.dtypes import Precision
+from simulator.engine.replica_state import EngineLimits
+from simulator.errors import ServesimError
+from simulator.hardware import HardwareProfile
+from simulator.hardware_io import load_hardware
+from simulator.memory import MemoryPlan, plan_memory
+from simulator.model_config import load_model
+from simulator.model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: ModelSpec
+    hardware: HardwareProfile
+    tp: int
+    replicas: int
+    precision: Precision
+    memory: MemoryPlan
+    limits: EngineLimits
+
+    def cost_model(self) -> CostModel:
+        return CostModel(self.model, self.hardware, self.tp, self.precision)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.replicas
+
+    def describe(self) -> dict[str, object]:
+        p = self.precision
+        precision = (f"weights {p.weight.value}, activations {p.activation.value}, "
+                     f"kv {p.kv_cache.value}")
+        return {"model": self.model.name, "hardware": self.hardware.name, "tp": self.tp,
+                "replicas": self.replicas, "gpus": self.num_gpus, "precision": precision,
+                "kv_blocks_per_replica": self.limits.num_blocks, "block_size": self.limits.block_size,
+                "max_num_seqs": self.limits.max_num_seqs,
+                "max_num_batched_tokens": self.limits.max_num_batched_tokens,
+                "max_model_len": self.limits.max_model_len}
+
+
+def resolve_deployment(config: ExperimentConfig) -> Deployment:
+    d, p = config.deployment, config.precision
+    model = load_model(config.model, "model")
+    hardware = load_hardware(config.hardware, "hardware")
+    precision = Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
+    max_model_len = d.max_model_len or model.max_context
+    if max_model_len > model.max_context:
+        raise ServesimError("deployment.max_model_len",
+                            f"{max_model_len} exceeds {model.name}'s context length {model.max_context}",
+                            f"use at most {model.max_context}")
+    chunked = config.policy.name in CHUNKING_POLICIES
+    budget = d.max_num_batched_tokens or max(max_model_len, 2048)
+    if not chunked and budget < max_model_len:
+        raise ServesimError(
+            "deployment.max_num_batched_tokens",
+            f"{budget} is below max_model_len {max_model_len}, so a long prompt could never be "
+            f"scheduled by policy {config.policy.name!r}",
+            f"raise it to {max_model_len}, lower deployment.max_model_len, or use chunked prefill")
+    if d.max_num_seqs > budget:
+        raise ServesimError("deployment.max_num_seqs", f"{d.max_num_seqs} exceeds the step's token "
+                            f"budget {budget}", "lower max_num_seqs or raise max_num_batched_tokens")
+    memory = plan_memory(model, hardware, d.tp, precision, d.gpu_memory_utilization, budget,
+                         d.max_num_seqs)
+    num_blocks = memory.num_blocks(d.block_size)
+    if d.num_gpu_blocks is not None:
+        if d.num_gpu_blocks > num_blocks:
+            raise ServesimError("deployment.num_gpu_blocks",
+                                f"{d.num_gpu_blocks:,} blocks do not fit: the memory plan leaves room "
+                                f"for {num_blocks:,}", f"use at most {num_blocks:,}")
+        num_blocks = d.num_gpu_blocks
+    if num_blocks < 1:
+        raise ServesimError("deployment", "no room for a single KV block",
+                            "raise gpu_memory_utilization, use a larger tp or quantise the weights")
+    limits = EngineLimits(max_num_seqs=d.max_num_seqs, max_num_batched_tokens=budget,
+                          max_model_len=max_model_len, block_size=d.block_size, num_blocks=num_blocks,
+                          watermark_blocks=math.floor(d.watermark * num_blocks))
+    return Deployment(model, hardware, d.tp, d.replicas, precision, memory, limits)
+
+
+CHUNKING_POLICIES = frozenset({"chunked_prefill"})
+"""Policies that split prompts across steps, so their token budget may be below max_model_len."""

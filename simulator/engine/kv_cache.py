@@ -1,0 +1,64 @@
+"""The paged KV cache of one replica: a pool of fixed-size blocks and who holds how many.
+
+As in vLLM, the cache is carved into blocks of ``block_size`` tokens; a request holds
+``ceil(tokens / block_size)`` blocks for the tokens whose KV it has computed (or is computing in
+the current step), grows one block at a time as it decodes, and gives all of them back when it
+finishes or is preempted. Without prefix sharing blocks are interchangeable, so the pool only
+counts them: per request (one array over all requests) and in total. The interface is small on
+purpose (``blocks_to_grow``, ``grow``, ``release``) so that a prefix-caching pool can replace it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class BlockPool:
+    """``total`` blocks of ``block_size`` tokens; ``held[r]`` blocks belong to request ``r``."""
+
+    __slots__ = ("block_size", "free", "held", "peak_used", "total")
+
+    def __init__(self, total_blocks: int, block_size: int, num_requests: int) -> None:
+        self.total = int(total_blocks)
+        self.block_size = int(block_size)
+        self.free = self.total
+        self.held = np.zeros(num_requests, dtype=np.int64)
+        self.peak_used = 0
+
+    @property
+    def used(self) -> int:
+        return self.total - self.free
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold ``tokens`` tokens."""
+        return -(-int(tokens) // self.block_size)
+
+    def blocks_to_grow(self, request: int, tokens: int) -> int:
+        """Extra blocks request ``request`` needs to hold ``tokens`` tokens."""
+        return max(0, -(-int(tokens) // self.block_size) - int(self.held[request]))
+
+    def grow(self, request: int, blocks: int) -> None:
+        self.held[request] += blocks
+        self.free -= blocks
+        if self.total - self.free > self.peak_used:
+            self.peak_used = self.total - self.free
+
+    def grow_many(self, requests: np.ndarray, blocks: np.ndarray, total: int) -> None:
+        """Add ``blocks[i]`` to ``requests[i]`` (distinct ids); ``total`` is ``blocks.sum()``."""
+        if total:
+            self.held[requests] += blocks
+            self.free -= total
+            if self.total - self.free > self.peak_used:
+                self.peak_used = self.total - self.free
+
+    def release(self, request: int) -> int:
+        """Free every block of ``request``; returns how many."""
+        blocks = int(self.held[request])
+        self.held[request] = 0
+        self.free += blocks
+        return blocks
+
+    def release_many(self, requests: np.ndarray) -> None:
+        if requests.size:
+            self.free += int(self.held[requests].sum())
+            self.held[requests] = 0

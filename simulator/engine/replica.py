@@ -1,0 +1,62 @@
+"""One replica's iteration loop: the only SimPy process that advances per step.
+
+``schedule -> price -> one timeout -> credit``: the policy forms the batch, the cost model
+prices it, the clock advances by one SimPy event, and the step is credited to its requests. An
+idle replica waits on an event that the next arrival (or a policy's timer) triggers, so an empty
+system costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import simpy
+
+from policies.base import Policy
+from simulator.cost import CostModel
+from simulator.engine.replica_state import ReplicaState
+from simulator.engine.step_log import StepLog
+
+
+class Replica:
+    def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
+                 cost: CostModel, steps: StepLog) -> None:
+        self.env = env
+        self.state = state
+        self.policy = policy
+        self.cost = cost
+        self.steps = steps
+        self._idle: simpy.Event | None = None
+        self.process = env.process(self._run())
+
+    def accept(self, request: int) -> None:
+        """An arrival routed here: queue it (or reject it) and wake the loop if idle."""
+        if self.state.enqueue(request) and self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()
+
+    def _run(self) -> Generator[simpy.Event, object, None]:
+        env, state, policy, steps = self.env, self.state, self.policy, self.steps
+        requests, pool = state.requests, state.pool
+        step_summary, append, index = self.cost.step_summary, steps.append, state.index
+        while True:
+            now = env.now
+            batch = policy.schedule(now)
+            if batch is None:
+                self._idle = env.event()
+                wake = policy.wake_at(now)
+                if wake is None:
+                    yield self._idle
+                else:
+                    yield self._idle | env.timeout(max(0.0, wake - now))
+                self._idle = None
+                continue
+            shape = batch.shape
+            seconds, bound, flops, nbytes = step_summary(shape)
+            append(index, now, seconds, shape.num_prefills, shape.num_decodes,
+                   shape.num_prefill_tokens, shape.num_decodes, pool.total - pool.free,
+                   len(state.waiting), int(state.running.size), batch.preempted, bound, flops, nbytes)
+            yield env.timeout(seconds)
+            finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
+            if finished.size:
+                state.drop_finished()
+            policy.after_step(batch, finished, env.now)

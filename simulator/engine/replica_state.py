@@ -1,0 +1,130 @@
+"""What a scheduling policy sees of one replica: its queues, its KV-cache pool and its limits.
+
+The policy decides (which requests run, with how many new tokens, whom to preempt); this class
+carries the decisions out the same way for every policy, so that the bookkeeping (block counts,
+statuses, preemption counts, the order of the queues) cannot differ between policies.
+
+Queues follow vLLM: ``waiting`` is first-come first-served and a preempted request goes back to
+its front; ``running`` is in admission order, and preemption takes its tail (the request admitted
+last, as vLLM's scheduler pops the end of its running list).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.engine.kv_cache import BlockPool
+from simulator.engine.state import (
+    KV_NEVER_FITS,
+    PROMPT_NEVER_ADMITTED,
+    REJECTED,
+    RUNNING,
+    TOO_LONG,
+    WAITING,
+    RequestState,
+)
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """vLLM's engine arguments that bound a step, per replica."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    watermark_blocks: int
+
+
+class ReplicaState:
+    """One replica's queues and KV pool over the shared :class:`RequestState`."""
+
+    def __init__(self, index: int, requests: RequestState, limits: EngineLimits) -> None:
+        self.index = index
+        self.requests = requests
+        self.limits = limits
+        self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests))
+        self.waiting: deque[int] = deque()
+        self.running: np.ndarray = _EMPTY
+        self.preemptions = 0
+
+    # ------------------------------------------------------------------ load, for routers
+    @property
+    def outstanding(self) -> int:
+        """Requests queued or running here."""
+        return len(self.waiting) + int(self.running.size)
+
+    # ------------------------------------------------------------------ arrival
+    def rejection(self, request: int) -> int:
+        """0 if ``request`` can ever be served here, else its reason code (see REJECT_REASONS)."""
+        r, lim = self.requests, self.limits
+        prompt, output = int(r.prompt[request]), int(r.output[request])
+        if prompt + output > lim.max_model_len:
+            return TOO_LONG
+        # At its longest a request holds the KV of its prompt and all outputs but the last.
+        if self.pool.blocks_for(prompt + output - 1) > lim.num_blocks:
+            return KV_NEVER_FITS
+        if self.pool.blocks_for(prompt) > lim.num_blocks - lim.watermark_blocks:
+            return PROMPT_NEVER_ADMITTED
+        return 0
+
+    def enqueue(self, request: int) -> bool:
+        """Queue an arriving request, or reject it (returns False) when it can never fit."""
+        r = self.requests
+        r.replica[request] = self.index
+        reason = self.rejection(request)
+        if reason:
+            r.status[request] = REJECTED
+            r.reject_reason[request] = reason
+            return False
+        r.status[request] = WAITING
+        self.waiting.append(request)
+        return True
+
+    # ------------------------------------------------------------------ decisions carried out
+    def admit(self, admitted: list[int], blocks: list[int], now: float) -> None:
+        """Move ``admitted`` (already popped from ``waiting``) into ``running``, giving each its
+        ``blocks`` extra KV blocks."""
+        r = self.requests
+        ids = np.fromiter(admitted, dtype=np.int64, count=len(admitted))
+        self.pool.grow_many(ids, np.fromiter(blocks, dtype=np.int64, count=len(blocks)), sum(blocks))
+        r.status[ids] = RUNNING
+        first = ids[np.isnan(r.first_scheduled[ids])]
+        r.first_scheduled[first] = now
+        self.running = np.concatenate((self.running, ids)) if self.running.size else ids
+
+    def preempt_tail(self, count: int) -> np.ndarray:
+        """Preempt the last ``count`` running requests by recompute: their blocks are freed, their
+        computed tokens forgotten (generated ones are kept) and they go back to the front of the
+        waiting queue, the oldest first. Returns their ids."""
+        victims = self.running[-count:]
+        self.running = self.running[:-count]
+        r = self.requests
+        self.pool.release_many(victims)
+        r.computed[victims] = 0
+        r.status[victims] = WAITING
+        r.preemptions[victims] += 1
+        self.preemptions += count
+        self.waiting.extendleft(reversed(victims.tolist()))
+        return victims
+
+    def drop_finished(self) -> None:
+        """Remove finished requests from ``running`` and free their blocks."""
+        running = self.running
+        finished = self.requests.status[running] != RUNNING
+        if finished.any():
+            self.pool.release_many(running[finished])
+            self.running = running[~finished]
+
+    def prefill_need(self, request: int) -> tuple[int, int]:
+        """(new tokens, extra blocks) to compute all of ``request``'s uncomputed tokens."""
+        r = self.requests
+        total = int(r.prompt[request] + r.generated[request])
+        new = total - int(r.computed[request])
+        return new, self.pool.blocks_to_grow(request, total)

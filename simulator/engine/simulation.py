@@ -1,0 +1,104 @@
+"""Build and run one simulation: arrivals -> router -> replicas, on one SimPy clock.
+
+The arrival process walks the request table in order, one SimPy timeout per arrival, and hands
+each request to the router; each replica runs its iteration loop (:mod:`simulator.engine.replica`).
+The run ends when every request has completed or been rejected: the event queue then empties.
+Nothing here is random: the workload's seed fixes the table, and the same table and config give
+the same results, bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import simpy
+
+import policies  # noqa: F401  (registers the built-in policies)
+from policies.base import make_policy
+from policies.routers import make_router
+from simulator.config import ExperimentConfig
+from simulator.engine.deployment import Deployment, resolve_deployment
+from simulator.engine.replica import Replica
+from simulator.engine.replica_state import ReplicaState
+from simulator.engine.state import DONE, REJECTED, RequestState
+from simulator.engine.step_log import StepLog
+from workloads import build_workload
+from workloads.requests import RequestTable
+
+Progress = Callable[[int, int, float], None]
+"""Called now and then with (requests finished or rejected, total requests, simulated time)."""
+
+
+@dataclass
+class SimulationResult:
+    config: ExperimentConfig
+    deployment: Deployment
+    workload: RequestTable
+    requests: RequestState
+    steps: StepLog
+    replica_states: list[ReplicaState]
+    sim_time_s: float
+    wall_time_s: float
+
+
+def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
+             base_dir: Path | None = None, progress: Progress | None = None) -> SimulationResult:
+    """Run ``config`` (its workload, unless ``workload`` is given) to completion."""
+    deployment = resolve_deployment(config)
+    if workload is None:
+        workload = build_workload(config.workload, config.seed, base_dir)
+    started = time.perf_counter()
+    env = simpy.Environment()
+    requests = RequestState(workload)
+    steps = StepLog()
+    states = [ReplicaState(i, requests, deployment.limits) for i in range(deployment.replicas)]
+    cost = deployment.cost_model()  # shared: its memo serves every replica
+    replicas = [Replica(env, state, make_policy(config.policy.name, _knobs(config.policy), state),
+                        cost, steps) for state in states]
+    router = make_router(config.router.name, _knobs(config.router), states)
+    env.process(_arrivals(env, workload, router.route, replicas))
+    _run(env, requests, progress, every_s=max(1.0, workload.duration_s / 200))
+    last = steps.records()[-1] if len(steps) else None
+    end = float(last["start_s"] + last["duration_s"]) if last is not None else 0.0
+    return SimulationResult(config, deployment, workload, requests, steps, states, end,
+                            time.perf_counter() - started)
+
+
+def _knobs(section: object) -> dict[str, object]:
+    return {k: v for k, v in section.model_dump().items() if k != "name"}  # type: ignore[attr-defined]
+
+
+def _arrivals(env: simpy.Environment, workload: RequestTable,
+              route: Callable[[int, float], int], replicas: list[Replica]
+              ) -> Generator[simpy.Event, object, None]:
+    arrivals = workload.arrival_s.tolist()
+    for request, at in enumerate(arrivals):
+        if at > env.now:
+            yield env.timeout(at - env.now)
+        replicas[route(request, env.now)].accept(request)
+
+
+def _run(env: simpy.Environment, requests: RequestState, progress: Progress | None,
+         every_s: float) -> None:
+    if progress is not None:
+        env.process(_monitor(env, requests, progress, every_s))
+    env.run()
+
+
+def _monitor(env: simpy.Environment, requests: RequestState, progress: Progress,
+             every_s: float) -> Generator[simpy.Event, object, None]:
+    """Report progress every ``every_s`` simulated seconds; it only reads state, so it cannot
+    change the results. It stops when every request is finished, or when nothing else is left to
+    happen (its own tick was the last event)."""
+    total = len(requests)
+    while True:
+        yield env.timeout(every_s)
+        status = requests.status
+        finished = int(np.count_nonzero((status == DONE) | (status == REJECTED)))
+        progress(finished, total, env.now)
+        if finished == total or env.peek() == float("inf"):
+            return

@@ -1,0 +1,146 @@
+"""Every request's progress, one NumPy array per field (never a Python object per request).
+
+In the unified token-budget view (DESIGN.md) a request is two numbers: ``computed[r]`` tokens
+whose KV is in the cache and ``num_tokens(r) = prompt[r] + generated[r]`` tokens it has. A step
+gives it some new tokens to compute; when ``computed`` reaches ``num_tokens`` the step samples one
+more output token. A prefill, a chunk of one, a decode and a recompute after preemption are all
+this one rule, applied by :meth:`RequestState.complete_step` for every policy.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from workloads.requests import RequestTable
+
+# Life cycle of a request (``status``).
+PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
+STATUS_NAMES = ("pending", "waiting", "running", "completed", "rejected")
+UNFINISHED_NAME = "unfinished"
+
+REJECT_REASONS = ("", "prompt + output tokens exceed max_model_len",
+                  "prompt + output tokens need more KV blocks than the replica's pool holds",
+                  "prompt needs more KV blocks than the pool admits (pool minus watermark)")
+"""Why a request was refused at arrival; ``reject_reason[r]`` indexes this tuple."""
+TOO_LONG, KV_NEVER_FITS, PROMPT_NEVER_ADMITTED = 1, 2, 3
+
+
+class ItlLog:
+    """Every inter-token latency of the run, stored as (value, count) pairs.
+
+    In a decode step every request that also ran the previous step sees the same gap, so one pair
+    covers them all; only requests stalled by a prefill or a preemption add their own values. The
+    full distribution over all tokens is kept exactly, without an entry per token.
+    """
+
+    __slots__ = ("counts", "values")
+
+    def __init__(self) -> None:
+        self.values = array("d")
+        self.counts = array("q")
+
+    def add(self, gaps: np.ndarray) -> None:
+        if gaps.size == 0:
+            return
+        low, high = gaps.min(), gaps.max()
+        if low == high:
+            self.values.append(float(low))
+            self.counts.append(int(gaps.size))
+            return
+        values, counts = np.unique(gaps, return_counts=True)
+        self.values.extend(values.tolist())
+        self.counts.extend(counts.tolist())
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return (np.frombuffer(self.values, dtype=np.float64).copy(),
+                np.frombuffer(self.counts, dtype=np.int64).copy())
+
+
+class RequestState:
+    """Columns of per-request progress and timestamps (seconds, NaN until reached)."""
+
+    def __init__(self, table: RequestTable) -> None:
+        n = len(table)
+        self.table = table
+        self.arrival = table.arrival_s
+        self.prompt = table.prompt_tokens
+        self.output = table.output_tokens
+        self.computed = np.zeros(n, dtype=np.int64)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.first_scheduled = np.full(n, np.nan)
+        self.first_token = np.full(n, np.nan)
+        self.last_token = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.max_itl = np.full(n, np.nan)
+        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.status = np.zeros(n, dtype=np.int8)
+        self.reject_reason = np.zeros(n, dtype=np.int8)
+        self.replica = np.full(n, -1, dtype=np.int64)
+        self.itl = ItlLog()
+
+    def __len__(self) -> int:
+        return int(self.arrival.size)
+
+    def num_tokens(self, request: int) -> int:
+        return int(self.prompt[request] + self.generated[request])
+
+    def complete_step(self, ids: np.ndarray, new_tokens: np.ndarray, now: float,
+                      decode_only: bool = False) -> np.ndarray:
+        """Credit a finished step: ``ids[i]`` computed ``new_tokens[i]`` more tokens at ``now``.
+
+        Requests whose computed count reaches their token count sample one token; their first
+        sets ``first_token``, later ones add an inter-token gap. Returns the ids that emitted
+        their last output token (the caller frees their blocks). ``decode_only`` says every
+        request decoded one token after an earlier one (so all emit, none for the first time),
+        which skips those checks on the engine's most frequent path.
+        """
+        if decode_only:
+            return self._complete_decodes(ids, now)
+        computed = self.computed[ids] + new_tokens
+        self.computed[ids] = computed
+        emits = computed == self.prompt[ids] + self.generated[ids]
+        emitted = ids if emits.all() else ids[emits]
+        if emitted.size == 0:
+            return emitted
+        generated = self.generated[emitted] + 1
+        self.generated[emitted] = generated
+        last = self.last_token[emitted]
+        first = np.isnan(last)
+        if first.any():
+            self.first_token[emitted[first]] = now
+            later = ~first
+            gaps = now - last[later]
+            self._note_gaps(emitted[later], gaps)
+        else:
+            self._note_gaps(emitted, now - last)
+        self.last_token[emitted] = now
+        done = generated >= self.output[emitted]
+        if not done.any():
+            return emitted[:0]
+        finished = emitted[done]
+        self.finish[finished] = now
+        self.status[finished] = DONE
+        return finished
+
+    def _complete_decodes(self, ids: np.ndarray, now: float) -> np.ndarray:
+        self.computed[ids] += 1
+        generated = self.generated[ids] + 1
+        self.generated[ids] = generated
+        self._note_gaps(ids, now - self.last_token[ids])
+        self.last_token[ids] = now
+        done = generated >= self.output[ids]
+        if not done.any():
+            return ids[:0]
+        finished = ids[done]
+        self.finish[finished] = now
+        self.status[finished] = DONE
+        return finished
+
+    def _note_gaps(self, ids: np.ndarray, gaps: np.ndarray) -> None:
+        if gaps.size == 0:
+            return
+        self.itl.add(gaps)
+        previous = self.max_itl[ids]
+        self.max_itl[ids] = np.fmax(previous, gaps)

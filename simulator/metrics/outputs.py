@@ -1,0 +1,73 @@
+"""Writing a run's outputs: every file appears whole or not at all.
+
+A run directory holds ``summary.json``, ``requests.parquet``, ``steps.parquet``, ``itl.parquet``
+(the inter-token latencies as (value, count) pairs), ``config.resolved.yaml`` (the experiment with
+every default filled in; ``servesim run`` accepts it as is) and ``report.html``. Each file is
+written to a temporary name in the same folder and renamed into place, so an interrupted run never
+leaves a truncated file that a later reader would trust.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from simulator.atomic_io import atomic_write, atomic_write_text
+from simulator.engine.simulation import SimulationResult
+from simulator.errors import ServesimError
+from simulator.metrics.tables import itl_frame, request_frame, summarise
+
+
+@dataclass
+class RunTables:
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl: pd.DataFrame
+    summary: dict[str, Any]
+
+
+def tabulate(result: SimulationResult) -> RunTables:
+    requests = request_frame(result)
+    steps = result.steps.to_frame([s.limits.num_blocks for s in result.replica_states])
+    itl = itl_frame(result)
+    return RunTables(requests, steps, itl, summarise(result, requests, itl, steps))
+
+
+def resolved_config_yaml(result: SimulationResult) -> str:
+    """The experiment as run: the engine limits vLLM would derive are written in explicitly."""
+    document = result.config.model_dump(mode="json")
+    limits = result.deployment.limits
+    document["deployment"]["max_num_batched_tokens"] = limits.max_num_batched_tokens
+    document["deployment"]["max_model_len"] = limits.max_model_len
+    memory = result.deployment.memory
+    header = (f"# Resolved by servesim: {limits.num_blocks:,} KV blocks of {limits.block_size} tokens "
+              f"per replica ({memory.kv_token_capacity:,} tokens, "
+              f"{memory.kv_cache_bytes / 2**30:.1f} GiB per GPU).\n")
+    return header + yaml.safe_dump(document, sort_keys=False)
+
+
+def write_run(result: SimulationResult, out_dir: Path, report: bool = True) -> RunTables:
+    """Write a run directory (see the module docstring); returns the tables written."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServesimError("--out", f"cannot create {out_dir}: {exc.strerror}",
+                            "choose a writable folder") from None
+    tables = tabulate(result)
+    atomic_write_text(out_dir / "config.resolved.yaml", resolved_config_yaml(result))
+    if result.config.output == "full":
+        for name, frame in (("requests", tables.requests), ("steps", tables.steps),
+                            ("itl", tables.itl)):
+            atomic_write(out_dir / f"{name}.parquet",
+                         lambda tmp, frame=frame: frame.to_parquet(tmp, index=False))
+    atomic_write_text(out_dir / "summary.json", json.dumps(tables.summary, indent=2) + "\n")
+    if report and result.config.output == "full":
+        from simulator.report import write_run_report
+
+        write_run_report(out_dir)
+    return tables

@@ -1,0 +1,135 @@
+"""The per-request table and the summary every report, sweep and test reads.
+
+Definitions (those of vLLM's ``benchmark_serving``, per request):
+TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1), undefined for
+one-token outputs; ITL = the gap between consecutive output tokens (a distribution over all
+tokens); E2E = finish - arrival; queueing delay = first scheduled - arrival. Throughput divides by
+the span from the first arrival to the last completion. With SLOs, attainment is the fraction of
+*all* requests (rejected ones count as misses) that complete within every limit given, and
+goodput is those requests per second (DistServe's definition).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.engine.simulation import SimulationResult
+from simulator.engine.state import DONE, REJECT_REASONS, REJECTED, STATUS_NAMES, UNFINISHED_NAME
+from simulator.metrics.stats import describe, describe_weighted
+
+SUMMARY_LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queueing_s")
+
+
+def request_frame(result: SimulationResult) -> pd.DataFrame:
+    r = result.requests
+    status = np.asarray(STATUS_NAMES, dtype=object)[r.status]
+    status[(r.status != DONE) & (r.status != REJECTED)] = UNFINISHED_NAME
+    output = r.output
+    tpot = np.full(len(r), np.nan)
+    multi = (output > 1) & np.isfinite(r.finish)
+    tpot[multi] = (r.finish[multi] - r.first_token[multi]) / (output[multi] - 1)
+    return pd.DataFrame({
+        "request_id": np.arange(len(r), dtype=np.int64),
+        "replica": r.replica,
+        "arrival_s": r.arrival,
+        "prompt_tokens": r.prompt,
+        "output_tokens": output,
+        "priority": r.table.priority,
+        "status": status,
+        "reject_reason": np.asarray(REJECT_REASONS, dtype=object)[r.reject_reason],
+        "first_scheduled_s": r.first_scheduled,
+        "first_token_s": r.first_token,
+        "finish_s": r.finish,
+        "preemptions": r.preemptions,
+        "queueing_s": r.first_scheduled - r.arrival,
+        "ttft_s": r.first_token - r.arrival,
+        "tpot_s": tpot,
+        "max_itl_s": r.max_itl,
+        "e2e_s": r.finish - r.arrival,
+    })
+
+
+def itl_frame(result: SimulationResult) -> pd.DataFrame:
+    values, counts = result.requests.itl.arrays()
+    return pd.DataFrame({"itl_s": values, "count": counts})
+
+
+def slo_met(requests: pd.DataFrame, limits: dict[str, float]) -> np.ndarray:
+    """Per request: completed and within every limit (a one-token output has no TPOT to miss)."""
+    met = (requests["status"] == "completed").to_numpy().copy()
+    for key, limit in limits.items():
+        values = requests[key].to_numpy()
+        within = values <= limit
+        if key == "tpot_s":
+            within |= np.isnan(values)
+        met &= within
+    return met
+
+
+def summarise(result: SimulationResult, requests: pd.DataFrame, itl: pd.DataFrame,
+              steps: pd.DataFrame) -> dict[str, Any]:
+    completed = requests["status"] == "completed"
+    start = float(requests["arrival_s"].min()) if len(requests) else 0.0
+    end = float(requests.loc[completed, "finish_s"].max()) if completed.any() else start
+    span = max(end - start, 1e-12)
+    done = requests[completed]
+    summary: dict[str, Any] = {key: describe(done[key].to_numpy())
+                               for key in SUMMARY_LATENCIES if key != "itl_s"}
+    summary["itl_s"] = describe_weighted(itl["itl_s"].to_numpy(), itl["count"].to_numpy())
+    summary = {key: summary[key] for key in SUMMARY_LATENCIES}
+    summary["throughput"] = {
+        "requests_per_s": len(done) / span,
+        "output_tokens_per_s": float(done["output_tokens"].sum()) / span,
+        "total_tokens_per_s": float((done["prompt_tokens"] + done["output_tokens"]).sum()) / span,
+    }
+    summary["completed"] = int(completed.sum())
+    summary["rejected"] = int((requests["status"] == "rejected").sum())
+    summary["preemptions"] = int(requests["preemptions"].sum())
+    slo = result.config.slo
+    limits = slo.limits() if slo else {}
+    if limits:
+        met = slo_met(requests, limits)
+        summary["slo_attainment"] = float(met.mean()) if len(requests) else None
+        summary["goodput_requests_per_s"] = float(met.sum()) / span
+    else:
+        summary["slo_attainment"] = summary["goodput_requests_per_s"] = None
+    summary["slos"] = limits or None
+    summary["duration_s"] = span
+    summary["num_requests"] = len(requests)
+    summary["offered_rate"] = result.workload.mean_rate
+    deployment = result.deployment.describe()
+    deployment["policy"] = result.config.policy.name
+    deployment["router"] = result.config.router.name
+    summary["deployment"] = deployment
+    summary["kv"] = _kv_summary(result, steps)
+    summary["batch"] = _batch_summary(steps)
+    return summary
+
+
+def _kv_summary(result: SimulationResult, steps: pd.DataFrame) -> dict[str, Any]:
+    limits = result.deployment.limits
+    pools = [state.pool for state in result.replica_states]
+    out: dict[str, Any] = {"blocks_total": limits.num_blocks, "block_size": limits.block_size,
+                           "peak_blocks_used": max(p.peak_used for p in pools),
+                           "blocks_in_use_at_end": sum(p.used for p in pools)}
+    if len(steps):
+        weights = steps["duration_s"].to_numpy()
+        use = steps["kv_blocks_used"].to_numpy() / limits.num_blocks
+        out["mean_utilization"] = float(np.average(use, weights=weights)) if weights.sum() else 0.0
+    else:
+        out["mean_utilization"] = 0.0
+    return out
+
+
+def _batch_summary(steps: pd.DataFrame) -> dict[str, Any]:
+    if not len(steps):
+        return {"steps": 0, "mean_size": 0.0, "busy_fraction": 0.0}
+    weights = steps["duration_s"].to_numpy()
+    busy = float(weights.sum())
+    return {"steps": len(steps),
+            "mean_size": float(np.average(steps["batch_size"].to_numpy(), weights=weights)),
+            "prefill_steps": int((steps["num_prefills"] > 0).sum()),
+            "busy_s": busy}

@@ -1,0 +1,69 @@
+"""Assemble a self-contained HTML page and write it atomically.
+
+The page must open offline and years later, so plotly.js is inlined once in the head and every
+figure is a bare ``<div>`` plus a ``Plotly.newPlot`` call; there is no CDN and no other script.
+Writing goes to a temporary file beside the target and is renamed over it, so a reader (or a
+browser refreshing) never sees half a report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from html import escape
+
+import plotly.io as pio
+import plotly.offline
+
+from simulator.report.figures import Chart
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #222;
+       max-width: 1200px; margin: 0 auto; padding: 16px 24px 48px; line-height: 1.4; }
+h1 { font-size: 1.5em; margin: 0.2em 0; } h2 { font-size: 1.15em; margin: 1.6em 0 0.2em; }
+.sub { margin: 0.15em 0; color: #444; }
+.banner { padding: 10px 14px; border-radius: 6px; font-weight: 600; margin: 12px 0; }
+.banner.good { background: #e6f4ea; color: #1e6b34; } .banner.bad { background: #fce8e6; color: #a50e0e; }
+.banner.neutral { background: #eef1f5; color: #333; }
+ul.slos li.good { color: #1e6b34; } ul.slos li.bad { color: #a50e0e; }
+.note, .caption { color: #666; font-size: 0.92em; }
+ul.warnings { background: #fff8e1; border-left: 4px solid #f9a825; padding: 8px 8px 8px 28px; }
+.tables { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
+th, td { padding: 3px 10px; border-bottom: 1px solid #e4e4e4; text-align: right; }
+th:first-child, table.kv th { text-align: left; } tr:first-child th { border-bottom: 2px solid #bbb; }
+table.kv tr:first-child th { border-bottom: 1px solid #e4e4e4; }
+details { margin-top: 2em; } pre { background: #f6f8fa; padding: 12px; overflow-x: auto; font-size: 0.85em; }
+footer { margin-top: 2em; color: #888; font-size: 0.85em; }
+"""
+
+
+def chart_html(chart: Chart) -> str:
+    """One chart as a heading, a caption and a plotly div that uses the page's plotly.js."""
+    div = pio.to_html(chart.figure, include_plotlyjs=False, full_html=False, config=PLOT_CONFIG,
+                      default_width="100%", default_height=f"{chart.height}px", div_id=f"chart-{chart.key}")
+    return (f'<section id="{chart.key}"><h2>{escape(chart.title)}</h2>'
+            f'<p class="caption">{escape(chart.caption)}</p>{div}</section>')
+
+
+def render_page(title: str, header_html: str, charts: Iterable[Chart], config_text: str | None,
+                footer: str) -> str:
+    """The whole page: head with CSS and plotly.js, the verdict, the charts, the config."""
+    if config_text is None:
+        config_block = "<p class=\"note\">No config.resolved.yaml in the run directory.</p>"
+    else:
+        config_block = f"<pre>{escape(config_text)}</pre>"
+    return "\n".join([
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{escape(title)}</title><style>{CSS}</style>",
+        f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>',
+        "</head><body>",
+        header_html,
+        *(chart_html(c) for c in charts),
+        f"<details><summary>Resolved configuration (config.resolved.yaml)</summary>{config_block}</details>",
+        f"<footer>{escape(footer)}</footer>",
+        "</body></html>",
+    ])

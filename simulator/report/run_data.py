@@ -1,0 +1,125 @@
+"""Load one run directory, exactly as the engine's metrics writer saved it.
+
+Reports read only these files (never the live engine), so a report can be rebuilt from an archived
+run. Loading checks that the files and the columns the report needs are there and turns anything
+missing into a one-line :class:`ServesimError` instead of a pandas or pyarrow traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from simulator.errors import ServesimError
+
+REQUESTS_FILE = "requests.parquet"
+STEPS_FILE = "steps.parquet"
+ITL_FILE = "itl.parquet"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.resolved.yaml"
+
+REQUIRED_FILES = (REQUESTS_FILE, STEPS_FILE, ITL_FILE, SUMMARY_FILE)
+
+# Columns the report reads; anything else in the files is ignored. Optional columns get a default.
+REQUEST_COLUMNS = ("replica", "arrival_s", "output_tokens", "status", "first_token_s", "finish_s",
+                   "ttft_s", "tpot_s", "e2e_s")
+REQUEST_OPTIONAL = {"reject_reason": "", "max_itl_s": np.nan, "preemptions": 0}
+STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes", "prefill_tokens",
+                "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
+STEP_OPTIONAL = {"bound": "unknown", "preempted": 0}
+ITL_COLUMNS = ("itl_s", "count")
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Everything one run report shows, as loaded from the run directory."""
+
+    run_dir: Path
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl_values: np.ndarray
+    itl_counts: np.ndarray
+    summary: dict[str, Any]
+    config_text: str | None
+
+    def completed(self) -> pd.DataFrame:
+        """The completed requests: the population of the summary's latency statistics."""
+        return self.requests[self.requests["status"] == "completed"]
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas seen in the steps (or the deployment, if no step ran)."""
+        if len(self.steps):
+            return int(self.steps["replica"].nunique())
+        deployment = self.summary.get("deployment") or {}
+        return int(deployment.get("replicas") or 1)
+
+
+def _missing_file(run_dir: Path, name: str) -> ServesimError:
+    return ServesimError(
+        "run_dir",
+        f"{name} not found in {run_dir}",
+        "run `servesim run` first and point the report at the run's output directory",
+    )
+
+
+def _read_table(path: Path, required: tuple[str, ...], optional: dict[str, Any]) -> pd.DataFrame:
+    """Read only the needed columns; a column the engine did not write is an error or a default."""
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception as exc:  # pyarrow raises several types for a corrupt or non-Parquet file
+        raise ServesimError("run_dir", f"{path.name} is not a readable Parquet file ({exc})",
+                            "re-run the simulation to rewrite it") from exc
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise ServesimError("run_dir", f"{path.name} lacks column(s) {', '.join(missing)}",
+                            "re-run the simulation with this version of servesim")
+    present_optional = [c for c in optional if c in names]
+    frame = pq.read_table(path, columns=[*required, *present_optional]).to_pandas()
+    for column, default in optional.items():
+        if column not in names:
+            frame[column] = default
+    return frame
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ServesimError("run_dir", f"{path.name} is not valid JSON ({exc.msg} at line {exc.lineno})",
+                            "re-run the simulation to rewrite it") from exc
+    if not isinstance(summary, dict):
+        raise ServesimError("run_dir", f"{path.name} does not hold a JSON object",
+                            "re-run the simulation to rewrite it")
+    return summary
+
+
+def load_run(run_dir: Path) -> RunData:
+    """Read a run directory; raise :class:`ServesimError` naming the first missing piece."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ServesimError("run_dir", f"{run_dir} is not a directory",
+                            "run `servesim run` first and pass its output directory")
+    for name in REQUIRED_FILES:
+        if not (run_dir / name).is_file():
+            raise _missing_file(run_dir, name)
+    requests = _read_table(run_dir / REQUESTS_FILE, REQUEST_COLUMNS, REQUEST_OPTIONAL)
+    steps = _read_table(run_dir / STEPS_FILE, STEP_COLUMNS, STEP_OPTIONAL)
+    itl = _read_table(run_dir / ITL_FILE, ITL_COLUMNS, {})
+    config_path = run_dir / CONFIG_FILE
+    config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
+    return RunData(
+        run_dir=run_dir,
+        requests=requests,
+        steps=steps,
+        itl_values=itl["itl_s"].to_numpy(dtype=float),
+        itl_counts=itl["count"].to_numpy(dtype=float),
+        summary=_read_summary(run_dir / SUMMARY_FILE),
+        config_text=config_text,
+    )

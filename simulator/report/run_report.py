@@ -1,0 +1,46 @@
+"""The HTML report of one simulation run: verdict first, then the charts behind it.
+
+Usable from the CLI and from a notebook alike::
+
+    from simulator.report import write_run_report
+    write_run_report(Path("runs/llama8b-h100"))   # -> runs/llama8b-h100/report.html
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from simulator.atomic_io import atomic_write_text
+from simulator.report.figures import Chart, build_charts
+from simulator.report.page import render_page
+from simulator.report.run_data import RunData, load_run
+from simulator.report.verdict import render_header, slo_checks
+
+REPORT_FILE = "report.html"
+
+
+def build_run_charts(data: RunData) -> list[Chart]:
+    """The report's charts for an already loaded run (tests and notebooks inspect these)."""
+    return build_charts(data, slo_checks(data))
+
+
+def render_run_report(data: RunData) -> str:
+    """The report page as one HTML string."""
+    checks = slo_checks(data)
+    deployment = data.summary.get("deployment") or {}
+    title = f"servesim run: {deployment.get('model', data.run_dir.name)}"
+    return render_page(title, render_header(data, checks), build_charts(data, checks), data.config_text,
+                       footer=f"servesim run report for {data.run_dir.resolve()}")
+
+
+def write_run_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Read ``run_dir``'s saved outputs and write a self-contained HTML report; return its path.
+
+    ``out`` defaults to ``run_dir / "report.html"``. Raises :class:`ServesimError` when the run
+    directory lacks a file or column the report needs.
+    """
+    run_dir = Path(run_dir)
+    data = load_run(run_dir)
+    target = Path(out) if out is not None else run_dir / REPORT_FILE
+    atomic_write_text(target, render_run_report(data))
+    return target

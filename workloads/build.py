@@ -1,0 +1,78 @@
+"""Turn a :class:`WorkloadConfig` and a seed into the :class:`RequestTable` the engine replays.
+
+Randomness: the seed feeds a ``numpy.random.SeedSequence`` that is split into three independent
+streams, one for arrivals, one for prompt lengths and one for output lengths. Same config and seed
+give an identical table; and changing only the length distribution keeps the very same arrival
+times (common random numbers), so two runs that differ in one knob stay comparable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from workloads.arrivals import arrival_times
+from workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
+from workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths
+from workloads.presets import get_preset
+from workloads.requests import RequestTable
+from workloads.traces import read_lengths, read_trace
+
+
+def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = None) -> RequestTable:
+    """The requests of ``config``; relative paths in it resolve against ``base_dir``."""
+    if config.trace is not None:
+        trace = config.trace
+        return read_trace(_resolve(trace.path, base_dir), trace.format, rate_scale=trace.rate_scale,
+                          start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
+                          model=trace.model)
+    assert config.arrival is not None
+    arrival_rng, prompt_rng, output_rng = (np.random.default_rng(s)
+                                           for s in np.random.SeedSequence(seed).spawn(3))
+    arrival = config.arrival
+    burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
+    arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng, num_requests=config.num_requests,
+                             duration_s=config.duration_s, burstiness=burstiness)
+    n = arrivals.size
+    parts = [f"{arrival.process} {arrival.rate:g} req/s"
+             + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
+    prompt = output = None
+    if config.lengths is not None:
+        lengths = config.lengths
+        if lengths.preset is not None:
+            prompt, output = get_preset(lengths.preset).sample(n, prompt_rng, output_rng)
+            parts.append(f"lengths preset {lengths.preset}")
+        else:
+            assert lengths.trace is not None and lengths.format is not None
+            sample = read_lengths(_resolve(lengths.trace, base_dir), lengths.format, model=lengths.model)
+            prompt, output = resample_pairs(sample.prompt_tokens, sample.output_tokens, n, prompt_rng)
+            parts.append(f"lengths resampled from {sample.source}")
+    if config.prompt is not None:
+        prompt = _sample(config.prompt, n, prompt_rng)
+        parts.append(f"prompt {_label(config.prompt)}")
+    if config.output is not None:
+        output = _sample(config.output, n, output_rng)
+        parts.append(f"output {_label(config.output)}")
+    assert prompt is not None and output is not None
+    parts.append(f"seed {seed}")
+    return RequestTable(arrivals, prompt, output, source="generated: " + ", ".join(parts))
+
+
+def _sample(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
+    if isinstance(dist, FixedLength):
+        return fixed_lengths(dist.value, n)
+    if isinstance(dist, UniformLength):
+        return uniform_lengths(dist.low, dist.high, n, rng)
+    assert isinstance(dist, LognormalLength)
+    return lognormal_lengths(dist.median, dist.sigma, n, rng, min_tokens=dist.min, max_tokens=dist.max)
+
+
+def _label(dist: LengthDist) -> str:
+    fields = dist.model_dump(exclude={"dist"}, exclude_none=True)
+    return f"{dist.dist}(" + ", ".join(f"{k}={v:g}" for k, v in fields.items()) + ")"
+
+
+def _resolve(path: Path, base_dir: Path | None) -> Path:
+    path = Path(path).expanduser()
+    return path if path.is_absolute() or base_dir is None else Path(base_dir) / path

@@ -1,0 +1,238 @@
+"""The ``workload:`` section of an experiment YAML, as a pydantic model.
+
+Two forms, exactly one per workload:
+
+Replay a trace::
+
+    workload:
+      trace: {path: traces/conv.csv, format: azure, rate_scale: 2.0, start_s: 0, end_s: 600,
+              max_requests: 5000}
+
+Generate requests: an arrival process, a size (``num_requests`` and/or ``duration_s``: with both,
+the requests arriving before ``duration_s``, at most ``num_requests``), and lengths, given
+jointly by ``lengths:`` (a named preset, or (prompt, output) pairs resampled from a trace of any
+format) and/or per side by ``prompt:`` and ``output:`` (which override that side of ``lengths``)::
+
+    workload:
+      arrival: {process: gamma, rate: 4.0, burstiness: 0.5}
+      num_requests: 1000
+      lengths: {preset: azure-conversation}        # or {trace: sharegpt.csv, format: sharegpt}
+      output: {dist: fixed, value: 128}            # optional override of one side
+
+    # dist: fixed {value} | uniform {low, high} (inclusive) | lognormal {median, sigma, min, max}
+
+Relative paths resolve against ``base_dir`` (the YAML's folder) when the workload is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+
+from simulator.errors import ServesimError
+from workloads.presets import PRESETS
+
+TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "sharegpt", "arxiv"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TraceConfig(_Strict):
+    """Replay of a trace file with arrival times (see ``workloads.traces`` for the formats)."""
+
+    path: Path
+    format: TraceFormat
+    rate_scale: PositiveFloat = 1.0
+    start_s: Annotated[float, Field(ge=0)] | None = None
+    end_s: PositiveFloat | None = None
+    max_requests: PositiveInt | None = None
+    model: str | None = None  # burstgpt only: keep this model's rows
+
+    @model_validator(mode="after")
+    def _check(self) -> TraceConfig:
+        if self.format in ("sharegpt", "arxiv"):
+            raise ValueError(f"format {self.format} holds lengths only, no arrival times: use it as "
+                             f"`lengths: {{trace: {self.path}, format: {self.format}}}` with an `arrival:` "
+                             "process instead of `trace:`")
+        if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s}); "
+                             "the window is [start_s, end_s)")
+        if self.model is not None and self.format != "burstgpt":
+            raise ValueError("model filters burstgpt traces only; remove it")
+        return self
+
+
+class ArrivalConfig(_Strict):
+    """A renewal arrival process (see ``workloads.arrivals``)."""
+
+    process: Literal["poisson", "gamma", "constant"]
+    rate: PositiveFloat
+    burstiness: PositiveFloat | None = None  # gamma only: CV of gaps = 1/sqrt(burstiness)
+
+    @model_validator(mode="after")
+    def _check(self) -> ArrivalConfig:
+        if self.burstiness is not None and self.process != "gamma":
+            raise ValueError(f"burstiness applies to process gamma only, not {self.process}; "
+                             "remove it or use process: gamma")
+        return self
+
+
+class FixedLength(_Strict):
+    dist: Literal["fixed"]
+    value: PositiveInt
+
+
+class UniformLength(_Strict):
+    """Integers uniform on [low, high], both inclusive."""
+
+    dist: Literal["uniform"]
+    low: PositiveInt
+    high: PositiveInt
+
+    @model_validator(mode="after")
+    def _check(self) -> UniformLength:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class LognormalLength(_Strict):
+    """ln(length) ~ Normal(ln median, sigma), rounded, clipped to [min, max]."""
+
+    dist: Literal["lognormal"]
+    median: PositiveFloat
+    sigma: Annotated[float, Field(ge=0)]
+    min: PositiveInt = 1
+    max: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> LognormalLength:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+
+LengthDist = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="dist")]
+_DISTS: dict[str, type[BaseModel]] = {"fixed": FixedLength, "uniform": UniformLength,
+                                      "lognormal": LognormalLength}
+
+
+class LengthsConfig(_Strict):
+    """Joint (prompt, output) lengths: a named preset, or pairs resampled from a trace."""
+
+    preset: str | None = None
+    trace: Path | None = None
+    format: TraceFormat | None = None
+    model: str | None = None  # burstgpt only
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthsConfig:
+        if (self.preset is None) == (self.trace is None):
+            raise ValueError("give exactly one of preset (one of " + ", ".join(PRESETS)
+                             + ") or trace (a file, with its format)")
+        if self.preset is not None:
+            if self.preset not in PRESETS:
+                raise ValueError(f"unknown preset {self.preset!r}; use one of {', '.join(PRESETS)}")
+            if self.format is not None or self.model is not None:
+                raise ValueError("format and model go with trace, not preset")
+        elif self.format is None:
+            raise ValueError("trace needs its format: one of csv, azure, mooncake, burstgpt, sharegpt, arxiv")
+        if self.model is not None and self.format != "burstgpt":
+            raise ValueError("model filters burstgpt traces only; remove it")
+        return self
+
+
+_GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output")
+
+
+class WorkloadConfig(_Strict):
+    """Either ``trace`` alone, or ``arrival`` + size + lengths (see the module docstring)."""
+
+    trace: TraceConfig | None = None
+    arrival: ArrivalConfig | None = None
+    num_requests: PositiveInt | None = None
+    duration_s: PositiveFloat | None = None
+    lengths: LengthsConfig | None = None
+    prompt: LengthDist | None = None
+    output: LengthDist | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadConfig:
+        generator = [key for key in _GENERATOR_KEYS if getattr(self, key) is not None]
+        if self.trace is not None:
+            if generator:
+                raise ValueError(f"trace replays its own arrivals and lengths; remove {', '.join(generator)} "
+                                 "(or remove trace to generate requests)")
+            return self
+        if self.arrival is None:
+            raise ValueError("give either trace: {path, format} to replay a trace, or arrival: "
+                             "{process, rate} with num_requests and lengths to generate requests")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("a generated workload needs num_requests, duration_s, or both")
+        for side in ("prompt", "output"):
+            if self.lengths is None and getattr(self, side) is None:
+                raise ValueError(f"no {side} lengths: give lengths: {{preset: ...}} or "
+                                 f"{side}: {{dist: fixed|uniform|lognormal, ...}}")
+        return self
+
+    @property
+    def is_trace(self) -> bool:
+        return self.trace is not None
+
+
+def parse_workload_config(data: Any, where: str = "workload") -> WorkloadConfig:
+    """Validate the YAML mapping under ``workload:``; errors become one-line ServesimErrors that
+    name the key (``workload.arrival.rate``) and what is allowed."""
+    if isinstance(data, WorkloadConfig):
+        return data
+    if not isinstance(data, dict):
+        raise ServesimError(where, f"must be a mapping, got {type(data).__name__}",
+                            "give trace: {...} or arrival: {...} with num_requests and lengths")
+    try:
+        return WorkloadConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _to_servesim_error(exc, where) from None
+
+
+def _to_servesim_error(exc: ValidationError, where: str) -> ServesimError:
+    errors = exc.errors()
+    # An unknown key (often a misspelling) explains the other errors (the key it should have been
+    # is then missing), so report it first.
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = [str(part) for part in error["loc"]]
+    shown = [part for i, part in enumerate(loc)  # drop the union tag pydantic puts in the path
+             if not (i == 1 and loc[0] in ("prompt", "output") and part in _DISTS)]
+    key = ".".join([where, *shown])
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        allowed = ", ".join(model.model_fields) if model is not None else "see workloads/config.py"
+        return ServesimError(key, "unknown key", f"allowed keys here: {allowed}")
+    if error["type"] == "union_tag_not_found":
+        return ServesimError(key, "needs dist", f"use dist: one of {', '.join(_DISTS)}")
+    if error["type"] == "missing":
+        return ServesimError(key, "missing", "add it (see workloads/config.py for the schema)")
+    return ServesimError(key, message)
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    """The model validating the mapping at ``loc`` (for listing its allowed keys)."""
+    if not loc:
+        return WorkloadConfig
+    if len(loc) == 1:
+        return {"trace": TraceConfig, "arrival": ArrivalConfig, "lengths": LengthsConfig}.get(loc[0])
+    if len(loc) == 2 and loc[0] in ("prompt", "output"):
+        return _DISTS.get(loc[1])
+    return None
