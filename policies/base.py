@@ -110,9 +110,15 @@ def parse_options(options_model: type[BaseModel], options: dict[str, Any], where
         raise ServesimError(field, error["msg"], "fix the value") from None
 
 
-def make_policy(name: str, options: dict[str, Any], replica: ReplicaState) -> Policy:
+def check_policy(name: str, options: dict[str, Any]) -> tuple[type[Policy], PolicyOptions]:
+    """The policy class and its validated knobs; a one-line error for an unknown name or knob."""
     cls = POLICIES.get(name)
     if cls is None:
         raise ServesimError("policy.name", f"unknown policy {name!r}",
                             f"use one of: {', '.join(sorted(POLICIES))}")
-    return cls(replica, parse_options(cls.Options, options, "policy"))
+    return cls, parse_options(cls.Options, options, "policy")
+
+
+def make_policy(name: str, options: dict[str, Any], replica: ReplicaState) -> Policy:
+    cls, parsed = check_policy(name, options)
+    return cls(replica, parsed)

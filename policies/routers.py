@@ -54,9 +54,14 @@ class RoundRobin(Router):
         return chosen
 
 
-def make_router(name: str, options: dict[str, Any], replicas: list[ReplicaState]) -> Router:
+def check_router(name: str, options: dict[str, Any]) -> tuple[type[Router], PolicyOptions]:
     cls = ROUTERS.get(name)
     if cls is None:
         raise ServesimError("router.name", f"unknown router {name!r}",
                             f"use one of: {', '.join(sorted(ROUTERS))}")
-    return cls(replicas, parse_options(cls.Options, options, "router"))
+    return cls, parse_options(cls.Options, options, "router")
+
+
+def make_router(name: str, options: dict[str, Any], replicas: list[ReplicaState]) -> Router:
+    cls, parsed = check_router(name, options)
+    return cls(replicas, parsed)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.config import ExperimentConfig
+import policies  # noqa: F401  (registers the built-in policies and routers)
+from policies.base import check_policy
+from policies.routers import check_router
+from simulator.config import ExperimentConfig, PolicyConfig, RouterConfig
 from simulator.cost import CostModel
 from simulator.dtypes import Precision
 from simulator.engine.replica_state import EngineLimits
@@ -48,7 +51,11 @@ class Deployment:
 
 
 def resolve_deployment(config: ExperimentConfig) -> Deployment:
+    """Everything a run needs before the first event, checked: a bad policy knob or a model that
+    does not fit fails here, in ``servesim validate`` as in ``servesim run``."""
     d, p = config.deployment, config.precision
+    check_policy(config.policy.name, policy_knobs(config.policy))
+    check_router(config.router.name, policy_knobs(config.router))
     model = load_model(config.model, "model")
     hardware = load_hardware(config.hardware, "hardware")
     precision = Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
@@ -84,6 +91,11 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
                           max_model_len=max_model_len, block_size=d.block_size, num_blocks=num_blocks,
                           watermark_blocks=math.floor(d.watermark * num_blocks))
     return Deployment(model, hardware, d.tp, d.replicas, precision, memory, limits)
+
+
+def policy_knobs(section: PolicyConfig | RouterConfig) -> dict[str, object]:
+    """A policy or router section's knobs: every key but ``name``."""
+    return {k: v for k, v in section.model_dump().items() if k != "name"}
 
 
 CHUNKING_POLICIES = frozenset({"chunked_prefill"})

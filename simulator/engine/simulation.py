@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-import policies  # noqa: F401  (registers the built-in policies)
 from policies.base import make_policy
 from policies.routers import make_router
 from simulator.config import ExperimentConfig
-from simulator.engine.deployment import Deployment, resolve_deployment
+from simulator.engine.deployment import Deployment, policy_knobs, resolve_deployment
 from simulator.engine.replica import Replica
 from simulator.engine.replica_state import ReplicaState
 from simulator.engine.state import DONE, REJECTED, RequestState
@@ -57,19 +56,15 @@ def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
     steps = StepLog()
     states = [ReplicaState(i, requests, deployment.limits) for i in range(deployment.replicas)]
     cost = deployment.cost_model()  # shared: its memo serves every replica
-    replicas = [Replica(env, state, make_policy(config.policy.name, _knobs(config.policy), state),
+    replicas = [Replica(env, state, make_policy(config.policy.name, policy_knobs(config.policy), state),
                         cost, steps) for state in states]
-    router = make_router(config.router.name, _knobs(config.router), states)
+    router = make_router(config.router.name, policy_knobs(config.router), states)
     env.process(_arrivals(env, workload, router.route, replicas))
     _run(env, requests, progress, every_s=max(1.0, workload.duration_s / 200))
     last = steps.records()[-1] if len(steps) else None
     end = float(last["start_s"] + last["duration_s"]) if last is not None else 0.0
     return SimulationResult(config, deployment, workload, requests, steps, states, end,
                             time.perf_counter() - started)
-
-
-def _knobs(section: object) -> dict[str, object]:
-    return {k: v for k, v in section.model_dump().items() if k != "name"}  # type: ignore[attr-defined]
 
 
 def _arrivals(env: simpy.Environment, workload: RequestTable,
