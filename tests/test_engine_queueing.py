@@ -78,3 +78,16 @@ def test_prefill_first_stalls_running_decodes() -> None:
     assert first["max_itl_s"] == pytest.approx(second_prefill + joint_decode, rel=1e-12)
     kinds = tables.steps[["num_prefills", "num_decodes"]].to_numpy()
     assert not np.any((kinds[:, 0] > 0) & (kinds[:, 1] > 0)), "prefill and decode never share a step"
+
+
+def test_round_robin_spreads_requests_over_replicas() -> None:
+    """Two replicas behind round robin: arrivals alternate between them, each replica keeps its
+    own KV pool and step loop, and with arrivals far apart every request is served at once."""
+    config = experiment({"replicas": 2})
+    result = run(config, table(np.arange(10) * 5.0, 200, 5))
+    tables = tabulate(result)
+    assert tables.requests["replica"].tolist() == [0, 1] * 5
+    assert set(tables.steps["replica"]) == {0, 1}
+    assert (tables.steps.groupby("replica").size() == 5 * 5).all()  # 1 prefill + 4 decodes each
+    assert (tables.requests["queueing_s"] == 0).all()
+    assert tables.summary["deployment"]["gpus"] == 2
