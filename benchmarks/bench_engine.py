@@ -19,7 +19,8 @@ from simulator.config import validate_document
 from simulator.engine import simulate
 from simulator.metrics import tabulate
 
-AZURE_CONV = Path(__file__).resolve().parents[2] / "shared/data/traces/azure2023_AzureLLMInferenceTrace_conv.csv"
+SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+AZURE_CONV = SHARED_TRACES / "azure2023_AzureLLMInferenceTrace_conv.csv"
 
 
 def experiment(rate: float, requests: int) -> dict:

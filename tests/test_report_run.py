@@ -18,6 +18,7 @@ import plotly.offline
 import pytest
 
 from simulator.errors import ServesimError
+from simulator.metrics.stats import weighted_percentile
 from simulator.report import write_run_report
 from simulator.report.format import METRICS
 from simulator.report.run_data import load_run
@@ -34,7 +35,6 @@ from simulator.report.series import (
     nice_width,
     thin_cdf,
     weighted_cdf,
-    weighted_percentile,
 )
 from simulator.report.verdict import SloCheck
 

@@ -1,6 +1,6 @@
 """Metrics of a run: the per-request and per-step tables, the summary, and writing them out."""
 
 from simulator.metrics.outputs import RunTables, tabulate, write_run
-from simulator.metrics.stats import describe, describe_weighted, weighted_percentiles
+from simulator.metrics.stats import describe, describe_weighted, weighted_percentile
 
-__all__ = ["RunTables", "describe", "describe_weighted", "tabulate", "weighted_percentiles", "write_run"]
+__all__ = ["RunTables", "describe", "describe_weighted", "tabulate", "weighted_percentile", "write_run"]

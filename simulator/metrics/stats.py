@@ -20,23 +20,47 @@ def describe(values: np.ndarray) -> dict[str, float | None]:
             "max": float(finite.max())}
 
 
-def weighted_percentiles(values: np.ndarray, counts: np.ndarray, percentiles: tuple[float, ...]
-                         ) -> np.ndarray:
-    """``np.percentile(np.repeat(values, counts), percentiles)`` without expanding the repeat.
+def weighted_percentile(
+    values: np.ndarray, counts: np.ndarray | None, q: float | np.ndarray, method: str = "linear"
+) -> float | np.ndarray:
+    """Percentile(s) ``q`` (0-100) of a weighted sample, equal to ``np.percentile`` of the expanded
+    sample with the same ``method``, computed without expanding it. NaN for an empty sample.
 
-    With ``N`` samples in all, the linear method reads the sorted samples at rank
-    ``q (N - 1) / 100`` and interpolates between the two neighbouring ranks.
+    ``"linear"`` (NumPy's default, and what the engine's summary and vLLM's benchmarks report)
+    interpolates between the samples at ranks around ``q (N - 1) / 100``; ``"inverted_cdf"`` is
+    the smallest x with ``F(x) >= q/100``, i.e. a point read off the CDF chart.
     """
-    order = np.argsort(values, kind="stable")
-    values, counts = values[order], counts[order]
-    ends = np.cumsum(counts)  # rank just past each value's run
-    total = int(ends[-1])
-    ranks = np.asarray(percentiles, dtype=np.float64) / 100.0 * (total - 1)
-    low = np.floor(ranks).astype(np.int64)
-    high = np.minimum(low + 1, total - 1)
-    low_values = values[np.searchsorted(ends, low, side="right")]
-    high_values = values[np.searchsorted(ends, high, side="right")]
-    return low_values + (ranks - low) * (high_values - low_values)
+    v = np.asarray(values, dtype=float).ravel()
+    w = np.ones_like(v) if counts is None else np.asarray(counts, dtype=float).ravel()
+    keep = np.isfinite(v) & (w > 0)
+    x, merged = merge_weighted(v[keep], w[keep])
+    q_arr = np.asarray(q, dtype=float)
+    if x.size == 0:
+        result = np.full(q_arr.shape, np.nan)
+    elif method == "inverted_cdf":
+        ends = np.cumsum(merged)
+        # The tolerance keeps p = k/N on the step where the expanded sample puts it despite rounding.
+        idx = np.searchsorted(ends, q_arr / 100.0 * ends[-1] * (1 - 1e-12), side="left")
+        result = x[np.clip(idx, 0, x.size - 1)]
+    elif method == "linear":
+        ends = np.cumsum(merged)  # the rank just past each value's run of copies
+        rank = q_arr / 100.0 * (ends[-1] - 1)
+        low = np.floor(rank)
+        high = np.minimum(low + 1, ends[-1] - 1)
+        low_x = x[np.searchsorted(ends, low, side="right")]
+        high_x = x[np.searchsorted(ends, high, side="right")]
+        result = low_x + (rank - low) * (high_x - low_x)
+    else:
+        raise ValueError(f"method must be 'linear' or 'inverted_cdf', not {method!r}")
+    return float(result) if result.ndim == 0 else result
+
+
+def merge_weighted(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct values and the total weight of each."""
+    if values.size == 0:
+        return np.empty(0), np.empty(0)
+    x, inverse = np.unique(values, return_inverse=True)
+    return x, np.bincount(inverse, weights=weights)
 
 
 def describe_weighted(values: np.ndarray, counts: np.ndarray) -> dict[str, float | None]:
@@ -44,7 +68,7 @@ def describe_weighted(values: np.ndarray, counts: np.ndarray) -> dict[str, float
     values, counts = values[keep], counts[keep]
     if values.size == 0:
         return dict.fromkeys(STAT_KEYS)
-    points = weighted_percentiles(values, counts, PERCENTILES)
+    points = weighted_percentile(values, counts, np.asarray(PERCENTILES, dtype=float))
     mean = float(np.dot(values, counts) / counts.sum())
     return {"mean": mean, **{f"p{p}": float(v) for p, v in zip(PERCENTILES, points, strict=True)},
             "max": float(values.max())}

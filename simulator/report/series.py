@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from simulator.metrics.stats import merge_weighted
+
 FloatArray = np.ndarray
 
 
@@ -32,54 +34,11 @@ def weighted_cdf(values: np.ndarray, counts: np.ndarray | None = None) -> tuple[
     if v.shape != w.shape:
         raise ValueError(f"values and counts differ in length: {v.size} vs {w.size}")
     keep = np.isfinite(v) & (w > 0)
-    x, merged = _merge(v[keep], w[keep])
+    x, merged = merge_weighted(v[keep], w[keep])
     if x.size == 0:
         return x, merged
     cumulative = np.cumsum(merged)
     return x, cumulative / cumulative[-1]
-
-
-def weighted_percentile(
-    values: np.ndarray, counts: np.ndarray | None, q: float | np.ndarray, method: str = "linear"
-) -> float | np.ndarray:
-    """Percentile(s) ``q`` (0-100) of a weighted sample, equal to ``np.percentile`` of the expanded
-    sample with the same ``method``, computed without expanding it. NaN for an empty sample.
-
-    ``"linear"`` (NumPy's default, and what the engine's summary and vLLM's benchmarks report)
-    interpolates between the samples at ranks around ``q (N - 1) / 100``; ``"inverted_cdf"`` is
-    the smallest x with ``F(x) >= q/100``, i.e. a point read off the CDF chart.
-    """
-    v = np.asarray(values, dtype=float).ravel()
-    w = np.ones_like(v) if counts is None else np.asarray(counts, dtype=float).ravel()
-    keep = np.isfinite(v) & (w > 0)
-    x, merged = _merge(v[keep], w[keep])
-    q_arr = np.asarray(q, dtype=float)
-    if x.size == 0:
-        result = np.full(q_arr.shape, np.nan)
-    elif method == "inverted_cdf":
-        ends = np.cumsum(merged)
-        # The tolerance keeps p = k/N on the step where the expanded sample puts it despite rounding.
-        idx = np.searchsorted(ends, q_arr / 100.0 * ends[-1] * (1 - 1e-12), side="left")
-        result = x[np.clip(idx, 0, x.size - 1)]
-    elif method == "linear":
-        ends = np.cumsum(merged)  # the rank just past each value's run of copies
-        rank = q_arr / 100.0 * (ends[-1] - 1)
-        low = np.floor(rank)
-        high = np.minimum(low + 1, ends[-1] - 1)
-        low_x = x[np.searchsorted(ends, low, side="right")]
-        high_x = x[np.searchsorted(ends, high, side="right")]
-        result = low_x + (rank - low) * (high_x - low_x)
-    else:
-        raise ValueError(f"method must be 'linear' or 'inverted_cdf', not {method!r}")
-    return float(result) if result.ndim == 0 else result
-
-
-def _merge(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct values and the total weight of each."""
-    if values.size == 0:
-        return np.empty(0), np.empty(0)
-    x, inverse = np.unique(values, return_inverse=True)
-    return x, np.bincount(inverse, weights=weights)
 
 
 def thin_cdf(x: FloatArray, cdf: FloatArray, max_points: int = 2000) -> tuple[FloatArray, FloatArray]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.metrics.stats import weighted_percentile
 from simulator.report.format import (
     METRICS,
     MISSING,
@@ -28,7 +29,6 @@ from simulator.report.format import (
     fmt_sig,
 )
 from simulator.report.run_data import RunData
-from simulator.report.series import weighted_percentile
 
 TABLE_STATS = (("mean", "mean"), ("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("max", "max"))
 
