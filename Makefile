@@ -1,7 +1,7 @@
 # Developer shortcuts; CI runs .ci/run.
 PY ?= python
 
-.PHONY: test lint bench
+.PHONY: test lint bench bench-step bench-engine
 
 test:
 	$(PY) -m pytest -q
@@ -9,5 +9,10 @@ test:
 lint:
 	$(PY) -m ruff check .
 
-bench:
+bench: bench-step bench-engine
+
+bench-step:
 	$(PY) benchmarks/bench_step_cost.py
+
+bench-engine:
+	$(PY) benchmarks/bench_engine.py
