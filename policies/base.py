@@ -26,8 +26,6 @@ from simulator.errors import ServesimError
 if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
     from simulator.engine.replica_state import ReplicaState
 
-_NO_INT = np.empty(0, dtype=np.int64)
-_NO_BOOL = np.empty(0, dtype=bool)
 _ONES = np.ones(1 << 16, dtype=np.int64)
 _ONES.flags.writeable = False
 
@@ -49,7 +47,7 @@ class Batch:
 
         Only for requests past their first token: a request recomputed after preemption is a
         prefill again, whatever its length."""
-        shape = BatchShape(_NO_INT, _NO_INT, _NO_BOOL, context)
+        shape = BatchShape.decodes_only(context)
         ones = _ONES[:ids.size] if ids.size <= _ONES.size else np.ones(ids.size, dtype=np.int64)
         return cls(ids, ones, shape, preempted, decode_only=True)
 

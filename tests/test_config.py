@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import experiment
+
 from simulator.config import apply_overrides, parse_override
 from simulator.engine import resolve_deployment
 from simulator.errors import ServesimError
@@ -16,7 +16,7 @@ def test_overrides_parse_values_as_yaml_and_create_sections() -> None:
     assert parse_override("hardware=a100-sxm-80gb") == (["hardware"], "a100-sxm-80gb")
     document = apply_overrides({"model": "x"}, ["policy.name=continuous", "workload.arrival.rate=3"])
     assert document == {"model": "x", "policy": {"name": "continuous"}, "workload": {"arrival": {"rate": 3}}}
-    with pytest.raises(ServesimError, match="path.to.key=value"):
+    with pytest.raises(ServesimError, match=r"path\.to\.key=value"):
         parse_override("deployment.tp")
     with pytest.raises(ServesimError, match="is a value, not a section"):
         apply_overrides({"model": "x"}, ["model.name=y"])
@@ -35,5 +35,5 @@ def test_vllm_defaults_are_filled_in() -> None:
 
 
 def test_max_model_len_cannot_exceed_the_models_context() -> None:
-    with pytest.raises(ServesimError, match="deployment.max_model_len: 9000 exceeds llama-3-8b's context"):
+    with pytest.raises(ServesimError, match=r"deployment\.max_model_len: 9000 exceeds llama-3-8b's context"):
         resolve_deployment(experiment({"max_model_len": 9000}))

@@ -60,3 +60,14 @@ def test_another_prefill_chunk_never_takes_less_time(batch: BatchShape, chunk: i
     more = BatchShape.build([*batch.prefill_tokens.tolist(), chunk],
                             [*batch.prefill_context.tolist(), 0], batch.decode_context)
     assert cost.step_time(more) >= cost.step_time(batch)
+
+
+def test_decode_only_shape_equals_the_validated_one() -> None:
+    """The engine's unvalidated decode-only constructor builds exactly what ``build`` builds."""
+    import dataclasses
+
+    context = np.array([5, 10, 20, 0], dtype=np.int64)
+    fast, slow = BatchShape.decodes_only(context), BatchShape.build(decode_context=context)
+    for field in dataclasses.fields(BatchShape):
+        a, b = getattr(fast, field.name), getattr(slow, field.name)
+        assert (np.array_equal(a, b) and a.dtype == b.dtype) if isinstance(a, np.ndarray) else a == b

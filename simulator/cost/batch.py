@@ -17,6 +17,8 @@ import numpy as np
 from simulator.errors import ServesimError
 
 _INT = np.int64
+_NO_TOKENS = np.empty(0, dtype=_INT)
+_NO_EMITS = np.empty(0, dtype=bool)
 
 
 def _as_tokens(values: Sequence[int] | np.ndarray, field: str) -> np.ndarray:
@@ -72,6 +74,21 @@ class BatchShape:
         emits = (np.ones(tokens.shape, dtype=bool) if prefill_emits is None
                  else np.asarray(prefill_emits, dtype=bool).reshape(-1))
         return cls(tokens, context, emits, _as_tokens(decode_context, "decode_context"))
+
+    @classmethod
+    def decodes_only(cls, decode_context: np.ndarray) -> BatchShape:
+        """Only decodes, over these contexts (int64, >= 0): the engine's most frequent step,
+        built without re-validating what the engine guarantees."""
+        shape = object.__new__(cls)
+        set_ = object.__setattr__
+        decodes = int(decode_context.size)
+        for name, value in (("prefill_tokens", _NO_TOKENS), ("prefill_context", _NO_TOKENS),
+                            ("prefill_emits", _NO_EMITS), ("decode_context", decode_context),
+                            ("num_prefills", 0), ("num_decodes", decodes), ("num_prefill_tokens", 0),
+                            ("num_new_tokens", decodes), ("num_logits", decodes),
+                            ("decode_context_sum", float(decode_context.sum()))):
+            set_(shape, name, value)
+        return shape
 
     @classmethod
     def decode(cls, batch_size: int, context: int) -> BatchShape:
