@@ -113,3 +113,28 @@ def cpu_base_profile(tables: dict[str, pd.DataFrame], metadata: dict[str, Any],
         },
     }
     return hardware_from_dict(data, name)
+
+
+def fit_directory(directory: Path, profile_path: Path, out: Path | None = None,
+                  ) -> tuple[HardwareProfile, pd.DataFrame]:
+    """``servesim calibrate fit``: fit ``profile_path`` (created from the measurements' own peaks
+    when it does not exist yet, e.g. ``cpu-local.yaml``) and write it to ``out`` (default: in place)."""
+    from calibration.schema import read_measurements, read_metadata
+    from simulator.errors import ServesimError
+
+    tables = read_measurements(directory)
+    metadata = read_metadata(directory)
+    profile_path = Path(profile_path)
+    new = not profile_path.exists()
+    if new and metadata.get("device") != "cpu":
+        raise ServesimError("--profile", f"no such file {profile_path}",
+                            "give an existing profile YAML (new profiles are made only for CPU runs)")
+    base = (cpu_base_profile(tables, metadata, profile_path.stem) if new
+            else load_hardware(profile_path, "--profile"))
+    source = (f"servesim calibrate bench on {metadata.get('device_name', '?')} "
+              f"(torch {metadata.get('torch', '?')}, {metadata.get('date', '?')}, "
+              f"{'quick' if metadata.get('quick') else 'full'} grid, {directory})")
+    fitted, report = fit_profile(tables, base, source, memory_tail=not new)
+    target = Path(out) if out else profile_path
+    write_profile(fitted, target, f"fitted by `servesim calibrate fit` from {source}")
+    return fitted, report.table()

@@ -72,6 +72,12 @@ def holdout_mask(table: pd.DataFrame, family: str) -> np.ndarray:
     """True for rows held out of the fit: those whose hold-out axis value has an odd rank among
     the distinct values. The fit never sees them, so validation on them is out of sample, and
     because they interleave with the fitted values they test the interpolation between knots."""
+    if "op" in table.columns and family == "memory":  # each elementwise op on its own size grid
+        mask = np.zeros(len(table), dtype=bool)
+        for _, index in table.groupby("op").groups.items():
+            rows = np.asarray(index)
+            mask[rows] = holdout_mask(table.loc[rows].drop(columns="op"), family)
+        return mask
     column = table[HOLDOUT_AXIS[family]].to_numpy()
     values = np.unique(column)
     odd = values[1::2]

@@ -126,7 +126,7 @@ def vidur_tables(root: Path, gpu: str) -> dict[str, pd.DataFrame]:
 
 
 def gpu_of(profile_name: str) -> str:
-    for gpu, name in PROFILE_OF.items():
+    for gpu in PROFILE_OF:
         if profile_name.startswith(gpu):
             return gpu
     raise ServesimError("--profile", f"no public Vidur data for {profile_name}",

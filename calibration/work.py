@@ -103,7 +103,11 @@ def operator_cost(family: str, row: pd.Series, profile: HardwareProfile) -> OpCo
 
 
 def usable(family: str, table: pd.DataFrame, profile: HardwareProfile) -> pd.DataFrame:
-    """Rows the profile can price (fp8 GEMMs need an fp8 peak)."""
+    """Rows the profile can price (fp8 GEMMs need an fp8 peak), and for the memory family the
+    layer's own elementwise kernels when measured: a bare copy sets a CPU profile's bandwidth
+    peak, but norms and activations carry the per-kernel floor the elementwise class must fit."""
+    if family == "memory" and "op" in table.columns and (table["op"] != "copy").any():
+        return table[table["op"] != "copy"].reset_index(drop=True)
     if family == "gemm":
         have = {d.value for d in profile.peak_flops} | {"fp16"}
         return table[table["dtype"].astype(str).isin(have)].reset_index(drop=True)
