@@ -38,8 +38,8 @@ def bench_command(
     from calibration.bench import run_bench
 
     meta = run_bench(device, out, quick=quick, threads=threads)
-    _console.print(f"{meta['device_name']}: wrote {', '.join(k for k in meta['seconds'] if k != 'total')} to {out} "
-                   f"in {meta['seconds']['total']:.1f} s")
+    families = ", ".join(k for k in meta["seconds"] if k != "total")
+    _console.print(f"{meta['device_name']}: wrote {families} to {out} in {meta['seconds']['total']:.1f} s")
 
 
 @calibrate_app.command("fit")
