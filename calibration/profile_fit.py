@@ -100,8 +100,10 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         row["fit_out_median_%"], row["fit_out_p90_%"] = error_stats(errors["fit"][held])
         report.rows.append(row)
         key = PROVENANCE_KEY[family]
+        detail = "; ".join(sorted(table["source"].astype(str).unique())) if "source" in table else ""
         provenance[key] = (
-            f"fitted {date} by servesim calibrate from {source} ({family}: {row['rows_fit']} rows "
+            f"fitted {date} by servesim calibrate from {source}{f' [{detail}]' if detail else ''} "
+            f"({family}: {row['rows_fit']} rows "
             f"fitted, {row['rows_held_out']} held out, every other {family} shape-axis value); method: "
             f"{METHOD if family != 'allreduce' else 'ring model, latency grid + median implied bandwidth'}; "
             f"in-sample {_fmt(error_stats(errors['fit'][~held]))}, held-out "
