@@ -35,8 +35,11 @@ def test_step_human_output_explains_the_step() -> None:
     run = servesim("step", "--decode-batch", "8", "--decode-context", "512")
     assert run.returncode == 0, run.stderr
     for text in ("llama-3-8b", "h100-sxm-80gb", "attn_decode", "mlp", "step", "memory",
-                 "arithmetic intensity", "KV pool", "spec-only"):
+                 "arithmetic intensity", "KV pool"):
         assert text in run.stdout
+    assert "spec-only" not in run.stdout  # h100-sxm-80gb is fitted (calibrate import-vidur)
+    spec_only = servesim("step", "--hardware", "h200", "--decode-batch", "8")
+    assert "spec-only" in spec_only.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [

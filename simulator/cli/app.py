@@ -11,6 +11,7 @@ import sys
 
 import typer
 
+from simulator.cli.calibrate import calibrate_app
 from simulator.cli.catalog import hardware_command, models_command
 from simulator.cli.console import error_console
 from simulator.cli.run import run_command, validate_command
@@ -29,6 +30,7 @@ app.command("validate")(validate_command)
 app.command("step")(step_command)
 app.command("models")(models_command)
 app.command("hardware")(hardware_command)
+app.add_typer(calibrate_app, name="calibrate")
 
 def main() -> None:
     """Console-script entry point."""

@@ -1,0 +1,68 @@
+"""GEMM microbenchmark: ``(m x k) @ (k x n)`` in bf16 (and fp8 where the GPU has it).
+
+Each repetition multiplies by the next of a pool of weight copies (at least ``ROTATE_BYTES`` in
+all, at most ``MAX_COPIES``), because a serving step runs every layer's different weights once:
+re-reading one small matrix from cache would time a kernel no step runs (on this CPU it is 1.5-2x
+faster than with rotating weights).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from calibration.shapes import FLOP_CAP, gemm_shapes
+from calibration.timing import Timing, import_torch, median_seconds
+
+ROTATE_BYTES = 256 * 2**20
+MAX_COPIES = 16
+
+
+class _Rotating:
+    """Hands out the weight copies in turn."""
+
+    def __init__(self, weights: list[Any]) -> None:
+        self.weights, self.i = weights, 0
+
+    def next(self) -> Any:
+        self.i = (self.i + 1) % len(self.weights)
+        return self.weights[self.i]
+
+
+def has_fp8(device: str) -> bool:
+    torch = import_torch()
+    return (device == "cuda" and torch.cuda.get_device_capability() >= (8, 9)
+            and hasattr(torch, "_scaled_mm"))
+
+
+def _fp8_fn(torch: Any, a: Any, b: Any) -> Any:
+    a8 = a.to(torch.float8_e4m3fn)
+    b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+    one = torch.ones((), device=a.device)
+    return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def bench_gemm(device: str, quick: bool) -> pd.DataFrame:
+    torch = import_torch()
+    timing = Timing.for_run(device, quick)
+    fp8 = has_fp8(device)
+    rows = []
+    weights: list = []
+    for shape in gemm_shapes(device, quick):  # sorted by (k, n): one weight pool per layer shape
+        if not weights or tuple(weights[0].shape) != (shape.k, shape.n):
+            copies = int(min(MAX_COPIES, max(1, ROTATE_BYTES // (2 * shape.k * shape.n))))
+            weights = [torch.rand(shape.k, shape.n, dtype=torch.bfloat16, device=device) - 0.5
+                       for _ in range(copies)]
+        a = torch.rand(shape.m, shape.k, dtype=torch.bfloat16, device=device) - 0.5
+        b = _Rotating(weights)
+        base = {"m": shape.m, "n": shape.n, "k": shape.k, "model": shape.model, "tp": shape.tp,
+                "op": shape.op}
+        rows.append({**base, "dtype": "bf16",
+                     "time_s": median_seconds(lambda a=a, b=b: a @ b.next(), device, timing)})
+        if fp8 and shape.m % 16 == 0 and shape.k % 16 == 0 and shape.n % 16 == 0:
+            rows.append({**base, "dtype": "fp8",
+                         "time_s": median_seconds(_fp8_fn(torch, a, weights[0]), device, timing)})
+    table = pd.DataFrame(rows)
+    table["source"] = f"servesim bench ({device}, flop cap {FLOP_CAP[(device, quick)]:.0e})"
+    return table

@@ -1,0 +1,174 @@
+"""Fitting efficiency curves and fixed costs to measured kernel times.
+
+For one operator class the model is ``t = fixed + max(flops / (peak * ec(x_c)), bytes / (bw *
+em(x_m)))``. Given ``fixed``, every row implies an efficiency for the resource that binds it:
+``flops / (peak * (t - fixed))`` if compute-bound, ``bytes / (bw * (t - fixed))`` if memory-bound.
+The fit alternates: classify each row by the larger predicted term (starting from the textbook
+ridge point), set each curve's knot (one per octave of its axis) to the median implied efficiency
+of the rows bound by it near that knot, and repeat until the classification is stable. ``fixed``
+is chosen from a grid below the fastest measurement by the mean absolute log error.
+
+The curves are held to :class:`simulator.hardware.Curve`'s rule (time may not fall as work grows,
+``d ln eff / d ln x <= 1``): the knots are made isotonic in ``ln x - ln eff`` (pool-adjacent-
+violators, weighted by the rows behind each knot), then any remaining step steeper than the
+validator allows is clipped. A curve with no row bound by it keeps the profile's previous curve.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from calibration.work import Work, fast_predict
+from simulator.hardware import Axis, Curve, Link, OperatorEfficiency
+
+MIN_EFF = 1e-4
+RIDGE_LOCK = 2.0
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted operator class and what the fit saw."""
+
+    efficiency: OperatorEfficiency
+    rows: int
+    compute_rows: int
+    memory_rows: int
+    compute_kept: bool
+    memory_kept: bool
+
+
+def isotonic_increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights, strict=True):
+        blocks.append([float(v), float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return np.concatenate([np.full(int(c), v) for v, _, c in blocks])
+
+
+def _sig(value: float, digits: int = 4, down: bool = False) -> float:
+    """``value`` to ``digits`` significant digits (rounded down if ``down``), as written to YAML."""
+    scale = 10 ** (digits - 1 - math.floor(math.log10(value)))
+    return (math.floor(value * scale) if down else round(value * scale)) / scale
+
+
+def monotone_knots(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Knot efficiencies closest to ``y`` that satisfy the Curve validator's rule, to four
+    significant digits."""
+    y = np.clip(y, MIN_EFF, 1.0)
+    g = isotonic_increasing(np.log(x) - np.log(y), weights)
+    y = np.array([_sig(v) for v in np.clip(x / np.exp(g), MIN_EFF, 1.0)])
+    for i in range(len(y) - 1):
+        ceiling = _sig(y[i] * (1.0 + math.log(x[i + 1] / x[i])) * (1 - 1e-9), down=True)
+        y[i + 1] = min(y[i + 1], ceiling)
+    return y
+
+
+def fit_curve(x: np.ndarray, implied: np.ndarray, axis: Axis) -> Curve:
+    """A log-linear curve through the median implied efficiency per octave of ``x``."""
+    log2 = np.log2(x)
+    knot_index = np.rint(log2).astype(int)
+    knots, inverse, counts = np.unique(knot_index, return_inverse=True, return_counts=True)
+    medians = np.array([np.exp(np.median(np.log(implied[inverse == i]))) for i in range(len(knots))])
+    xs = np.exp2(knots.astype(float))
+    ys = monotone_knots(xs, medians, counts.astype(float))
+    if len(xs) == 1:
+        return Curve(axis=axis, x=(float(xs[0]),), y=(float(ys[0]),))
+    return Curve(axis=axis, x=tuple(float(v) for v in xs), y=tuple(float(v) for v in ys))
+
+
+def rejoin_prior(curve: Curve, prior: Curve, octaves: int = 12) -> Curve:
+    """``curve`` extended past its last knot toward ``prior``, rising at the steepest rate the
+    Curve rule allows (one octave multiplies efficiency by at most ``1 + ln 2``).
+
+    A memory curve fitted on small kernels only (the public A100 prefill profile times single
+    sequences, all under 4 MB) would otherwise hold its small-kernel efficiency flat for a batch
+    of prefills reading hundreds of MB; beyond the measured range the prior (hand-set from
+    larger kernels of the same GPU) is the better guess."""
+    xs, ys = list(curve.x), list(curve.y)
+    for _ in range(octaves):
+        x_next = xs[-1] * 2.0
+        target = float(prior(x_next))
+        if target <= ys[-1]:
+            break
+        ys.append(min(target, _sig(ys[-1] * (1.0 + math.log(2.0)) * (1 - 1e-9), down=True)))
+        xs.append(x_next)
+    return Curve(axis=curve.axis, x=tuple(xs), y=tuple(ys))
+
+
+def _fit_given_fixed(w: Work, fixed: float, bandwidth: float, prior: OperatorEfficiency,
+                     memory_tail: bool, iterations: int = 12) -> FitResult:
+    remaining = np.maximum(w.time_s - fixed, 0.02 * w.time_s)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        implied_c = np.minimum(w.flops / (w.peak * remaining), 1.0)
+        implied_m = np.minimum(w.bytes / (bandwidth * remaining), 1.0)
+    # Rows more than RIDGE_LOCK from the textbook ridge keep its verdict, so that one curve
+    # cannot explain the other resource's inefficiency (e.g. a short prefill chunk over a long
+    # context charged to a collapsing memory curve); rows near the ridge follow the fitted curves.
+    ideal_c, ideal_m = w.flops / w.peak, w.bytes / bandwidth
+    locked_c = ideal_c > RIDGE_LOCK * ideal_m
+    locked_m = ideal_m > RIDGE_LOCK * ideal_c
+    compute_bound = ideal_c >= ideal_m
+    compute, memory = prior.compute, prior.memory
+    for _ in range(iterations):
+        use_c = compute_bound & (w.flops > 0)
+        use_m = ~compute_bound & (w.bytes > 0)
+        compute = fit_curve(w.x_compute[use_c], implied_c[use_c], "tokens") if use_c.any() else prior.compute
+        memory = fit_curve(w.x_memory[use_m], implied_m[use_m], "bytes") if use_m.any() else prior.memory
+        if memory_tail and use_m.any():
+            memory = rejoin_prior(memory, prior.memory)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tc = np.where(w.flops > 0, w.flops / (w.peak * compute(w.x_compute)), 0.0)
+            x_m = w.x_memory if memory.axis == "bytes" else w.tokens
+            tm = np.where(w.bytes > 0, w.bytes / (bandwidth * memory(x_m)), 0.0)
+        new = ((tc >= tm) | locked_c) & ~locked_m
+        if np.array_equal(new, compute_bound):
+            break
+        compute_bound = new
+    eff = OperatorEfficiency(compute=compute, memory=memory, fixed_s=float(fixed))
+    n_c = int((compute_bound & (w.flops > 0)).sum())
+    n_m = int((~compute_bound & (w.bytes > 0)).sum())
+    return FitResult(eff, len(w), n_c, n_m, compute_kept=n_c == 0, memory_kept=n_m == 0)
+
+
+def log_error(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.log(predicted / measured))))
+
+
+def fit_operator(w: Work, bandwidth: float, prior: OperatorEfficiency,
+                 memory_tail: bool = True) -> FitResult:
+    """Curves and fixed cost minimising the mean absolute log error over ``w``; with
+    ``memory_tail`` the memory curve rejoins the prior's beyond the measured sizes."""
+    if len(w) == 0:
+        raise ValueError("no rows to fit")
+    floor = float(np.min(w.time_s))
+    candidates = [0.0, *(floor * f for f in np.linspace(0.05, 0.95, 19))]
+    best: tuple[float, FitResult] | None = None
+    for fixed in candidates:
+        result = _fit_given_fixed(w, fixed, bandwidth, prior, memory_tail)
+        score = log_error(fast_predict(w, result.efficiency, bandwidth), w.time_s)
+        if best is None or score < best[0]:
+            best = (score, result)
+    assert best is not None
+    result = best[1]
+    rounded = result.efficiency.model_copy(update={"fixed_s": float(f"{result.efficiency.fixed_s:.3g}")})
+    return replace(result, efficiency=rounded)
+
+
+def fit_link(message_bytes: np.ndarray, world: np.ndarray, time_s: np.ndarray, link: Link) -> Link:
+    """Latency and achieved fraction of the ring all-reduce model minimising the mean absolute
+    log error, by grid search (latency 0.5-200 us, efficiency 0.02-1, both log-spaced)."""
+    wire = (2.0 * (world - 1) / world * message_bytes)[:, None, None]
+    latencies = np.concatenate([[0.0], np.geomspace(0.5e-6, 200e-6, 60)])[None, :, None]
+    efficiencies = np.geomspace(0.02, 1.0, 80)[None, None, :]
+    predicted = latencies + wire / (link.bandwidth_Bps * efficiencies)
+    score = np.mean(np.abs(np.log(predicted / time_s[:, None, None])), axis=0)
+    i, j = np.unravel_index(np.argmin(score), score.shape)
+    return link.model_copy(update={"latency_s": float(f"{latencies[0, i, 0]:.3g}"),
+                                   "efficiency": float(f"{efficiencies[0, 0, j]:.3g}")})

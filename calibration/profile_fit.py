@@ -1,0 +1,117 @@
+"""Fit a whole hardware profile from measurement tables, with provenance and the fit error.
+
+Each kernel family fits one part of the profile (GEMMs -> ``efficiency.gemm``, attention prefill
+and decode -> their classes, memory copies -> ``efficiency.elementwise``, all-reduce -> the
+interconnect's latency and achieved fraction). Every other distinct value of the family's main
+shape axis is held out (:func:`calibration.schema.holdout_mask`), so the error written into the
+profile's provenance is measured both in sample and out of sample.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from calibration.fit import fit_link, fit_operator
+from calibration.schema import holdout_mask
+from calibration.work import OPERATOR_OF, ape, predict, usable, work
+from simulator.hardware import HardwareProfile
+from simulator.hardware_io import hardware_from_dict
+
+PROVENANCE_KEY = {"gemm": "efficiency.gemm", "attention_prefill": "efficiency.attention_prefill",
+                  "attention_decode": "efficiency.attention_decode",
+                  "memory": "efficiency.elementwise", "allreduce": "interconnect"}
+METHOD = ("knots per octave at the median implied efficiency of the rows bound by each curve, "
+          "alternating compute/memory classification, isotonic in ln x - ln eff (Curve rule), fixed "
+          "cost by grid search on mean |log error|")
+
+
+@dataclass
+class FitReport:
+    """Errors per family: the spec-sheet roofline, the profile before the fit, and the fit."""
+
+    profile: str
+    source: str
+    rows: list[dict[str, object]] = field(default_factory=list)
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+
+def error_stats(errors: np.ndarray) -> tuple[float, float]:
+    """Median and p90 absolute percentage error, in percent."""
+    if errors.size == 0:
+        return float("nan"), float("nan")
+    return float(np.median(errors) * 100), float(np.percentile(errors, 90) * 100)
+
+
+def _fmt(stats: tuple[float, float]) -> str:
+    return f"median {stats[0]:.1f}% p90 {stats[1]:.1f}%"
+
+
+def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, source: str,
+                date: str | None = None, families: tuple[str, ...] | None = None,
+                memory_tail: bool = True) -> tuple[HardwareProfile, FitReport]:
+    """``profile`` with every family in ``tables`` fitted, and the report of errors.
+
+    ``memory_tail``: beyond the measured sizes, memory curves rejoin the profile's previous ones
+    (right for a GPU whose shipped curves came from larger kernels; off for a new profile)."""
+    date = date or dt.date.today().isoformat()
+    efficiency = dict(profile.efficiency)
+    link = profile.interconnect
+    usable_tables: dict[str, pd.DataFrame] = {}
+    for family, raw in tables.items():
+        if families is not None and family not in families:
+            continue
+        table = usable(family, raw, profile)
+        if table.empty:
+            continue
+        usable_tables[family] = table
+        held = holdout_mask(table, family)
+        fit_rows = table[~held]
+        if family == "allreduce":
+            link = fit_link(fit_rows["bytes"].to_numpy(float), fit_rows["world"].to_numpy(float),
+                            fit_rows["time_s"].to_numpy(float), link)
+            continue
+        op = OPERATOR_OF[family]
+        result = fit_operator(work(family, fit_rows, profile), profile.memory.bandwidth_Bps,
+                              efficiency[op], memory_tail)
+        efficiency[op] = result.efficiency
+    data = profile.model_dump(mode="json", exclude_none=True)
+    data["efficiency"] = {k: v.model_dump(mode="json") for k, v in efficiency.items()}
+    data["interconnect"] = link.model_dump(mode="json")
+    fitted = hardware_from_dict(data, f"fitted {profile.name}")
+
+    report = FitReport(profile.name, source)
+    provenance = dict(profile.provenance)
+    for family, table in usable_tables.items():
+        held = holdout_mask(table, family)
+        measured = table["time_s"].to_numpy(float)
+        errors = {name: ape(predict(family, table, p), measured)
+                  for name, p in (("spec", profile.ideal()), ("prior", profile), ("fit", fitted))}
+        row = {"profile": profile.name, "family": family, "rows_fit": int((~held).sum()),
+               "rows_held_out": int(held.sum())}
+        for name in ("spec", "prior"):
+            row[f"{name}_median_%"], row[f"{name}_p90_%"] = error_stats(errors[name][held])
+        row["fit_in_median_%"], row["fit_in_p90_%"] = error_stats(errors["fit"][~held])
+        row["fit_out_median_%"], row["fit_out_p90_%"] = error_stats(errors["fit"][held])
+        report.rows.append(row)
+        key = PROVENANCE_KEY[family]
+        detail = "; ".join(sorted(table["source"].astype(str).unique())) if "source" in table else ""
+        provenance[key] = (
+            f"fitted {date} by servesim calibrate from {source}{f' [{detail}]' if detail else ''} "
+            f"({family}: {row['rows_fit']} rows "
+            f"fitted, {row['rows_held_out']} held out, every other {family} shape-axis value); method: "
+            f"{METHOD if family != 'allreduce' else 'ring model, latency grid + median implied bandwidth'}; "
+            f"in-sample {_fmt(error_stats(errors['fit'][~held]))}, held-out "
+            f"{_fmt(error_stats(errors['fit'][held]))} (spec-sheet roofline on the held-out rows: "
+            f"{_fmt(error_stats(errors['spec'][held]))})")
+    fitted_families = ", ".join(usable_tables)
+    provenance["calibration"] = (
+        f"calibrated {date}: {fitted_families} fitted to {source}; classes not listed keep the "
+        "hand-set defaults named in their provenance")
+    final = fitted.model_copy(update={"provenance": provenance, "spec_only": False})
+    return hardware_from_dict(final.model_dump(mode="json", exclude_none=True), "fitted"), report

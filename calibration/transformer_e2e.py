@@ -1,0 +1,193 @@
+"""End-to-end check: a real small transformer, run with torch under continuous batching, against
+``servesim step`` on the same batch shapes.
+
+The model is :data:`calibration.shapes.E2E_MODEL_CONFIG` (Llama-style, GQA, random bf16 weights)
+laid out the way serving engines run it: every scheduled token of the step is packed into one
+``[tokens, hidden]`` activation, so each projection is one GEMM with M = tokens; prefills run
+causal SDPA per prompt; decodes run one batched SDPA over their contiguous KV slots (gathered with
+``index_select``, padded to the longest and masked: a cost vLLM's paged kernel does not pay, and
+the simulator does not model); the LM head runs only for the sequences that sample. The scheduler admits
+whole prompts under a token budget while slots are free, and every running request decodes
+each step, so steps mix prefills and decodes as in vLLM.
+
+The workload runs twice; the second pass is timed (the first warms allocator and caches). Each
+step's measured time is compared with ``CostModel.step_time`` for the same
+``BatchShape.from_requests`` and the given (e.g. ``cpu-local``) profile.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibration.shapes import e2e_model
+from calibration.timing import import_torch
+from simulator.cost import BatchShape, CostModel
+from simulator.hardware import HardwareProfile
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: int = 32
+    prompt_min: int = 16
+    prompt_max: int = 384
+    output_min: int = 4
+    output_max: int = 48
+    max_slots: int = 16
+    token_budget: int = 512
+    seed: int = 0
+
+
+class SmallDecoder:
+    """The e2e model's forward pass over a packed batch, with a slot-based contiguous KV cache."""
+
+    def __init__(self, max_slots: int, max_len: int, seed: int = 0) -> None:
+        torch = import_torch()
+        self.torch = torch
+        spec = e2e_model()
+        self.spec = spec
+        g = torch.Generator().manual_seed(seed)
+        h, d, heads, kv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
+        inter, vocab = spec.intermediate_size, spec.vocab_size
+
+        def weight(*shape: int) -> Any:
+            return (torch.randn(*shape, generator=g) * shape[0] ** -0.5).to(torch.bfloat16)
+
+        self.embed = weight(vocab, h)
+        self.layers = [{"ln1": torch.ones(h, dtype=torch.bfloat16), "wqkv": weight(h, (heads + 2 * kv) * d),
+                        "wo": weight(heads * d, h), "ln2": torch.ones(h, dtype=torch.bfloat16),
+                        "wgu": weight(h, 2 * inter), "wdown": weight(inter, h)}
+                       for _ in range(spec.num_layers)]
+        self.norm = torch.ones(h, dtype=torch.bfloat16)
+        self.lm_head = weight(h, vocab)
+        shape = (spec.num_layers, max_slots, kv, max_len, d)
+        self.k_cache = torch.zeros(shape, dtype=torch.bfloat16)
+        self.v_cache = torch.zeros(shape, dtype=torch.bfloat16)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+        self.cos, self.sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+
+    @staticmethod
+    def _rope(torch: Any, x: Any, cos: Any, sin: Any) -> Any:
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+    def step(self, prefills: list[tuple[int, list[int]]], decodes: list[tuple[int, int, int]]) -> Any:
+        """``prefills``: (slot, prompt ids); ``decodes``: (slot, position, token id).
+        Returns the sampled token of every prefill, then of every decode."""
+        torch, spec = self.torch, self.spec
+        F = torch.nn.functional
+        heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        ids = [t for _, p in prefills for t in p] + [t for _, _, t in decodes]
+        positions = [i for _, p in prefills for i in range(len(p))] + [pos for _, pos, _ in decodes]
+        ids_t, pos_t = torch.tensor(ids), torch.tensor(positions)
+        n_pre = sum(len(p) for _, p in prefills)
+        dec_slots = torch.tensor([s for s, _, _ in decodes], dtype=torch.long)
+        dec_pos = torch.tensor([p for _, p, _ in decodes], dtype=torch.long)
+        longest = int(dec_pos.max()) + 1 if decodes else 0
+        mask = (torch.arange(longest)[None, :] <= dec_pos[:, None])[:, None, None, :] if decodes else None
+        x = self.embed.index_select(0, ids_t)
+        cos = self.cos.index_select(0, pos_t)[:, None, :]
+        sin = self.sin.index_select(0, pos_t)[:, None, :]
+        for layer_index, w in enumerate(self.layers):
+            hidden = F.rms_norm(x, (spec.hidden_size,), w["ln1"])
+            qkv = hidden @ w["wqkv"]
+            q = self._rope(torch, qkv[:, : heads * d].view(-1, heads, d), cos, sin)
+            k = self._rope(torch, qkv[:, heads * d : (heads + kv) * d].view(-1, kv, d), cos, sin)
+            v = qkv[:, (heads + kv) * d :].view(-1, kv, d)
+            kc, vc = self.k_cache[layer_index], self.v_cache[layer_index]
+            outs = []
+            start = 0
+            for slot, prompt in prefills:
+                n = len(prompt)
+                kc[slot, :, :n] = k[start : start + n].transpose(0, 1)
+                vc[slot, :, :n] = v[start : start + n].transpose(0, 1)
+                qs = q[start : start + n].transpose(0, 1)[None]
+                o = F.scaled_dot_product_attention(qs, kc[slot, :, :n][None], vc[slot, :, :n][None],
+                                                   is_causal=True, enable_gqa=True)
+                outs.append(o[0].transpose(0, 1).reshape(n, heads * d))
+                start += n
+            if decodes:
+                kc[dec_slots, :, dec_pos] = k[n_pre:]
+                vc[dec_slots, :, dec_pos] = v[n_pre:]
+                keys = kc[:, :, :longest].index_select(0, dec_slots)
+                values = vc[:, :, :longest].index_select(0, dec_slots)
+                o = F.scaled_dot_product_attention(q[n_pre:, :, None, :], keys, values, attn_mask=mask,
+                                                   enable_gqa=True)
+                outs.append(o.reshape(len(decodes), heads * d))
+            x = x + torch.cat(outs) @ w["wo"]
+            hidden = F.rms_norm(x, (spec.hidden_size,), w["ln2"])
+            gate, up = (hidden @ w["wgu"]).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ w["wdown"]
+        ends = np.cumsum([len(p) for _, p in prefills]) - 1
+        rows = torch.tensor(list(ends) + list(range(n_pre, n_pre + len(decodes))), dtype=torch.long)
+        last = F.rms_norm(x[rows], (spec.hidden_size,), self.norm)
+        return (last @ self.lm_head).float().argmax(dim=-1)
+
+
+def _serve(model: SmallDecoder, workload: Workload) -> list[dict[str, Any]]:
+    """Run the workload to completion; one record per step with its batch and measured time."""
+    rng = np.random.default_rng(workload.seed)
+    prompts = rng.integers(workload.prompt_min, workload.prompt_max + 1, workload.requests)
+    outputs = rng.integers(workload.output_min, workload.output_max + 1, workload.requests)
+    waiting = list(range(workload.requests))
+    running: dict[int, dict[str, int]] = {}  # request -> slot, computed, total, last token
+    free = list(range(workload.max_slots))
+    steps = []
+    while waiting or running:
+        decodes = [(r, s) for r, s in running.items()]
+        budget = workload.token_budget - len(decodes)
+        admitted = []
+        while waiting and free and prompts[waiting[0]] <= budget:
+            r = waiting.pop(0)
+            budget -= int(prompts[r])
+            admitted.append(r)
+            running[r] = {"slot": free.pop(0), "computed": 0, "total": int(prompts[r]), "token": 0}
+        prefills = [(running[r]["slot"], list(rng.integers(0, model.spec.vocab_size, prompts[r])))
+                    for r in admitted]
+        dec_args = [(s["slot"], s["computed"], s["token"]) for _, s in decodes]
+        new = [int(prompts[r]) for r in admitted] + [1] * len(decodes)
+        computed = [0] * len(admitted) + [s["computed"] for _, s in decodes]
+        total = [int(prompts[r]) for r in admitted] + [s["total"] for _, s in decodes]
+        start = time.perf_counter()
+        sampled = model.step(prefills, dec_args).tolist()
+        elapsed = time.perf_counter() - start
+        steps.append({"new": new, "computed": computed, "total": total, "measured_s": elapsed})
+        for r, token in zip(admitted + [r for r, _ in decodes], sampled, strict=True):
+            state = running[r]
+            state["computed"] = state["total"]
+            state["total"] += 1
+            state["token"] = int(token)
+            if state["total"] - int(prompts[r]) >= int(outputs[r]):
+                free.append(state["slot"])
+                del running[r]
+    return steps
+
+
+def run_e2e(profile: HardwareProfile, workload: Workload | None = None, threads: int = 1,
+            ) -> pd.DataFrame:
+    """Per step: batch summary, measured and predicted seconds, and the error."""
+    torch = import_torch()
+    torch.set_num_threads(threads)
+    workload = workload or Workload()
+    model = SmallDecoder(workload.max_slots, workload.prompt_max + workload.output_max + 1, workload.seed)
+    cost = CostModel(model.spec, profile, tp=1)
+    with torch.inference_mode():
+        _serve(model, workload)  # warm-up pass
+        steps = _serve(model, workload)
+    rows = []
+    for i, step in enumerate(steps):
+        batch = BatchShape.from_requests(np.array(step["new"]), np.array(step["computed"]),
+                                         np.array(step["total"]))
+        predicted = cost.step_time(batch)
+        rows.append({"step": i, "prefills": batch.num_prefills, "prefill_tokens": batch.num_prefill_tokens,
+                     "decodes": batch.num_decodes, "decode_context": int(batch.decode_context.sum()),
+                     "measured_s": step["measured_s"], "predicted_s": predicted})
+    table = pd.DataFrame(rows)
+    table["ape"] = (table["predicted_s"] - table["measured_s"]).abs() / table["measured_s"]
+    table["signed_%"] = (table["predicted_s"] / table["measured_s"] - 1) * 100
+    return table

@@ -1,0 +1,100 @@
+"""``servesim calibrate validate``: predicted vs measured time per kernel family.
+
+For every measured row the simulator's own cost functions price the kernel with the given
+profile (and with its bare spec-sheet roofline, for comparison). The summary gives the median
+and p90 absolute percentage error per family, over the held-out rows (every other value of the
+family's shape axis, never seen by ``fit``) and over all rows; the per-row table and a plotly
+chart (predicted vs measured, log-log) are written next to it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibration.profile_fit import error_stats
+from calibration.schema import holdout_mask, read_measurements
+from calibration.vidur import gpu_of, vidur_tables
+from calibration.work import ape, predict, usable
+from simulator.hardware import HardwareProfile
+
+
+def load_tables(source: Path, profile: HardwareProfile) -> dict[str, pd.DataFrame]:
+    """A bench output folder, or the public ``vidur_profiling`` folder (GPU from the profile)."""
+    source = Path(source)
+    if (source / "compute").is_dir():
+        return vidur_tables(source, gpu_of(profile.name))
+    return read_measurements(source)
+
+
+def predictions(tables: dict[str, pd.DataFrame], profile: HardwareProfile) -> pd.DataFrame:
+    frames = []
+    spec = profile.ideal()
+    for family, raw in tables.items():
+        table = usable(family, raw, profile)
+        if table.empty:
+            continue
+        frame = pd.DataFrame({"family": family, "measured_s": table["time_s"].to_numpy(float),
+                              "predicted_s": predict(family, table, profile),
+                              "spec_roofline_s": predict(family, table, spec),
+                              "held_out": holdout_mask(table, family)})
+        shape_cols = [c for c in ("m", "n", "k", "dtype", "batch", "seq", "context", "heads",
+                                  "kv_heads", "head_dim", "bytes", "world") if c in table.columns]
+        frames.append(pd.concat([frame, table[shape_cols].reset_index(drop=True)], axis=1))
+    rows = pd.concat(frames, ignore_index=True)
+    rows["ape"] = ape(rows["predicted_s"], rows["measured_s"])
+    rows["spec_ape"] = ape(rows["spec_roofline_s"], rows["measured_s"])
+    return rows
+
+
+def summarise(rows: pd.DataFrame, profile: str) -> pd.DataFrame:
+    out = []
+    for family, group in rows.groupby("family", sort=False):
+        held = group["held_out"].to_numpy()
+        line: dict[str, object] = {"profile": profile, "family": family, "rows": len(group),
+                                   "held_out": int(held.sum())}
+        line["held_out_median_%"], line["held_out_p90_%"] = error_stats(group["ape"].to_numpy()[held])
+        line["all_median_%"], line["all_p90_%"] = error_stats(group["ape"].to_numpy())
+        line["spec_median_%"], line["spec_p90_%"] = error_stats(group["spec_ape"].to_numpy()[held])
+        out.append(line)
+    return pd.DataFrame(out)
+
+
+def chart(rows: pd.DataFrame, title: str, path: Path) -> Path:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for (family, held), group in rows.groupby(["family", "held_out"], sort=False):
+        fig.add_trace(go.Scattergl(
+            x=group["measured_s"] * 1e6, y=group["predicted_s"] * 1e6, mode="markers",
+            name=f"{family} ({'held out' if held else 'fitted'})", marker={"size": 4, "opacity": 0.6}))
+    lo = float(rows[["measured_s", "predicted_s"]].min().min() * 1e6)
+    hi = float(rows[["measured_s", "predicted_s"]].max().max() * 1e6)
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="exact",
+                             line={"dash": "dash", "color": "gray"}))
+    fig.update_layout(title=title, xaxis={"type": "log", "title": "measured (us)"},
+                      yaxis={"type": "log", "title": "predicted (us)"}, template="plotly_white")
+    fig.write_html(path, include_plotlyjs="cdn")
+    return path
+
+
+def validate(source: Path, profile: HardwareProfile, out: Path | None = None,
+             ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The summary and per-row tables; with ``out``, also ``validation_summary.csv``,
+    ``validation_rows.csv`` and ``validation.html`` there."""
+    rows = predictions(load_tables(source, profile), profile)
+    summary = summarise(rows, profile.name)
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        summary.to_csv(out / "validation_summary.csv", index=False)
+        rows.to_csv(out / "validation_rows.csv", index=False)
+        chart(rows, f"{profile.name}: predicted vs measured kernel time", out / "validation.html")
+    return summary, rows
+
+
+def overall(summary: pd.DataFrame) -> float:
+    """Median of the per-family held-out medians (one number for a quick check)."""
+    return float(np.nanmedian(summary["held_out_median_%"].to_numpy(float)))

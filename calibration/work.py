@@ -1,0 +1,169 @@
+"""What each measured kernel costs in the simulator's terms: FLOPs, bytes and curve positions.
+
+The numbers come from the simulator's own cost functions (``roofline`` for GEMMs and
+elementwise kernels, :mod:`simulator.cost.attention` for attention, the ring model for
+all-reduce), evaluated on a perfect-efficiency profile, so a fitted curve means exactly what the
+cost model will read from it. :func:`predict` prices the same rows with a real profile through
+those same functions; that is the number ``validate`` compares with the measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from simulator.cost.attention import AttentionShape, causal_pairs, decode_attention, prefill_attention
+from simulator.cost.batch import BatchShape
+from simulator.cost.communication import ring_allreduce_s
+from simulator.cost.roofline import OpCost, roofline
+from simulator.dtypes import DType
+from simulator.hardware import Efficiency, HardwareProfile, OperatorEfficiency
+
+OPERATOR_OF = {"gemm": "gemm", "attention_prefill": "attention_prefill",
+               "attention_decode": "attention_decode", "memory": "elementwise"}
+"""The profile's efficiency class each kernel family calibrates (all-reduce calibrates the link)."""
+
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp32": 4.0}
+OUT_BYTES = 2.0
+"""GEMM outputs are written in 16 bits, as the cost model assumes."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """Per-row cost inputs of one family: ``time = fixed + max(flops / (peak * ec(x_compute)),
+    bytes / (bandwidth * em(x_memory)))``."""
+
+    flops: np.ndarray
+    bytes: np.ndarray
+    peak: np.ndarray
+    x_compute: np.ndarray
+    x_memory: np.ndarray
+    tokens: np.ndarray
+    time_s: np.ndarray
+
+    def subset(self, mask: np.ndarray) -> Work:
+        return Work(*(getattr(self, f)[mask] for f in ("flops", "bytes", "peak", "x_compute",
+                                                       "x_memory", "tokens", "time_s")))
+
+    def __len__(self) -> int:
+        return int(self.time_s.size)
+
+
+def attention_shape(heads: int, kv_heads: int, head_dim: int) -> AttentionShape:
+    """The per-GPU attention layout of a standard (GQA) layer, as the cost model builds it."""
+    cache = 2 * kv_heads * head_dim
+    per_pair = 2 * heads * 2 * head_dim
+    return AttentionShape(heads=heads, q_head_dim=head_dim, v_head_dim=head_dim,
+                          cache_elements_per_token=cache, prefill_kv_elements_per_token=cache,
+                          prefill_flops_per_pair=per_pair, decode_flops_per_key=per_pair,
+                          decode_q_width=heads * head_dim, decode_o_width=heads * head_dim,
+                          window=None)
+
+
+def _row_ints(row: pd.Series, *names: str) -> tuple[int, ...]:
+    return tuple(int(row[n]) for n in names)
+
+
+def _attention_op(family: str, row: pd.Series, profile: HardwareProfile) -> OpCost:
+    heads, kv_heads, head_dim, batch = _row_ints(row, "heads", "kv_heads", "head_dim", "batch")
+    shape = attention_shape(heads, kv_heads, head_dim)
+    peak = profile.peak(DType.BF16)
+    if family == "attention_prefill":
+        seq, context = _row_ints(row, "seq", "context")
+        shape_batch = BatchShape.build([seq] * batch, [context] * batch)
+        return prefill_attention(shape_batch, shape, profile, peak, 2.0, 1)
+    shape_batch = BatchShape.decode(batch, int(row["context"]))
+    return decode_attention(shape_batch, shape, profile, peak, 2.0, 1)
+
+
+def _gemm_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
+    m, n, k = _row_ints(row, "m", "n", "k")
+    width = DTYPE_BYTES[str(row["dtype"])]
+    nbytes = k * n * width + m * k * width + m * n * OUT_BYTES
+    return roofline("gemm", 2.0 * m * k * n, nbytes, peak_flops=profile.peak(DType(row["dtype"])),
+                    bandwidth=profile.memory.bandwidth_Bps, eff=profile.efficiency.gemm,
+                    compute_axis=m)
+
+
+def _memory_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
+    return roofline("elementwise", 0.0, float(row["bytes"]), peak_flops=profile.peak(DType.BF16),
+                    bandwidth=profile.memory.bandwidth_Bps, eff=profile.efficiency.elementwise,
+                    compute_axis=1.0)
+
+
+def operator_cost(family: str, row: pd.Series, profile: HardwareProfile) -> OpCost:
+    """One measured kernel priced by the simulator's own functions."""
+    if family == "gemm":
+        return _gemm_op(row, profile)
+    if family == "memory":
+        return _memory_op(row, profile)
+    return _attention_op(family, row, profile)
+
+
+def usable(family: str, table: pd.DataFrame, profile: HardwareProfile) -> pd.DataFrame:
+    """Rows the profile can price (fp8 GEMMs need an fp8 peak), and for the memory family the
+    layer's own elementwise kernels when measured: a bare copy sets a CPU profile's bandwidth
+    peak, but norms and activations carry the per-kernel floor the elementwise class must fit."""
+    if family == "memory" and "op" in table.columns and (table["op"] != "copy").any():
+        return table[table["op"] != "copy"].reset_index(drop=True)
+    if family == "gemm":
+        have = {d.value for d in profile.peak_flops} | {"fp16"}
+        return table[table["dtype"].astype(str).isin(have)].reset_index(drop=True)
+    return table
+
+
+def predict(family: str, table: pd.DataFrame, profile: HardwareProfile) -> np.ndarray:
+    """Seconds the simulator predicts for each measured row."""
+    if family == "allreduce":
+        link = profile.interconnect
+        return np.array([ring_allreduce_s(float(b), int(w), link)
+                         for b, w in zip(table["bytes"], table["world"], strict=True)])
+    eff = getattr(profile.efficiency, OPERATOR_OF[family])
+    return fast_predict(work(family, table, profile), eff, profile.memory.bandwidth_Bps)
+
+
+def work(family: str, table: pd.DataFrame, profile: HardwareProfile) -> Work:
+    """FLOPs, bytes, peak and curve positions of every row (not for all-reduce).
+
+    GEMM and memory rows use the cost model's formulas in vectorised form; attention rows go
+    through :mod:`simulator.cost.attention` one by one (``tests/test_calibration_fit.py`` checks
+    that both agree with :func:`operator_cost`)."""
+    time_s = table["time_s"].to_numpy(float)
+    n = len(table)
+    if family == "gemm":
+        m, k, nn = (table[c].to_numpy(float) for c in ("m", "k", "n"))
+        width = table["dtype"].astype(str).map(DTYPE_BYTES).to_numpy(float)
+        nbytes = k * nn * width + m * k * width + m * nn * OUT_BYTES
+        peak = np.array([profile.peak(DType(d)) for d in table["dtype"].astype(str)])
+        return Work(2.0 * m * k * nn, nbytes, peak, m, nbytes, m, time_s)
+    peak = np.full(n, profile.peak(DType.BF16))
+    if family == "memory":
+        nbytes = table["bytes"].to_numpy(float)
+        return Work(np.zeros(n), nbytes, peak, np.ones(n), nbytes, np.ones(n), time_s)
+    perfect = profile.model_copy(update={"efficiency": Efficiency.perfect()})
+    ops = [operator_cost(family, row, perfect) for _, row in table.iterrows()]
+    flops = np.array([op.flops for op in ops])
+    nbytes = np.array([op.bytes for op in ops])
+    batch = table["batch"].to_numpy(float)
+    if family == "attention_prefill":
+        pairs = causal_pairs(table["seq"].to_numpy(), table["context"].to_numpy(), None)
+        return Work(flops, nbytes, peak, np.sqrt(2.0 * pairs), nbytes,
+                    batch * table["seq"].to_numpy(float), time_s)
+    return Work(flops, nbytes, peak, batch, nbytes, batch, time_s)
+
+
+def fast_predict(w: Work, eff: OperatorEfficiency, bandwidth: float) -> np.ndarray:
+    """The roofline of :class:`Work` rows, vectorised; the same arithmetic as
+    :func:`simulator.cost.roofline.roofline` (what the fit optimises and validate reports)."""
+    x_memory = w.x_memory if eff.memory.axis == "bytes" else w.tokens
+    with np.errstate(divide="ignore", invalid="ignore"):
+        compute = np.where(w.flops > 0, w.flops / (w.peak * eff.compute(w.x_compute)), 0.0)
+        memory = np.where(w.bytes > 0, w.bytes / (bandwidth * eff.memory(x_memory)), 0.0)
+    return eff.fixed_s + np.maximum(compute, memory)
+
+
+def ape(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Absolute percentage error per row (0.1 = 10%)."""
+    return np.abs(np.asarray(predicted) - measured) / measured

@@ -1,0 +1,151 @@
+"""Fitting without torch: recovering known curves, the Curve rule, agreement with the cost
+model, hold-out, profile writing and one-line CLI errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.fit import fit_link, fit_operator, monotone_knots
+from calibration.profile_fit import fit_profile
+from calibration.profiles import write_profile
+from calibration.schema import holdout_mask, read_measurements
+from calibration.work import ape, fast_predict, operator_cost, predict, work
+from simulator import load_hardware
+from simulator.errors import ServesimError
+from simulator.hardware import Curve, Link, OperatorEfficiency
+
+TRUTH = OperatorEfficiency(
+    compute=Curve(axis="tokens", x=(16, 128, 1024, 8192), y=(0.2, 0.45, 0.7, 0.75)),
+    memory=Curve(axis="bytes", x=(1e6, 1e8), y=(0.4, 0.85)), fixed_s=5e-6)
+
+
+def synthetic_gemms(noise: float, seed: int = 0) -> pd.DataFrame:
+    """GEMM timings made by the roofline with TRUTH on an H100, times lognormal noise."""
+    rng = np.random.default_rng(seed)
+    shapes = [(k, n) for k, n in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (8192, 1280))]
+    ms = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 8192]
+    table = pd.DataFrame([{"m": m, "n": n, "k": k, "dtype": "bf16", "time_s": 1.0}
+                          for k, n in shapes for m in ms])
+    h100 = load_hardware("h100-sxm-80gb")
+    clean = fast_predict(work("gemm", table, h100), TRUTH, h100.memory.bandwidth_Bps)
+    table["time_s"] = clean * np.exp(rng.normal(0, noise, len(table)))
+    return table
+
+
+def test_fit_recovers_a_known_curve_from_noisy_roofline_timings() -> None:
+    h100 = load_hardware("h100-sxm-80gb")
+    table = synthetic_gemms(noise=0.03)
+    held = holdout_mask(table, "gemm")
+    w = work("gemm", table, h100)
+    fit = fit_operator(w.subset(~held), h100.memory.bandwidth_Bps, h100.efficiency.gemm)
+    predicted = fast_predict(w.subset(held), fit.efficiency, h100.memory.bandwidth_Bps)
+    errors = ape(predicted, w.time_s[held])
+    assert np.median(errors) < 0.04  # the 3% noise itself has a 2% median
+    assert np.percentile(errors, 90) < 0.10
+    for m in (1024, 4096, 8192):  # clearly compute-bound: the curve itself is recovered
+        assert fit.efficiency.compute.at(m) == pytest.approx(TRUTH.compute.at(m), rel=0.08)
+    assert fit.efficiency.memory.at(5e7) == pytest.approx(TRUTH.memory.at(5e7), rel=0.08)
+
+
+def test_fit_obeys_the_curve_rule_on_adversarial_data() -> None:
+    rng = np.random.default_rng(1)
+    x = np.exp2(np.arange(12.0))
+    for _ in range(50):
+        y = monotone_knots(x, rng.uniform(0.001, 1.5, x.size), rng.uniform(1, 10, x.size))
+        Curve(axis="tokens", x=tuple(x), y=tuple(y))  # raises if the rule is broken
+        assert np.all((y > 0) & (y <= 1))
+
+
+def test_link_fit_recovers_latency_and_efficiency() -> None:
+    link = Link(kind="nvlink", bandwidth_Bps=450e9, latency_s=0.0, efficiency=1.0)
+    sizes = np.geomspace(4e3, 2.5e8, 40)
+    world = np.full(sizes.size, 8.0)
+    time_s = 12e-6 + 2 * 7 / 8 * sizes / (450e9 * 0.7)
+    fitted = fit_link(sizes, world, time_s, link)
+    assert fitted.latency_s == pytest.approx(12e-6, rel=0.15)
+    assert fitted.efficiency == pytest.approx(0.7, rel=0.05)
+
+
+def attention_rows() -> dict[str, pd.DataFrame]:
+    prefill = pd.DataFrame([{"batch": b, "seq": s, "context": c, "heads": 32, "kv_heads": 8,
+                             "head_dim": 128, "time_s": 1e-3}
+                            for b in (1, 4) for s in (64, 512, 4096) for c in (0, 1000)])
+    decode = pd.DataFrame([{"batch": b, "context": c, "heads": 8, "kv_heads": 1, "head_dim": 128,
+                            "time_s": 1e-4} for b in (1, 32) for c in (100, 4000)])
+    memory = pd.DataFrame({"bytes": [1e4, 1e6, 1e8], "time_s": 1e-5})
+    return {"attention_prefill": prefill, "attention_decode": decode, "memory": memory,
+            "gemm": synthetic_gemms(0.0).head(30)}
+
+
+@pytest.mark.parametrize("profile", ["a100-sxm-80gb", "h100-sxm-80gb", "mi300x"])
+def test_fast_path_equals_the_cost_model(profile: str) -> None:
+    """What the fit optimises and validate reports is what the simulator charges."""
+    hardware = load_hardware(profile)
+    for family, table in attention_rows().items():
+        expected = [operator_cost(family, row, hardware).time_s for _, row in table.iterrows()]
+        np.testing.assert_allclose(predict(family, table, hardware), expected, rtol=1e-12)
+
+
+def test_fit_profile_writes_a_loadable_profile_with_provenance(tmp_path: Path) -> None:
+    tables = {"gemm": synthetic_gemms(0.02)}
+    fitted, report = fit_profile(tables, load_hardware("h200-sxm-141gb"), "synthetic", "2026-01-01")
+    assert not fitted.spec_only
+    text = fitted.provenance["efficiency.gemm"]
+    for word in ("synthetic", "2026-01-01", "held out", "in-sample", "held-out", "method"):
+        assert word in text
+    row = report.table().iloc[0]
+    assert row["fit_out_median_%"] < row["spec_median_%"]
+    path = write_profile(fitted, tmp_path / "h200.yaml", "test")
+    assert load_hardware(path) == fitted
+
+
+def test_holdout_interleaves_the_axis() -> None:
+    table = pd.DataFrame({"m": [1, 2, 4, 8, 8, 16], "n": 1, "k": 1, "dtype": "bf16", "time_s": 1.0})
+    assert holdout_mask(table, "gemm").tolist() == [False, True, False, True, True, False]
+
+
+def test_missing_measurements_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(ServesimError, match="calibrate bench"):
+        read_measurements(tmp_path)
+    (tmp_path / "gemm.csv").write_text("m,n,time_s\n1,2,3\n")
+    with pytest.raises(ServesimError, match="missing column"):
+        read_measurements(tmp_path)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["fit", "/no/such/dir", "--profile", "x.yaml"], "error: measurements: no such directory"),
+    (["validate", "/no/such/dir", "--profile", "h100-sxm-80gb"], "error: measurements: no such"),
+    (["validate", ".", "--profile", "tpu"], "error: --profile: unknown hardware 'tpu'"),
+    (["bench", "--device", "tpu", "--out", "/tmp/servesim-never"], "error: --device"),
+])
+def test_calibrate_cli_errors_are_one_line(args: list[str], message: str) -> None:
+    pytest.importorskip("torch", reason="bench's device check runs after importing torch") if (
+        args[0] == "bench") else None
+    run = subprocess.run([sys.executable, "-m", "simulator", "calibrate", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_missing_torch_says_how_to_install_it() -> None:
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from calibration.timing import import_torch\n"
+            "from simulator.errors import ServesimError\n"
+            "try:\n    import_torch()\nexcept ServesimError as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "pip install torch==2.13.0" in run.stdout
+
+
+def test_fit_and_validate_never_import_torch() -> None:
+    code = ("import sys, calibration.fit, calibration.profile_fit, calibration.validate, "
+            "calibration.vidur, calibration.profiles, simulator.cli.calibrate; "
+            "assert 'torch' not in sys.modules")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
