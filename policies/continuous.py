@@ -3,7 +3,9 @@
 Each iteration first tries to admit waiting requests, first come first served, as whole prompts:
 a request joins while the step's prompt tokens stay within ``max_num_batched_tokens``, the
 running requests stay within ``max_num_seqs``, and the KV pool keeps its watermark of free blocks
-after giving it blocks for its prompt. The queue is served in order: the first request that does
+after giving it blocks for its prompt; the watermark is waived while nothing runs (there is
+nothing to protect, and vLLM v0 would instead drop as "ignored" a preempted request that has
+grown past ``pool - watermark``). The queue is served in order: the first request that does
 not fit stops admission (no overtaking). If any prompt was admitted, the step runs those prefills
 alone and the running requests wait (vLLM v0 runs prefill and decode steps separately, which is
 the decode stall that chunked prefill removes). Otherwise every running request decodes one token;
@@ -32,14 +34,17 @@ class ContinuousBatching(Policy):
             return None
         seats = lim.max_num_seqs - int(replica.running.size)
         budget = lim.max_num_batched_tokens
-        free = pool.free - lim.watermark_blocks
+        free = pool.free
+        # The watermark keeps blocks for the running requests to grow into; with none running
+        # there is nothing to protect, so a long preempted request can always come back.
+        reserve = lim.watermark_blocks if replica.running.size else 0
         admitted: list[int] = []
         new_tokens: list[int] = []
         blocks: list[int] = []
         while waiting and seats > 0:
             request = waiting[0]
             new, need = replica.prefill_need(request)
-            if new > budget or need > free:
+            if new > budget or need > free - reserve:
                 break
             waiting.popleft()
             admitted.append(request)
@@ -48,6 +53,7 @@ class ContinuousBatching(Policy):
             budget -= new
             free -= need
             seats -= 1
+            reserve = lim.watermark_blocks
         if not admitted:
             return None
         replica.admit(admitted, blocks, now)

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from simulator.errors import ServesimError
-from workloads import WorkloadConfig
+from workloads import WorkloadConfig, parse_workload_config
 
 
 class _Strict(BaseModel):
@@ -91,7 +91,7 @@ class SloConfig(_Strict):
 
 class ExperimentConfig(_Strict):
     name: str = "experiment"
-    seed: int = 0
+    seed: StrictInt = Field(0, ge=0, description="seed of the workload generator")
     model: str
     hardware: str
     deployment: DeploymentConfig = DeploymentConfig()
@@ -156,6 +156,8 @@ def read_yaml_document(path: Path) -> dict[str, Any]:
 
 
 def validate_document(document: dict[str, Any], source: str = "config") -> ExperimentConfig:
+    if "workload" in document:  # its own parser words workload errors best
+        document = {**document, "workload": parse_workload_config(document["workload"])}
     try:
         return ExperimentConfig.model_validate(document)
     except ValidationError as exc:
@@ -186,7 +188,8 @@ def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
         return ServesimError(field, "is required", f"add {loc[-1]}: ... to {source}")
     got = error.get("input")
     shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-    return ServesimError(field, f"{error['msg'].rstrip('.')}{shown}", "fix the value in the config")
+    message = error["msg"].removeprefix("Value error, ").rstrip(".")
+    return ServesimError(field, f"{message}{shown}", "fix the value in the config")
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:

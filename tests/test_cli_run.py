@@ -118,3 +118,38 @@ def test_malformed_yaml_and_bad_trace_rows(tmp_path: Path) -> None:
     run = servesim("run", str(write_config(tmp_path, document)), "--quiet")
     assert run.returncode == 2, run.stdout
     assert "line 3" in run.stderr and "prompt_tokens" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_resolved_config_of_a_trace_replay_runs_from_its_own_folder(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,10\n0.5,200,20\n1.0,50,5\n")
+    document = {**SMALL, "workload": {"trace": {"path": "trace.csv", "format": "csv"}}}
+    first = servesim("run", str(write_config(tmp_path, document)), "--out", str(tmp_path / "a"),
+                     "--quiet", "--no-report")
+    assert first.returncode == 0, first.stderr
+    resolved = yaml.safe_load((tmp_path / "a" / "config.resolved.yaml").read_text())
+    assert resolved["workload"]["trace"]["path"] == str(trace.resolve())
+    again = servesim("run", str(tmp_path / "a" / "config.resolved.yaml"), "--out", str(tmp_path / "b"),
+                     "--quiet", "--no-report")
+    assert again.returncode == 0, again.stderr
+    first_table, second_table = (tmp_path / d / "requests.parquet" for d in "ab")
+    assert first_table.read_bytes() == second_table.read_bytes()
+
+
+def test_summary_only_output_leaves_no_stale_tables(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {**SMALL, "workload": {**SMALL["workload"], "num_requests": 20}})
+    out = tmp_path / "out"
+    assert servesim("run", str(config), "--out", str(out), "--quiet").returncode == 0
+    assert (out / "report.html").is_file()
+    run = servesim("run", str(config), "--out", str(out), "--quiet", "--set", "output=summary")
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.resolved.yaml", "summary.json"]
+
+
+@pytest.mark.parametrize("args", [("--seed", "-1"), ("--set", "seed=true"),
+                                  ("--set", "workload.duration_s=.inf"),
+                                  ("--set", "workload.num_requests=100000000000")])
+def test_bad_command_line_values_get_one_line_errors(tmp_path: Path, args: tuple[str, str]) -> None:
+    run = servesim("validate", str(write_config(tmp_path, SMALL)), *args)
+    assert run.returncode == 2, run.stdout
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr

@@ -68,18 +68,19 @@ workloads = st.integers(min_value=1, max_value=30).flatmap(lambda n: st.tuples(
     st.lists(st.integers(1, 200), min_size=n, max_size=n)))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workload=workloads, blocks=st.integers(8, 120), block_size=st.sampled_from([8, 16, 32]),
-       max_num_seqs=st.integers(1, 16))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads, blocks=st.integers(8, 120), block_size=st.sampled_from([1, 8, 16, 32]),
+       max_num_seqs=st.integers(1, 16), watermark=st.sampled_from([0.0, 0.1, 0.4]))
 def test_conservation_under_memory_pressure(workload: tuple[list[float], list[int], list[int]],
-                                            blocks: int, block_size: int, max_num_seqs: int) -> None:
+                                            blocks: int, block_size: int, max_num_seqs: int,
+                                            watermark: float) -> None:
     """Whatever the traffic and however small the pool: every request completes or is rejected
     (exactly those that can never fit), blocks in use never exceed the pool and are all free at
     the end, each output token is emitted once, and the tokens computed are the tokens needed
     plus what preemption threw away (nothing extra without preemption)."""
     arrivals, prompts, outputs = workload
     config = experiment({"num_gpu_blocks": blocks, "block_size": block_size,
-                         "max_num_seqs": max_num_seqs, "watermark": 0.0})
+                         "max_num_seqs": max_num_seqs, "watermark": watermark})
     result = run(config, table(np.sort(arrivals), prompts, outputs))
     tables = tabulate(result)
     requests, steps = tables.requests, tables.steps
@@ -88,6 +89,7 @@ def test_conservation_under_memory_pressure(workload: tuple[list[float], list[in
     assert (requests["status"] == "rejected").to_numpy().tolist() == never_fits.tolist()
     done = requests["status"] == "completed"
     assert done.sum() + never_fits.sum() == len(requests)
+    assert tables.summary["unfinished"] == 0
     assert (steps["kv_blocks_used"] <= blocks).all()
     pool = result.replica_states[0].pool
     assert pool.free == blocks and not pool.held.any()
@@ -104,3 +106,14 @@ def test_conservation_under_memory_pressure(workload: tuple[list[float], list[in
     assert (timed["first_scheduled_s"] >= timed["arrival_s"]).all()
     assert (timed["first_token_s"] >= timed["first_scheduled_s"]).all()
     assert (timed["finish_s"] >= timed["first_token_s"]).all()
+
+
+def test_a_preempted_request_longer_than_pool_minus_watermark_comes_back() -> None:
+    """Request 1 (96-token prompt, 60 outputs) is preempted once it has grown; its recompute then
+    needs more blocks than the pool minus the 30% watermark. The watermark only protects running
+    requests, so once the pool is empty it is readmitted, and request 2 behind it is served too."""
+    config = experiment({"num_gpu_blocks": 10, "watermark": 0.3})
+    result = run(config, table([0.0, 0.0, 1.0], [1, 96, 10], [60, 60, 5]))
+    summary = tabulate(result).summary
+    assert summary["completed"] == 3 and summary["unfinished"] == 0
+    assert summary["preemptions"] >= 1

@@ -154,6 +154,9 @@ class LengthsConfig(_Strict):
         return self
 
 
+MAX_REQUESTS = 100_000_000
+"""A generous bound on generated requests (about 5 GB of state): beyond it, split the run."""
+
 _GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output")
 
 
@@ -162,8 +165,8 @@ class WorkloadConfig(_Strict):
 
     trace: TraceConfig | None = None
     arrival: ArrivalConfig | None = None
-    num_requests: PositiveInt | None = None
-    duration_s: PositiveFloat | None = None
+    num_requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] | None = None
+    duration_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     lengths: LengthsConfig | None = None
     prompt: LengthDist | None = None
     output: LengthDist | None = None

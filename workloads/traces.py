@@ -37,9 +37,11 @@ Line numbers assume one CSV record per line (no quoted newlines), which all thes
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -196,10 +198,17 @@ def _parse_csv(path: Path, fmt: str, model: str | None) -> _Rows:
 def _read_csv(path: Path, fmt: str, required: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
     """The file as a frame (blank lines skipped) and the file line of each kept row."""
     try:
-        frame = pd.read_csv(path, skip_blank_lines=False, skipinitialspace=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            # index_col=False: a row with an extra field must not shift the columns silently.
+            frame = pd.read_csv(path, skip_blank_lines=False, skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:
         raise ServesimError("path", f"{path} is empty", f"a {fmt} trace starts with the header "
                             f"{','.join(_HEADERS[fmt])}") from None
+    except pd.errors.ParserWarning:
+        line, fields, expected = _first_ragged_row(path)
+        raise ServesimError("path", f"{path} line {line} has {fields} fields but the header has {expected}",
+                            "fix that line (one value per header column)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
         raise ServesimError("path", f"{path} is not a readable CSV ({' '.join(str(exc).split())})",
                             "fix that line") from None
@@ -216,15 +225,37 @@ def _read_csv(path: Path, fmt: str, required: list[str]) -> tuple[pd.DataFrame, 
     return frame, lines
 
 
+def _first_ragged_row(path: Path) -> tuple[int, int, int]:
+    """(1-based line, its field count, the header's) of the first row whose width differs."""
+    with path.open(newline="") as handle:
+        rows = csv.reader(handle)
+        header = next(rows, [])
+        for row in rows:
+            if row and len(row) != len(header):
+                return rows.line_num, len(row), len(header)
+    return 0, 0, len(header)
+
+
+_MAX_WHOLE = 2.0**53
+"""Larger counts are not token counts (and would not survive the conversion to int64 exactly)."""
+
+
 def _whole(column: pd.Series, name: str, lines: np.ndarray, path: Path, *,
            negative_ok: bool = False) -> np.ndarray:
     """A column of whole numbers (>= 0 unless ``negative_ok``), or an error at its first bad row."""
+    is_bool = (np.ones(len(column), bool) if pd.api.types.is_bool_dtype(column.dtype)
+               else column.map(type).eq(bool).to_numpy() if column.dtype == object
+               else np.zeros(len(column), bool))
+    if is_bool.any():
+        i = int(np.argmax(is_bool))
+        raise ServesimError(name, f"{_shown(column.iloc[i])} at {path} line {lines[i]} is not a number",
+                            "fix or delete that row")
     if pd.api.types.is_integer_dtype(column.dtype):
         values = column.to_numpy(dtype=np.int64)
         bad = np.zeros(values.size, bool) if negative_ok else values < 0
     else:
         numbers = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-        bad = ~np.isfinite(numbers) | (numbers != np.floor(numbers))
+        bad = ~np.isfinite(numbers) | (numbers != np.floor(numbers)) | (np.abs(numbers) > _MAX_WHOLE)
         if not negative_ok:
             bad |= numbers < 0
         values = np.where(bad, 0, numbers).astype(np.int64)

@@ -90,6 +90,11 @@ def run_command(
     path, cfg, deployment, workload = _prepare(config, overrides, seed)
     _describe(cfg, deployment, workload)
     out_dir = out or Path("runs") / cfg.name
+    try:  # fail before a long run, not after it
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServesimError("--out", f"cannot create {out_dir}: {exc.strerror}",
+                            "choose a writable folder") from None
     columns = (TextColumn("simulating"), BarColumn(),
                TextColumn("{task.completed:,}/{task.total:,} requests"),
                TextColumn("sim {task.fields[sim]:,.0f} s"), TimeElapsedColumn(), TimeRemainingColumn())
@@ -136,6 +141,9 @@ def render_summary(summary: dict[str, Any]) -> None:
     console.print(f"completed {summary['completed']:,}, rejected {summary['rejected']:,}, preemptions "
                   f"{summary['preemptions']:,}; mean batch {batch['mean_size']:.1f}; KV use mean "
                   f"{kv['mean_utilization']:.0%}, peak {peak:.0%}")
+    if summary.get("unfinished"):
+        console.print(f"[bold red]{summary['unfinished']:,} requests neither completed nor were "
+                      "rejected[/]: the policy left them queued (see requests.parquet, status unfinished)")
     if summary.get("slos"):
         limits = ", ".join(f"{k.removesuffix('_s').upper()} <= {_fmt(v)}" for k, v in summary["slos"].items())
         console.print(f"SLOs ({limits}): attainment [bold]{summary['slo_attainment']:.1%}[/], goodput "

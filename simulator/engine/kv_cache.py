@@ -18,11 +18,13 @@ class BlockPool:
 
     __slots__ = ("block_size", "free", "held", "peak_used", "total")
 
-    def __init__(self, total_blocks: int, block_size: int, num_requests: int) -> None:
+    def __init__(self, total_blocks: int, block_size: int, num_requests: int,
+                 held: np.ndarray | None = None) -> None:
         self.total = int(total_blocks)
         self.block_size = int(block_size)
         self.free = self.total
-        self.held = np.zeros(num_requests, dtype=np.int64)
+        # A request lives on one replica, so the replicas' pools can share one ``held`` column.
+        self.held = np.zeros(num_requests, dtype=np.int64) if held is None else held
         self.peak_used = 0
 
     @property

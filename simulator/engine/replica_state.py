@@ -19,7 +19,6 @@ import numpy as np
 from simulator.engine.kv_cache import BlockPool
 from simulator.engine.state import (
     KV_NEVER_FITS,
-    PROMPT_NEVER_ADMITTED,
     REJECTED,
     RUNNING,
     TOO_LONG,
@@ -49,7 +48,7 @@ class ReplicaState:
         self.index = index
         self.requests = requests
         self.limits = limits
-        self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests))
+        self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests), requests.blocks_held)
         self.waiting: deque[int] = deque()
         self.running: np.ndarray = _EMPTY
         self.preemptions = 0
@@ -70,8 +69,6 @@ class ReplicaState:
         # At its longest a request holds the KV of its prompt and all outputs but the last.
         if self.pool.blocks_for(prompt + output - 1) > lim.num_blocks:
             return KV_NEVER_FITS
-        if self.pool.blocks_for(prompt) > lim.num_blocks - lim.watermark_blocks:
-            return PROMPT_NEVER_ADMITTED
         return 0
 
     def enqueue(self, request: int) -> bool:

@@ -41,7 +41,10 @@ class SimulationResult:
     steps: StepLog
     replica_states: list[ReplicaState]
     sim_time_s: float
+    """When the last step ended."""
     wall_time_s: float
+    base_dir: Path | None = None
+    """The experiment file's folder, against which its relative paths resolve."""
 
 
 def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
@@ -61,10 +64,10 @@ def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
     router = make_router(config.router.name, policy_knobs(config.router), states)
     env.process(_arrivals(env, workload, router.route, replicas))
     _run(env, requests, progress, every_s=max(1.0, workload.duration_s / 200))
-    last = steps.records()[-1] if len(steps) else None
-    end = float(last["start_s"] + last["duration_s"]) if last is not None else 0.0
+    records = steps.records()
+    end = float((records["start_s"] + records["duration_s"]).max()) if records.size else 0.0
     return SimulationResult(config, deployment, workload, requests, steps, states, end,
-                            time.perf_counter() - started)
+                            time.perf_counter() - started, base_dir)
 
 
 def _arrivals(env: simpy.Environment, workload: RequestTable,

@@ -21,10 +21,9 @@ STATUS_NAMES = ("pending", "waiting", "running", "completed", "rejected")
 UNFINISHED_NAME = "unfinished"
 
 REJECT_REASONS = ("", "prompt + output tokens exceed max_model_len",
-                  "prompt + output tokens need more KV blocks than the replica's pool holds",
-                  "prompt needs more KV blocks than the pool admits (pool minus watermark)")
+                  "prompt + output tokens need more KV blocks than the replica's pool holds")
 """Why a request was refused at arrival; ``reject_reason[r]`` indexes this tuple."""
-TOO_LONG, KV_NEVER_FITS, PROMPT_NEVER_ADMITTED = 1, 2, 3
+TOO_LONG, KV_NEVER_FITS = 1, 2
 
 
 class ItlLog:
@@ -78,6 +77,7 @@ class RequestState:
         self.status = np.zeros(n, dtype=np.int8)
         self.reject_reason = np.zeros(n, dtype=np.int8)
         self.replica = np.full(n, -1, dtype=np.int64)
+        self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
         self.itl = ItlLog()
 
     def __len__(self) -> int:

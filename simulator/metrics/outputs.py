@@ -41,6 +41,7 @@ def tabulate(result: SimulationResult) -> RunTables:
 def resolved_config_yaml(result: SimulationResult) -> str:
     """The experiment as run: the engine limits vLLM would derive are written in explicitly."""
     document = result.config.model_dump(mode="json")
+    _absolute_paths(document["workload"], result.base_dir)
     limits = result.deployment.limits
     document["deployment"]["max_num_batched_tokens"] = limits.max_num_batched_tokens
     document["deployment"]["max_model_len"] = limits.max_model_len
@@ -49,6 +50,21 @@ def resolved_config_yaml(result: SimulationResult) -> str:
               f"per replica ({memory.kv_token_capacity:,} tokens, "
               f"{memory.kv_cache_bytes / 2**30:.1f} GiB per GPU).\n")
     return header + yaml.safe_dump(document, sort_keys=False)
+
+
+def _absolute_paths(workload: dict[str, Any], base_dir: Path | None) -> None:
+    """Trace paths as absolute paths, so the resolved file runs from its own folder too."""
+    for section in ("trace", "lengths"):
+        part = workload.get(section)
+        key = "path" if section == "trace" else "trace"
+        if isinstance(part, dict) and part.get(key):
+            path = Path(part[key]).expanduser()
+            part[key] = str((base_dir / path if base_dir and not path.is_absolute() else path).resolve())
+
+
+OUTPUT_FILES = ("requests.parquet", "steps.parquet", "itl.parquet", "report.html")
+"""Written for ``output: full``; removed from the folder otherwise, so none is left from an earlier
+run beside the new summary."""
 
 
 def write_run(result: SimulationResult, out_dir: Path, report: bool = True) -> RunTables:
@@ -70,4 +86,9 @@ def write_run(result: SimulationResult, out_dir: Path, report: bool = True) -> R
         from simulator.report import write_run_report
 
         write_run_report(out_dir)
+    else:
+        (out_dir / "report.html").unlink(missing_ok=True)
+    if result.config.output != "full":
+        for name in OUTPUT_FILES:
+            (out_dir / name).unlink(missing_ok=True)
     return tables

@@ -4,9 +4,12 @@ Definitions (those of vLLM's ``benchmark_serving``, per request):
 TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1), undefined for
 one-token outputs; ITL = the gap between consecutive output tokens (a distribution over all
 tokens); E2E = finish - arrival; queueing delay = first scheduled - arrival. Throughput divides by
-the span from the first arrival to the last completion. With SLOs, attainment is the fraction of
-*all* requests (rejected ones count as misses) that complete within every limit given, and
-goodput is those requests per second (DistServe's definition).
+the span from the first arrival to the last completion (or the last arrival, if later).
+``unfinished`` counts requests neither completed nor rejected when the run ended: always 0 for the
+built-in policies (a test holds them to it), reported rather than hidden for new ones.
+With SLOs, attainment is the fraction of *all* requests (rejected ones count as misses) that
+complete within every limit given, and goodput is those requests per second (DistServe's
+definition).
 """
 
 from __future__ import annotations
@@ -73,7 +76,9 @@ def summarise(result: SimulationResult, requests: pd.DataFrame, itl: pd.DataFram
               steps: pd.DataFrame) -> dict[str, Any]:
     completed = requests["status"] == "completed"
     start = float(requests["arrival_s"].min()) if len(requests) else 0.0
-    end = float(requests.loc[completed, "finish_s"].max()) if completed.any() else start
+    last_arrival = float(requests["arrival_s"].max()) if len(requests) else 0.0
+    end = max(float(requests.loc[completed, "finish_s"].max()) if completed.any() else start,
+              last_arrival)
     span = max(end - start, 1e-12)
     done = requests[completed]
     summary: dict[str, Any] = {key: describe(done[key].to_numpy())
@@ -87,6 +92,7 @@ def summarise(result: SimulationResult, requests: pd.DataFrame, itl: pd.DataFram
     }
     summary["completed"] = int(completed.sum())
     summary["rejected"] = int((requests["status"] == "rejected").sum())
+    summary["unfinished"] = int((requests["status"] == UNFINISHED_NAME).sum())
     summary["preemptions"] = int(requests["preemptions"].sum())
     slo = result.config.slo
     limits = slo.limits() if slo else {}
@@ -126,7 +132,7 @@ def _kv_summary(result: SimulationResult, steps: pd.DataFrame) -> dict[str, Any]
 
 def _batch_summary(steps: pd.DataFrame) -> dict[str, Any]:
     if not len(steps):
-        return {"steps": 0, "mean_size": 0.0, "busy_fraction": 0.0}
+        return {"steps": 0, "mean_size": 0.0, "prefill_steps": 0, "busy_s": 0.0}
     weights = steps["duration_s"].to_numpy()
     busy = float(weights.sum())
     return {"steps": len(steps),
