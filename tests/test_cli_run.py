@@ -153,3 +153,10 @@ def test_bad_command_line_values_get_one_line_errors(tmp_path: Path, args: tuple
     run = servesim("validate", str(write_config(tmp_path, SMALL)), *args)
     assert run.returncode == 2, run.stdout
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
+
+
+def test_run_with_the_progress_bar_finishes(tmp_path: Path) -> None:
+    config = write_config(tmp_path, {**SMALL, "workload": {**SMALL["workload"], "num_requests": 50}})
+    run = servesim("run", str(config), "--out", str(tmp_path / "out"), "--no-report")
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["completed"] == 50

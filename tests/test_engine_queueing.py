@@ -91,3 +91,20 @@ def test_round_robin_spreads_requests_over_replicas() -> None:
     assert (tables.steps.groupby("replica").size() == 5 * 5).all()  # 1 prefill + 4 decodes each
     assert (tables.requests["queueing_s"] == 0).all()
     assert tables.summary["deployment"]["gpus"] == 2
+
+
+def test_progress_reporting_does_not_change_results() -> None:
+    """The progress monitor only reads state: results are identical with and without it, and
+    its last report counts every request."""
+    from simulator.engine import simulate
+
+    config = experiment()
+    rng = np.random.default_rng(7)
+    workload = table(np.cumsum(rng.exponential(0.05, 400)), rng.integers(10, 2000, 400),
+                     rng.integers(1, 300, 400))
+    calls: list[tuple[int, int, float]] = []
+    with_progress = tabulate(simulate(config, workload, progress=lambda *a: calls.append(a)))
+    without = tabulate(run(config, workload))
+    assert with_progress.requests.equals(without.requests)
+    assert calls and calls[-1][0] == calls[-1][1] == 400
+    assert [c[0] for c in calls] == sorted(c[0] for c in calls)
