@@ -102,8 +102,25 @@ def rejoin_prior(curve: Curve, prior: Curve, octaves: int = 12) -> Curve:
     return Curve(axis=curve.axis, x=tuple(xs), y=tuple(ys))
 
 
+def prior_below(curve: Curve, prior: Curve) -> Curve:
+    """``curve`` preceded by the prior's knots below its first one (capped by its first value).
+
+    A few large-kernel measurements (FlashAttention's throughput figures start at 512 tokens)
+    say nothing about short prefills; held flat, the fitted curve would credit a 128-token chunk
+    with a 4k-token kernel's efficiency. Below the measured range the prior's shape is the better
+    guess. Falls back to ``curve`` if the join would break the Curve rule."""
+    below = [(x, min(y, curve.y[0])) for x, y in zip(prior.x, prior.y, strict=True) if x < curve.x[0]]
+    if not below:
+        return curve
+    try:
+        return Curve(axis=curve.axis, x=(*(x for x, _ in below), *curve.x),
+                     y=(*(y for _, y in below), *curve.y))
+    except ValueError:
+        return curve
+
+
 def _fit_given_fixed(w: Work, fixed: float, bandwidth: float, prior: OperatorEfficiency,
-                     memory_tail: bool, iterations: int = 12) -> FitResult:
+                     memory_tail: bool, iterations: int = 12, fit_memory: bool = True) -> FitResult:
     remaining = np.maximum(w.time_s - fixed, 0.02 * w.time_s)
     with np.errstate(divide="ignore", invalid="ignore"):
         implied_c = np.minimum(w.flops / (w.peak * remaining), 1.0)
@@ -120,6 +137,8 @@ def _fit_given_fixed(w: Work, fixed: float, bandwidth: float, prior: OperatorEff
         use_c = compute_bound & (w.flops > 0)
         use_m = ~compute_bound & (w.bytes > 0)
         compute = fit_curve(w.x_compute[use_c], implied_c[use_c], "tokens") if use_c.any() else prior.compute
+        if not fit_memory:
+            use_m = np.zeros_like(use_m)
         memory = fit_curve(w.x_memory[use_m], implied_m[use_m], "bytes") if use_m.any() else prior.memory
         if memory_tail and use_m.any():
             memory = rejoin_prior(memory, prior.memory)
@@ -137,6 +156,10 @@ def _fit_given_fixed(w: Work, fixed: float, bandwidth: float, prior: OperatorEff
     return FitResult(eff, len(w), n_c, n_m, compute_kept=n_c == 0, memory_kept=n_m == 0)
 
 
+MIN_ROWS_FULL_FIT = 12
+"""Fewer fitted rows than this fit only the compute curve (see :func:`fit_operator`)."""
+
+
 def log_error(predicted: np.ndarray, measured: np.ndarray) -> float:
     return float(np.mean(np.abs(np.log(predicted / measured))))
 
@@ -147,6 +170,15 @@ def fit_operator(w: Work, bandwidth: float, prior: OperatorEfficiency,
     ``memory_tail`` the memory curve rejoins the prior's beyond the measured sizes."""
     if len(w) == 0:
         raise ValueError("no rows to fit")
+    if len(w) < MIN_ROWS_FULL_FIT:
+        # Too few rows to tell a launch cost and a memory curve from a compute curve (e.g. six
+        # FlashAttention throughput figures, all large kernels): fit the compute curve only and
+        # keep the prior's fixed cost and memory curve, rather than a fixed cost of 0 and a
+        # memory curve at 100% of HBM that no small kernel reaches.
+        result = _fit_given_fixed(w, prior.fixed_s, bandwidth, prior, memory_tail, fit_memory=False)
+        compute = prior_below(result.efficiency.compute, prior.compute)
+        return replace(result, efficiency=result.efficiency.model_copy(update={"compute": compute}),
+                       memory_kept=True)
     floor = float(np.min(w.time_s))
     candidates = [0.0, *(floor * f for f in np.linspace(0.05, 0.95, 19))]
     best: tuple[float, FitResult] | None = None

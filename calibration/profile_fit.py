@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from calibration.fit import fit_link, fit_operator
+from calibration.fit import MIN_ROWS_FULL_FIT, fit_link, fit_operator
 from calibration.schema import holdout_mask
 from calibration.work import OPERATOR_OF, ape, predict, usable, work
 from simulator.hardware import HardwareProfile
@@ -50,6 +50,15 @@ def error_stats(errors: np.ndarray) -> tuple[float, float]:
 
 def _fmt(stats: tuple[float, float]) -> str:
     return f"median {stats[0]:.1f}% p90 {stats[1]:.1f}%"
+
+
+def _method(family: str, rows: int) -> str:
+    if family == "allreduce":
+        return "ring model, latency and achieved bandwidth fraction by joint grid search"
+    if rows < MIN_ROWS_FULL_FIT:
+        return (f"compute curve only (fewer than {MIN_ROWS_FULL_FIT} rows: the prior's fixed cost and "
+                "memory curve are kept, and its compute knots below the measured range)")
+    return METHOD
 
 
 def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, source: str,
@@ -105,7 +114,7 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
             f"fitted {date} by servesim calibrate from {source}{f' [{detail}]' if detail else ''} "
             f"({family}: {row['rows_fit']} rows "
             f"fitted, {row['rows_held_out']} held out, every other {family} shape-axis value); method: "
-            f"{METHOD if family != 'allreduce' else 'ring model, latency grid + median implied bandwidth'}; "
+            f"{_method(family, row['rows_fit'])}; "
             f"in-sample {_fmt(error_stats(errors['fit'][~held]))}, held-out "
             f"{_fmt(error_stats(errors['fit'][held]))} (spec-sheet roofline on the held-out rows: "
             f"{_fmt(error_stats(errors['spec'][held]))})")

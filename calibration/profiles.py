@@ -17,7 +17,7 @@ import pandas as pd
 from calibration.profile_fit import FitReport, fit_profile
 from calibration.vidur import PROFILE_OF, vidur_tables
 from simulator.hardware import HardwareProfile
-from simulator.hardware_io import hardware_from_dict, load_hardware, profile_to_yaml
+from simulator.hardware_io import builtin_hardware_names, hardware_from_dict, load_hardware, profile_to_yaml
 from simulator.resources import hardware_profiles_dir
 
 VIDUR_SOURCE = "public Vidur per-operator profiles (microsoft/vidur data/profiling, {gpu})"
@@ -126,6 +126,11 @@ def fit_directory(directory: Path, profile_path: Path, out: Path | None = None,
     metadata = read_metadata(directory)
     profile_path = Path(profile_path)
     new = not profile_path.exists()
+    if new and profile_path.suffix not in (".yaml", ".yml"):
+        hint = (f"{profile_path.name} is a built-in profile: give its file, e.g. "
+                f"hardware_profiles/{profile_path.name}.yaml" if profile_path.name in builtin_hardware_names()
+                else "give an existing profile YAML, or a new NAME.yaml for a CPU run")
+        raise ServesimError("--profile", f"no such file {profile_path}", hint)
     if new and metadata.get("device") != "cpu":
         raise ServesimError("--profile", f"no such file {profile_path}",
                             "give an existing profile YAML (new profiles are made only for CPU runs)")

@@ -72,5 +72,10 @@ def test_cpu_fit_beats_the_roofline_out_of_sample(cpu_profile: Path, cpu_run: Pa
 def test_small_transformer_steps_match_the_cost_model(cpu_profile: Path) -> None:
     steps = run_e2e(load_hardware(cpu_profile), Workload(requests=24))
     assert len(steps) > 30 and steps["prefills"].sum() >= 24 and steps["decodes"].max() > 8
-    assert steps["ape"].median() < 0.65
+    # What we can defend on a noisy, shared CPU: the steps are ranked right, and the prediction is
+    # low by the amount the unmodelled eager-mode work explains (our committed full run: mean
+    # signed error -43%, median |error| 44%), not by anything larger or of the other sign.
     assert steps[["predicted_s", "measured_s"]].corr(method="spearman").iloc[0, 1] > 0.8
+    signed = (steps["predicted_s"] / steps["measured_s"] - 1.0).mean()
+    assert -0.65 < signed < -0.15, signed
+    assert steps["ape"].median() < 0.65
