@@ -4,7 +4,8 @@ Prefill: ``batch`` sequences of ``seq`` tokens, causal, no earlier context (torc
 aligns to the top-left corner when queries and keys differ in length, so chunked prefill over a
 cache would need an explicit mask; the public A100 profile covers that case). Decode: one query
 per sequence over a **contiguous** KV cache of ``context`` tokens plus its own (not paged: torch
-has no paged kernel; vLLM's paged kernels read the same bytes in 16-token blocks). GQA runs
+has no paged kernel; vLLM's paged kernels read the same bytes in 16-token blocks), rotating over
+copies of the cache so that small caches are not timed from the CPU's or GPU's last-level cache. GQA runs
 natively (``enable_gqa``), with ``heads / kv_heads`` query heads per KV head.
 """
 
@@ -20,7 +21,7 @@ from calibration.shapes import (
     PREFILL_SEQ,
     attention_layouts,
 )
-from calibration.timing import Timing, import_torch, median_seconds
+from calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
 
 
 def bench_prefill(device: str, quick: bool) -> pd.DataFrame:
@@ -64,7 +65,11 @@ def bench_decode(device: str, quick: bool) -> pd.DataFrame:
                 k = torch.randn(batch, layout.kv_heads, context + 1, layout.head_dim,
                                 dtype=torch.bfloat16, device=device)
                 v = torch.randn_like(k)
-                fn = lambda q=q, k=k, v=v: sdpa(q, k, v, enable_gqa=True)  # noqa: E731
+                # Each repetition reads another copy of the KV cache, as each layer of a step does.
+                copies = copies_for(2 * (q.nbytes + k.nbytes + v.nbytes))
+                inputs = Rotating([(q, k, v)] + [(q.clone(), k.clone(), v.clone())
+                                                 for _ in range(copies - 1)])
+                fn = lambda r=inputs: sdpa(*r.next(), enable_gqa=True)  # noqa: E731
                 rows.append({"batch": batch, "context": context, "heads": layout.heads,
                              "kv_heads": layout.kv_heads, "head_dim": layout.head_dim,
                              "layout": layout.label, "kv_layout": "contiguous",

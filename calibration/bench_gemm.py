@@ -1,7 +1,8 @@
 """GEMM microbenchmark: ``(m x k) @ (k x n)`` in bf16 (and fp8 where the GPU has it).
 
 Each repetition multiplies by the next of a pool of weight copies (at least ``ROTATE_BYTES`` in
-all, at most ``MAX_COPIES``), because a serving step runs every layer's different weights once:
+all, at most ``MAX_COPIES``; see :mod:`calibration.timing`), because a serving step runs every
+layer's different weights once:
 re-reading one small matrix from cache would time a kernel no step runs (on this CPU it is 1.5-2x
 faster than with rotating weights).
 """
@@ -13,21 +14,7 @@ from typing import Any
 import pandas as pd
 
 from calibration.shapes import FLOP_CAP, gemm_shapes
-from calibration.timing import Timing, import_torch, median_seconds
-
-ROTATE_BYTES = 256 * 2**20
-MAX_COPIES = 16
-
-
-class _Rotating:
-    """Hands out the weight copies in turn."""
-
-    def __init__(self, weights: list[Any]) -> None:
-        self.weights, self.i = weights, 0
-
-    def next(self) -> Any:
-        self.i = (self.i + 1) % len(self.weights)
-        return self.weights[self.i]
+from calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
 
 
 def has_fp8(device: str) -> bool:
@@ -51,18 +38,19 @@ def bench_gemm(device: str, quick: bool) -> pd.DataFrame:
     weights: list = []
     for shape in gemm_shapes(device, quick):  # sorted by (k, n): one weight pool per layer shape
         if not weights or tuple(weights[0].shape) != (shape.k, shape.n):
-            copies = int(min(MAX_COPIES, max(1, ROTATE_BYTES // (2 * shape.k * shape.n))))
+            copies = copies_for(2 * shape.k * shape.n)
             weights = [torch.rand(shape.k, shape.n, dtype=torch.bfloat16, device=device) - 0.5
                        for _ in range(copies)]
         a = torch.rand(shape.m, shape.k, dtype=torch.bfloat16, device=device) - 0.5
-        b = _Rotating(weights)
+        b = Rotating(weights)
         base = {"m": shape.m, "n": shape.n, "k": shape.k, "model": shape.model, "tp": shape.tp,
                 "op": shape.op}
         rows.append({**base, "dtype": "bf16",
                      "time_s": median_seconds(lambda a=a, b=b: a @ b.next(), device, timing)})
         if fp8 and shape.m % 16 == 0 and shape.k % 16 == 0 and shape.n % 16 == 0:
+            fp8_calls = Rotating([_fp8_fn(torch, a, w) for w in weights])
             rows.append({**base, "dtype": "fp8",
-                         "time_s": median_seconds(_fp8_fn(torch, a, weights[0]), device, timing)})
+                         "time_s": median_seconds(lambda c=fp8_calls: c.next()(), device, timing)})
     table = pd.DataFrame(rows)
     table["source"] = f"servesim bench ({device}, flop cap {FLOP_CAP[(device, quick)]:.0e})"
     return table

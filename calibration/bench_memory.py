@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from calibration.shapes import COPY_BYTES
-from calibration.timing import Timing, import_torch, median_seconds
+from calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
 
 HIDDEN = 512
 
@@ -41,8 +41,14 @@ def bench_memory(device: str, quick: bool) -> pd.DataFrame:
     timing = Timing.for_run(device, quick)
     rows = []
     for size in COPY_BYTES[quick]:
-        for op, (fn, nbytes) in _kernels(torch, size // 2, device).items():
-            rows.append({"bytes": nbytes, "op": op, "time_s": median_seconds(fn, device, timing)})
+        elements = size // 2
+        # Rotate over copies of the buffers (x, y, out and gate_up: 10 bytes per element) so that
+        # small sizes are not timed from cache, which no layer of a step would enjoy.
+        sets = [_kernels(torch, elements, device) for _ in range(copies_for(10 * elements))]
+        for op, (_, nbytes) in sets[0].items():
+            calls = Rotating([kernels[op][0] for kernels in sets])
+            rows.append({"bytes": nbytes, "op": op,
+                         "time_s": median_seconds(lambda c=calls: c.next()(), device, timing)})
     table = pd.DataFrame(rows)
     table["source"] = f"servesim bench ({device}, copy/add/rms_norm/silu_mul)"
     return table

@@ -1,7 +1,10 @@
 """Timing one kernel properly: warm-up, synchronisation, repetitions, median.
 
-On CUDA each repetition is bracketed by CUDA events (device time, not host launch time) after a
-synchronisation; on CPU by ``perf_counter`` (torch CPU ops are synchronous). The median of the
+On CUDA each repetition is bracketed by CUDA events after a synchronisation, and a short spin
+kernel (``torch.cuda._sleep``) is queued first: while the GPU spins, the host enqueues the start
+event and the kernel, so the events time the kernel and not Python's launch latency (what a
+profiler such as kineto reports, and what Vidur's public timings are). On CPU, ``perf_counter``
+brackets each call (torch CPU ops are synchronous). The median of the
 repetitions is reported because a CPU shared with other processes, or a GPU changing clocks,
 gives a long upper tail that a mean would chase.
 """
@@ -27,6 +30,10 @@ def import_torch() -> Any:
     return torch
 
 
+SPIN_CYCLES = 1_000_000
+"""About 0.5 ms at GPU clocks: far longer than the host needs to enqueue one call."""
+
+
 @dataclass(frozen=True)
 class Timing:
     warmup: int
@@ -46,10 +53,13 @@ def median_seconds(fn: Callable[[], object], device: str, timing: Timing) -> flo
         fn()
     if device == "cuda":
         torch.cuda.synchronize()
+        spin = getattr(torch.cuda, "_sleep", None)
         times = []
         for _ in range(timing.reps):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            if spin is not None:
+                spin(SPIN_CYCLES)
             start.record()
             fn()
             end.record()
@@ -62,3 +72,25 @@ def median_seconds(fn: Callable[[], object], device: str, timing: Timing) -> flo
         fn()
         times.append(time.perf_counter() - start_s)
     return statistics.median(times)
+
+
+ROTATE_BYTES = 256 * 2**20
+"""Inputs rotated per repetition add up to at least this (well past any GPU L2 or CPU LLC)."""
+MAX_COPIES = 16
+
+
+class Rotating:
+    """Hands out copies of a kernel's inputs in turn, so that each repetition reads operands that
+    are not cache-resident, as in a serving step where every layer reads its own weights and KV."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items, self.i = items, 0
+
+    def next(self) -> Any:
+        self.i = (self.i + 1) % len(self.items)
+        return self.items[self.i]
+
+
+def copies_for(nbytes: float) -> int:
+    """How many copies of ``nbytes`` of inputs make up the rotation."""
+    return int(min(MAX_COPIES, max(1, ROTATE_BYTES // max(nbytes, 1))))
