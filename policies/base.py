@@ -108,13 +108,19 @@ def parse_options(options_model: type[BaseModel], options: dict[str, Any], where
         raise ServesimError(field, error["msg"], "fix the value") from None
 
 
+def lookup(registry: dict[str, Any], kind: str, name: str, options: dict[str, Any]) -> tuple[Any, Any]:
+    """The class registered as ``name`` and its validated knobs; a one-line error naming
+    ``<kind>.name`` or ``<kind>.<knob>`` otherwise. Shared by policies and routers."""
+    cls = registry.get(name)
+    if cls is None:
+        raise ServesimError(f"{kind}.name", f"unknown {kind} {name!r}",
+                            f"use one of: {', '.join(sorted(registry))}")
+    return cls, parse_options(cls.Options, options, kind)
+
+
 def check_policy(name: str, options: dict[str, Any]) -> tuple[type[Policy], PolicyOptions]:
     """The policy class and its validated knobs; a one-line error for an unknown name or knob."""
-    cls = POLICIES.get(name)
-    if cls is None:
-        raise ServesimError("policy.name", f"unknown policy {name!r}",
-                            f"use one of: {', '.join(sorted(POLICIES))}")
-    return cls, parse_options(cls.Options, options, "policy")
+    return lookup(POLICIES, "policy", name, options)
 
 
 def make_policy(name: str, options: dict[str, Any], replica: ReplicaState) -> Policy:

@@ -10,8 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from policies.base import PolicyOptions, parse_options
-from simulator.errors import ServesimError
+from policies.base import PolicyOptions, lookup
 
 if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
     from simulator.engine.replica_state import ReplicaState
@@ -55,11 +54,7 @@ class RoundRobin(Router):
 
 
 def check_router(name: str, options: dict[str, Any]) -> tuple[type[Router], PolicyOptions]:
-    cls = ROUTERS.get(name)
-    if cls is None:
-        raise ServesimError("router.name", f"unknown router {name!r}",
-                            f"use one of: {', '.join(sorted(ROUTERS))}")
-    return cls, parse_options(cls.Options, options, "router")
+    return lookup(ROUTERS, "router", name, options)
 
 
 def make_router(name: str, options: dict[str, Any], replicas: list[ReplicaState]) -> Router:

@@ -97,22 +97,25 @@ class RequestState:
         which skips those checks on the engine's most frequent path.
         """
         if decode_only:
-            return self._complete_decodes(ids, now)
+            self.computed[ids] += 1
+            return self._emit(ids, now, may_be_first=False)
         computed = self.computed[ids] + new_tokens
         self.computed[ids] = computed
         emits = computed == self.prompt[ids] + self.generated[ids]
-        emitted = ids if emits.all() else ids[emits]
+        return self._emit(ids if emits.all() else ids[emits], now, may_be_first=True)
+
+    def _emit(self, emitted: np.ndarray, now: float, may_be_first: bool) -> np.ndarray:
+        """``emitted`` each sample one token at ``now``; returns those that are now done."""
         if emitted.size == 0:
             return emitted
         generated = self.generated[emitted] + 1
         self.generated[emitted] = generated
         last = self.last_token[emitted]
-        first = np.isnan(last)
-        if first.any():
+        first = np.isnan(last) if may_be_first else None
+        if first is not None and first.any():
             self.first_token[emitted[first]] = now
             later = ~first
-            gaps = now - last[later]
-            self._note_gaps(emitted[later], gaps)
+            self._note_gaps(emitted[later], now - last[later])
         else:
             self._note_gaps(emitted, now - last)
         self.last_token[emitted] = now
@@ -120,20 +123,6 @@ class RequestState:
         if not done.any():
             return emitted[:0]
         finished = emitted[done]
-        self.finish[finished] = now
-        self.status[finished] = DONE
-        return finished
-
-    def _complete_decodes(self, ids: np.ndarray, now: float) -> np.ndarray:
-        self.computed[ids] += 1
-        generated = self.generated[ids] + 1
-        self.generated[ids] = generated
-        self._note_gaps(ids, now - self.last_token[ids])
-        self.last_token[ids] = now
-        done = generated >= self.output[ids]
-        if not done.any():
-            return ids[:0]
-        finished = ids[done]
         self.finish[finished] = now
         self.status[finished] = DONE
         return finished
