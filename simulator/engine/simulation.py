@@ -9,6 +9,7 @@ the same results, bit for bit.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -76,7 +77,12 @@ def _arrivals(env: simpy.Environment, workload: RequestTable,
     arrivals = workload.arrival_s.tolist()
     for request, at in enumerate(arrivals):
         if at > env.now:
-            yield env.timeout(at - env.now)
+            # now + (at - now) can round one ulp below ``at``; step up so that the clock never
+            # runs before a trace's arrival time (else a queueing delay of -1e-17 s appears).
+            delay = at - env.now
+            if env.now + delay < at:
+                delay = math.nextafter(delay, math.inf)
+            yield env.timeout(delay)
         replicas[route(request, env.now)].accept(request)
 
 
