@@ -108,19 +108,26 @@ def parse_options(options_model: type[BaseModel], options: dict[str, Any], where
         raise ServesimError(field, error["msg"], "fix the value") from None
 
 
-def lookup(registry: dict[str, Any], kind: str, name: str, options: dict[str, Any]) -> tuple[Any, Any]:
+def lookup(registry: dict[str, Any], kind: str, name: str, options: dict[str, Any],
+           also: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """The class registered as ``name`` and its validated knobs; a one-line error naming
-    ``<kind>.name`` or ``<kind>.<knob>`` otherwise. Shared by policies and routers."""
+    ``<kind>.name`` or ``<kind>.<knob>`` otherwise. Shared by policies and routers; ``also``
+    names valid choices resolved elsewhere, listed in the error."""
     cls = registry.get(name)
     if cls is None:
         raise ServesimError(f"{kind}.name", f"unknown {kind} {name!r}",
-                            f"use one of: {', '.join(sorted(registry))}")
+                            f"use one of: {', '.join(sorted({*registry, *also}))}")
     return cls, parse_options(cls.Options, options, kind)
 
 
 def check_policy(name: str, options: dict[str, Any]) -> tuple[type[Policy], PolicyOptions]:
     """The policy class and its validated knobs; a one-line error for an unknown name or knob."""
-    return lookup(POLICIES, "policy", name, options)
+    return lookup(POLICIES, "policy", name, options, also=POOL_POLICIES)
+
+
+POOL_POLICIES = ("disaggregated",)
+"""Policies over pools of replicas rather than one replica's batches: the engine resolves them
+(:mod:`policies.disaggregated`, :mod:`simulator.engine.disaggregated`)."""
 
 
 def make_policy(name: str, options: dict[str, Any], replica: ReplicaState) -> Policy:

@@ -52,7 +52,12 @@ class Deployment:
 
 def resolve_deployment(config: ExperimentConfig) -> Deployment:
     """Everything a run needs before the first event, checked: a bad policy knob or a model that
-    does not fit fails here, in ``servesim validate`` as in ``servesim run``."""
+    does not fit fails here, in ``servesim validate`` as in ``servesim run``. A disaggregated
+    experiment gets a :class:`~simulator.engine.pools.DisaggregatedDeployment` (two pools)."""
+    if config.policy.name == "disaggregated":
+        from simulator.engine.pools import resolve_disaggregated  # it builds on this function
+
+        return resolve_disaggregated(config)  # type: ignore[return-value]
     d, p = config.deployment, config.precision
     check_policy(config.policy.name, policy_knobs(config.policy))
     check_router(config.router.name, policy_knobs(config.router))

@@ -22,6 +22,7 @@ from simulator.engine.state import (
     REJECTED,
     RUNNING,
     TOO_LONG,
+    TRANSFERRING,
     WAITING,
     RequestState,
 )
@@ -44,11 +45,15 @@ class EngineLimits:
 class ReplicaState:
     """One replica's queues and KV pool over the shared :class:`RequestState`."""
 
-    def __init__(self, index: int, requests: RequestState, limits: EngineLimits) -> None:
+    def __init__(self, index: int, requests: RequestState, limits: EngineLimits,
+                 held: np.ndarray | None = None) -> None:
         self.index = index
         self.requests = requests
         self.limits = limits
-        self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests), requests.blocks_held)
+        # ``held``: a per-request block column shared by the replicas of one pool (a request holds
+        # blocks on a prefill and a decode replica at once while its KV is in transit).
+        held = requests.blocks_held if held is None else held
+        self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests), held)
         self.waiting: deque[int] = deque()
         self.running: np.ndarray = _EMPTY
         self.preemptions = 0
@@ -118,6 +123,18 @@ class ReplicaState:
         if finished.any():
             self.pool.release_many(running[finished])
             self.running = running[~finished]
+
+    def hand_off(self, ids: np.ndarray) -> None:
+        """Disaggregated prefill: ``ids`` (running here) leave ``running`` with their blocks still
+        held, until their KV has been copied to a decode replica."""
+        self.running = self.running[~np.isin(self.running, ids)]
+        self.requests.status[ids] = TRANSFERRING
+
+    def join_running(self, ids: np.ndarray) -> None:
+        """Disaggregated decode: ``ids``, whose KV just arrived into blocks reserved for them,
+        join ``running`` without any prefill step here."""
+        self.requests.status[ids] = RUNNING
+        self.running = np.concatenate((self.running, ids)) if self.running.size else ids
 
     def prefill_need(self, request: int) -> tuple[int, int]:
         """(new tokens, extra blocks) to compute all of ``request``'s uncomputed tokens."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import simpy
@@ -46,6 +47,10 @@ class SimulationResult:
     wall_time_s: float
     base_dir: Path | None = None
     """The experiment file's folder, against which its relative paths resolve."""
+    pools: list[str] | None = None
+    """Disaggregated runs: each replica's pool ("prefill" or "decode"), by replica index."""
+    link: Any = None
+    """Disaggregated runs: the KV link (:class:`~simulator.engine.kv_link.KvLink`), for its stats."""
 
 
 def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
@@ -54,6 +59,10 @@ def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
     deployment = resolve_deployment(config)
     if workload is None:
         workload = build_workload(config.workload, config.seed, base_dir)
+    if config.policy.name == "disaggregated":
+        from simulator.engine.disaggregated import simulate_disaggregated
+
+        return simulate_disaggregated(config, deployment, workload, base_dir, progress)  # type: ignore[arg-type]
     started = time.perf_counter()
     env = simpy.Environment()
     requests = RequestState(workload)

@@ -39,7 +39,8 @@ class StepLog:
     def records(self) -> np.ndarray:
         return np.concatenate([*self._chunks, self._current[:self._fill]])
 
-    def to_frame(self, blocks_total: list[int]) -> pd.DataFrame:
+    def to_frame(self, blocks_total: list[int], pools: list[str] | None = None) -> pd.DataFrame:
+        """``blocks_total`` and (disaggregated runs) ``pools`` are per replica index."""
         rows = self.records()
         frame = pd.DataFrame({name: rows[name] for name in ROW.names if name != "bound"})
         frame.insert(1, "step", frame.groupby("replica").cumcount().astype(np.int64))
@@ -50,4 +51,6 @@ class StepLog:
                      totals[frame["replica"].to_numpy()])
         frame.insert(frame.columns.get_loc("preempted") + 1, "bound",
                      np.asarray(BOUNDS, dtype=object)[rows["bound"]])
+        if pools is not None:
+            frame.insert(1, "pool", np.asarray(pools, dtype=object)[frame["replica"].to_numpy()])
         return frame

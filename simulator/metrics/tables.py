@@ -21,6 +21,7 @@ import pandas as pd
 
 from simulator.engine.simulation import SimulationResult
 from simulator.engine.state import DONE, REJECT_REASONS, REJECTED, STATUS_NAMES, UNFINISHED_NAME
+from simulator.metrics.disaggregation import add_request_columns, disaggregation_summary, pool_kv_summary
 from simulator.metrics.stats import describe, describe_weighted
 
 SUMMARY_LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queueing_s")
@@ -34,7 +35,7 @@ def request_frame(result: SimulationResult) -> pd.DataFrame:
     tpot = np.full(len(r), np.nan)
     multi = (output > 1) & np.isfinite(r.finish)
     tpot[multi] = (r.finish[multi] - r.first_token[multi]) / (output[multi] - 1)
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "request_id": np.arange(len(r), dtype=np.int64),
         "replica": r.replica,
         "arrival_s": r.arrival,
@@ -53,6 +54,9 @@ def request_frame(result: SimulationResult) -> pd.DataFrame:
         "max_itl_s": r.max_itl,
         "e2e_s": r.finish - r.arrival,
     })
+    if result.pools is not None:  # disaggregated: ``replica`` is the prefill replica
+        add_request_columns(result, frame)
+    return frame
 
 
 def itl_frame(result: SimulationResult) -> pd.DataFrame:
@@ -110,8 +114,14 @@ def summarise(result: SimulationResult, requests: pd.DataFrame, itl: pd.DataFram
     deployment["policy"] = result.config.policy.name
     deployment["router"] = result.config.router.name
     summary["deployment"] = deployment
-    summary["kv"] = _kv_summary(result, steps)
+    if result.pools is None:
+        summary["kv"] = _kv_summary(result, steps)
+    else:  # the decode pool's KV is the colocated figure's counterpart; each pool's is below
+        decode = [s for s, p in zip(result.replica_states, result.pools, strict=True) if p == "decode"]
+        summary["kv"] = pool_kv_summary(decode, steps[steps["pool"] == "decode"])
     summary["batch"] = _batch_summary(steps)
+    if result.pools is not None:
+        summary["disaggregation"] = disaggregation_summary(result, requests, steps, span)
     return summary
 
 

@@ -205,7 +205,8 @@ def batch_kv_chart(data: RunData, t_range: tuple[float, float]) -> Chart:
     many = len(groups) > 1
     for i, (replica, idx) in enumerate(groups.items()):
         color = TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]
-        label = f"replica {replica}" if many else "mean"
+        pool = str(steps["pool"].iat[idx[0]]) if "pool" in steps else ""
+        label = (f"replica {replica}" + (f" ({pool})" if pool else "")) if many else "mean"
         fig.add_trace(_binned_trace(edges, interval_mean(start[idx], duration[idx], batch[idx], edges),
                                     f"batch, {label}", "t %{x:.4g} s: %{y:.1f} requests",
                                     line={"color": color}, legendgroup=str(replica)), row=1, col=1)

@@ -32,7 +32,7 @@ REQUEST_COLUMNS = ("replica", "arrival_s", "output_tokens", "status", "first_tok
 REQUEST_OPTIONAL = {"reject_reason": "", "max_itl_s": np.nan, "preemptions": 0}
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes", "prefill_tokens",
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
-STEP_OPTIONAL = {"bound": "unknown", "preempted": 0}
+STEP_OPTIONAL = {"bound": "unknown", "preempted": 0, "pool": ""}
 ITL_COLUMNS = ("itl_s", "count")
 
 
