@@ -141,6 +141,11 @@ def render_summary(summary: dict[str, Any]) -> None:
     console.print(f"completed {summary['completed']:,}, rejected {summary['rejected']:,}, preemptions "
                   f"{summary['preemptions']:,}; mean batch {batch['mean_size']:.1f}; KV use mean "
                   f"{kv['mean_utilization']:.0%}, peak {peak:.0%}")
+    swap = summary.get("swap") or {}
+    if swap.get("swaps_out"):
+        console.print(f"swapped {swap['swaps_out']:,} out / {swap['swaps_in']:,} in over the host link: "
+                      f"{(swap['bytes_out'] + swap['bytes_in']) / 1e9:,.2f} GB, "
+                      f"{swap['transfer_s']:,.3f} s of step time")
     if summary.get("unfinished"):
         console.print(f"[bold red]{summary['unfinished']:,} requests neither completed nor were "
                       "rejected[/]: the policy left them queued (see requests.parquet, status unfinished)")
