@@ -180,3 +180,19 @@ def test_priority_conserves_requests_blocks_and_tokens(
     needed = (prompt + output - 1)[done].sum()
     recomputes = requests["preemptions"].sum() - requests["swaps_out"].sum()
     assert computed == needed if recomputes == 0 else computed > needed
+
+
+def test_priority_mix_is_seeded_and_leaves_arrivals_and_lengths_unchanged() -> None:
+    """The priority classes draw from their own stream: same seed, same classes; adding them
+    changes no arrival or length (common random numbers); a trace keeps its own column."""
+    plain = {k: v for k, v in MIX.items() if k != "priority"}
+    with_mix = build_workload(parse_workload_config(MIX), 7)
+    without = build_workload(parse_workload_config(plain), 7)
+    assert np.array_equal(with_mix.arrival_s, without.arrival_s)
+    assert np.array_equal(with_mix.output_tokens, without.output_tokens)
+    assert np.array_equal(with_mix.priority, build_workload(parse_workload_config(MIX), 7).priority)
+    assert not without.priority.any() and set(with_mix.priority.tolist()) == {0, 1}
+    with pytest.raises(ServesimError, match="remove priority"):
+        parse_workload_config({"trace": {"path": "t.csv", "format": "csv"}, "priority": {"classes": [0]}})
+    with pytest.raises(ServesimError, match="1 weights for 2 classes"):
+        parse_workload_config({**plain, "priority": {"classes": [0, 1], "weights": [1.0]}})
