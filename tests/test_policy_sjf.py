@@ -42,7 +42,7 @@ def test_one_seat_serves_shortest_first_and_mean_latency_is_the_textbook_sum() -
         assert requests["e2e_s"].to_numpy()[order] == pytest.approx(finish, rel=1e-9)
     sjf_mean = float(np.mean(np.cumsum(np.sort([service_s(config, 32, o) for o in outputs]))))
     fcfs_mean = float(np.mean(np.cumsum([service_s(config, 32, o) for o in outputs])))
-    assert sjf_mean < 0.5 * fcfs_mean  # 10, 50, 200, 400 first vs 400 first: about 0.4 here
+    assert sjf_mean < 0.5 * fcfs_mean  # 1.85 s against 4.03 s: 0.46
 
 
 def high_load_workload(seed: int = 0):  # type: ignore[no-untyped-def]
