@@ -33,13 +33,16 @@ _ONES.flags.writeable = False
 @dataclass(frozen=True, slots=True)
 class Batch:
     """One iteration: request ``ids[i]`` computes ``new_tokens[i]`` tokens; ``shape`` is what the
-    cost model prices; ``preempted`` counts requests preempted to make room for it."""
+    cost model prices; ``preempted`` counts requests preempted to make room for it; ``extra_s``
+    is time the step spends beyond the priced model pass (e.g. KV copies to or from host memory
+    issued before it on the same stream)."""
 
     ids: np.ndarray
     new_tokens: np.ndarray
     shape: BatchShape
     preempted: int = 0
     decode_only: bool = False
+    extra_s: float = 0.0
 
     @classmethod
     def decodes(cls, ids: np.ndarray, context: np.ndarray, preempted: int = 0) -> Batch:

@@ -15,14 +15,32 @@ requests are preempted by recompute until it can (vLLM's default preemption mode
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from policies.base import Batch, Policy, register_policy
+from policies.base import Batch, Policy, PolicyOptions, register_policy
+from policies.waiting import KeyedQueue
+
+if TYPE_CHECKING:
+    from simulator.engine.replica_state import ReplicaState
 
 
 @register_policy
 class ContinuousBatching(Policy):
     name = "continuous"
+
+    def __init__(self, replica: ReplicaState, options: PolicyOptions) -> None:
+        super().__init__(replica, options)
+        keys = self.admission_keys()
+        if keys is not None:
+            replica.waiting = KeyedQueue(keys)  # type: ignore[assignment]  (deque-compatible)
+
+    def admission_keys(self) -> np.ndarray | None:
+        """Per-request order of the waiting queue (smaller first, ties by arrival), or None for
+        first come first served. Subclasses (``sjf``, ``priority``) override only this to change
+        whom admission serves next; budgets, KV rules and preemption stay the same."""
+        return None
 
     def schedule(self, now: float) -> Batch | None:
         return self._admit_prefills(now) or self._decode_running()

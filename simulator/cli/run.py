@@ -171,6 +171,11 @@ def render_summary(summary: dict[str, Any]) -> None:
                       f"p99 {_fmt(room_wait['p99'])}; link busy {link['utilization']:.0%}; prefill pool "
                       f"busy {pools['prefill']['busy_fraction']:.0%}, decode pool busy "
                       f"{pools['decode']['busy_fraction']:.0%}")
+    swap = summary.get("swap") or {}
+    if swap.get("swaps_out"):
+        console.print(f"swapped {swap['swaps_out']:,} out / {swap['swaps_in']:,} in over the host link: "
+                      f"{(swap['bytes_out'] + swap['bytes_in']) / 1e9:,.2f} GB, "
+                      f"{swap['transfer_s']:,.3f} s of step time")
     if summary.get("unfinished"):
         console.print(f"[bold red]{summary['unfinished']:,} requests neither completed nor were "
                       "rejected[/]: the policy left them queued (see requests.parquet, status unfinished)")

@@ -13,6 +13,7 @@ from simulator.config import ExperimentConfig, PolicyConfig, RouterConfig
 from simulator.cost import CostModel
 from simulator.dtypes import Precision
 from simulator.engine.replica_state import EngineLimits
+from simulator.engine.swap import SwapPath
 from simulator.errors import ServesimError
 from simulator.hardware import HardwareProfile
 from simulator.hardware_io import load_hardware
@@ -92,9 +93,12 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
     if num_blocks < 1:
         raise ServesimError("deployment", "no room for a single KV block",
                             "raise gpu_memory_utilization, use a larger tp or quantise the weights")
+    host = hardware.host_link
+    swap_path = SwapPath(block_bytes=memory.kv_bytes_per_token * d.block_size, gpus=d.tp,
+                         bandwidth_Bps=host.bandwidth_Bps * host.efficiency, latency_s=host.latency_s)
     limits = EngineLimits(max_num_seqs=d.max_num_seqs, max_num_batched_tokens=budget,
                           max_model_len=max_model_len, block_size=d.block_size, num_blocks=num_blocks,
-                          watermark_blocks=math.floor(d.watermark * num_blocks))
+                          watermark_blocks=math.floor(d.watermark * num_blocks), swap_path=swap_path)
     return Deployment(model, hardware, d.tp, d.replicas, precision, memory, limits)
 
 

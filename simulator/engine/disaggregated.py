@@ -52,8 +52,8 @@ class PrefillReplicaState(ReplicaState):
     never fit here (its prompt) or on a decode replica (prompt and outputs but the last)."""
 
     def __init__(self, index: int, requests: RequestState, limits: EngineLimits,
-                 decode_limits: EngineLimits) -> None:
-        super().__init__(index, requests, limits)
+                 decode_limits: EngineLimits, seed: int = 0) -> None:
+        super().__init__(index, requests, limits, seed=seed)
         self.decode_limits = decode_limits
 
     def rejection(self, request: int) -> int:
@@ -131,7 +131,7 @@ def simulate_disaggregated(config: ExperimentConfig, deployment: DisaggregatedDe
     handoff = Handoff(env, requests, link, deployment.kv_bytes_per_token)
 
     name, knobs = deployment.pool_policy("prefill")
-    prefill_states = [PrefillReplicaState(i, requests, prefill.limits, decode.limits)
+    prefill_states = [PrefillReplicaState(i, requests, prefill.limits, decode.limits, config.seed)
                       for i in range(prefill.replicas)]
     cost = prefill.cost_model()
     for state in prefill_states:
@@ -141,7 +141,7 @@ def simulate_disaggregated(config: ExperimentConfig, deployment: DisaggregatedDe
 
     name, knobs = deployment.pool_policy("decode")
     held = np.zeros(len(requests), dtype=np.int64)  # the decode pool's own block column
-    decode_states = [ReplicaState(prefill.replicas + j, requests, decode.limits, held)
+    decode_states = [ReplicaState(prefill.replicas + j, requests, decode.limits, held, config.seed)
                      for j in range(decode.replicas)]
     cost = decode.cost_model()
     for state in decode_states:

@@ -65,9 +65,11 @@ class Replica:
                 continue
             shape = batch.shape
             seconds, bound, flops, nbytes = step_summary(shape)
+            seconds += batch.extra_s
             append(index, now, seconds, shape.num_prefills, shape.num_decodes,
                    shape.num_prefill_tokens, shape.num_decodes, pool.total - pool.free,
-                   len(state.waiting), int(state.running.size), batch.preempted, bound, flops, nbytes)
+                   len(state.waiting), int(state.running.size), batch.preempted, bound, flops, nbytes,
+                   batch.extra_s)
             yield env.timeout(seconds)
             if handoff is None:
                 finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)

@@ -26,6 +26,7 @@ from simulator.engine.state import (
     WAITING,
     RequestState,
 )
+from simulator.engine.swap import HostSwap, SwapPath
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -40,23 +41,31 @@ class EngineLimits:
     block_size: int
     num_blocks: int
     watermark_blocks: int
+    swap_path: SwapPath | None = None
+    """The KV copy path to host memory, for policies that preempt by swapping."""
 
 
 class ReplicaState:
     """One replica's queues and KV pool over the shared :class:`RequestState`."""
 
     def __init__(self, index: int, requests: RequestState, limits: EngineLimits,
-                 held: np.ndarray | None = None) -> None:
+                 held: np.ndarray | None = None, seed: int = 0) -> None:
         self.index = index
         self.requests = requests
         self.limits = limits
+        self.seed = seed
+        """The experiment's seed, for policies that draw random numbers (e.g. noisy predictions)."""
         # ``held``: a per-request block column shared by the replicas of one pool (a request holds
         # blocks on a prefill and a decode replica at once while its KV is in transit).
         held = requests.blocks_held if held is None else held
         self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests), held)
+        # A deque, or any queue with the same few methods (a policy may install a keyed one:
+        # append, popleft, extendleft, [0], len).
         self.waiting: deque[int] = deque()
         self.running: np.ndarray = _EMPTY
         self.preemptions = 0
+        self.swap: HostSwap | None = None
+        """Host swap space, installed by a policy that preempts by swapping; None: recompute."""
 
     # ------------------------------------------------------------------ load, for routers
     @property
@@ -104,12 +113,18 @@ class ReplicaState:
     def preempt_tail(self, count: int) -> np.ndarray:
         """Preempt the last ``count`` running requests by recompute: their blocks are freed, their
         computed tokens forgotten (generated ones are kept) and they go back to the front of the
-        waiting queue, the oldest first. Returns their ids."""
+        waiting queue, the oldest first. Returns their ids. With host swap space, those whose
+        blocks fit there are swapped out instead and keep their computed tokens."""
         victims = self.running[-count:]
         self.running = self.running[:-count]
         r = self.requests
+        if self.swap is None:
+            r.computed[victims] = 0
+        else:
+            swapped = self.swap.swap_out(victims, self.pool.held[victims])
+            r.computed[victims[~swapped]] = 0
+            r.swaps_out[victims[swapped]] += 1
         self.pool.release_many(victims)
-        r.computed[victims] = 0
         r.status[victims] = WAITING
         r.preemptions[victims] += 1
         self.preemptions += count

@@ -67,7 +67,8 @@ def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
     env = simpy.Environment()
     requests = RequestState(workload)
     steps = StepLog()
-    states = [ReplicaState(i, requests, deployment.limits) for i in range(deployment.replicas)]
+    states = [ReplicaState(i, requests, deployment.limits, seed=config.seed)
+              for i in range(deployment.replicas)]
     cost = deployment.cost_model()  # shared: its memo serves every replica
     replicas = [Replica(env, state, make_policy(config.policy.name, policy_knobs(config.policy), state),
                         cost, steps) for state in states]

@@ -77,6 +77,8 @@ class RequestState:
         self.finish = np.full(n, np.nan)
         self.max_itl = np.full(n, np.nan)
         self.preemptions = np.zeros(n, dtype=np.int64)
+        self.swaps_out = np.zeros(n, dtype=np.int64)  # preemptions that kept the KV in host memory
+        self.swaps_in = np.zeros(n, dtype=np.int64)
         self.status = np.zeros(n, dtype=np.int8)
         self.reject_reason = np.zeros(n, dtype=np.int8)
         self.replica = np.full(n, -1, dtype=np.int64)

@@ -12,7 +12,8 @@ ROW = np.dtype([("replica", np.int64), ("start_s", np.float64), ("duration_s", n
                 ("num_prefills", np.int64), ("num_decodes", np.int64), ("prefill_tokens", np.int64),
                 ("decode_tokens", np.int64), ("kv_blocks_used", np.int64), ("waiting", np.int64),
                 ("running", np.int64), ("preempted", np.int64), ("bound", np.int8),
-                ("flops", np.float64), ("hbm_bytes", np.float64)])
+                ("flops", np.float64), ("hbm_bytes", np.float64), ("extra_s", np.float64)])
+"""``duration_s`` includes ``extra_s``: time beyond the priced model pass (KV swap copies)."""
 _CHUNK = 1 << 15
 
 

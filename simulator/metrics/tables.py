@@ -48,6 +48,8 @@ def request_frame(result: SimulationResult) -> pd.DataFrame:
         "first_token_s": r.first_token,
         "finish_s": r.finish,
         "preemptions": r.preemptions,
+        "swaps_out": r.swaps_out,
+        "swaps_in": r.swaps_in,
         "queueing_s": r.first_scheduled - r.arrival,
         "ttft_s": r.first_token - r.arrival,
         "tpot_s": tpot,
@@ -119,6 +121,7 @@ def summarise(result: SimulationResult, requests: pd.DataFrame, itl: pd.DataFram
     else:  # the decode pool's KV is the colocated figure's counterpart; each pool's is below
         decode = [s for s, p in zip(result.replica_states, result.pools, strict=True) if p == "decode"]
         summary["kv"] = pool_kv_summary(decode, steps[steps["pool"] == "decode"])
+    summary["swap"] = _swap_summary(result)
     summary["batch"] = _batch_summary(steps)
     if result.pools is not None:
         summary["disaggregation"] = disaggregation_summary(result, requests, steps, span)
@@ -138,6 +141,18 @@ def _kv_summary(result: SimulationResult, steps: pd.DataFrame) -> dict[str, Any]
     else:
         out["mean_utilization"] = 0.0
     return out
+
+
+def _swap_summary(result: SimulationResult) -> dict[str, Any]:
+    """KV swapped to and from host memory (preemption_mode swap); zeros when nothing swaps.
+    Bytes are summed over every GPU's host link; ``transfer_s`` is the step time they added."""
+    swaps = [state.swap for state in result.replica_states if state.swap is not None]
+    return {"swaps_out": sum(s.swaps_out for s in swaps), "swaps_in": sum(s.swaps_in for s in swaps),
+            "bytes_out": sum(s.bytes(s.blocks_out) for s in swaps),
+            "bytes_in": sum(s.bytes(s.blocks_in) for s in swaps),
+            "transfer_s": sum(s.transfer_s for s in swaps),
+            "host_blocks_total": sum(s.pool.total for s in swaps),
+            "host_blocks_in_use_at_end": sum(s.pool.used for s in swaps)}
 
 
 def _batch_summary(steps: pd.DataFrame) -> dict[str, Any]:
