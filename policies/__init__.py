@@ -3,7 +3,7 @@
 Importing this package registers the built-in policies and routers by name.
 """
 
-from policies import continuous, routers  # noqa: F401
+from policies import chunked_prefill, continuous, routers, static  # noqa: F401
 from policies.base import POLICIES, Batch, Policy, make_policy
 from policies.routers import ROUTERS, Router, make_router
 
