@@ -24,7 +24,7 @@ from simulator.cost.batch import BatchShape
 from simulator.errors import ServesimError
 
 if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
-    from simulator.engine.replica_state import ReplicaState
+    from simulator.engine.replica_state import EngineLimits, ReplicaState
 
 _ONES = np.ones(1 << 16, dtype=np.int64)
 _ONES.flags.writeable = False
@@ -76,6 +76,12 @@ class Policy(ABC):
     def __init__(self, replica: ReplicaState, options: PolicyOptions) -> None:
         self.replica = replica
         self.options = options
+
+    @classmethod
+    def check_limits(cls, options: PolicyOptions, limits: EngineLimits) -> None:
+        """Raise a one-line ServesimError when a knob contradicts the deployment's engine limits
+        (called by ``servesim validate`` and ``run`` once the limits are known)."""
+        return None
 
     @abstractmethod
     def schedule(self, now: float) -> Batch | None:

@@ -35,14 +35,16 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from policies.base import PolicyOptions, register_policy
-from policies.continuous import ContinuousBatching
+from policies.base import register_policy
+from policies.continuous import ContinuousBatching, ContinuousOptions
 
 NOISE_STREAM = 0x5_1F
 """Mixed into the experiment seed so that the predictor's draws are their own stream."""
 
 
-class SjfOptions(PolicyOptions):
+class SjfOptions(ContinuousOptions):
+    """SJF's knobs plus continuous batching's ``order`` knobs (SJF only reorders the queue)."""
+
     predictor: Literal["oracle", "noisy", "prompt"] = "oracle"
     sigma: float = Field(1.0, ge=0, description="noisy: std of the log-normal multiplicative error")
     aging_tokens_per_s: float = Field(

@@ -39,8 +39,20 @@ class KeyedQueue:
         return self._heap[0][1]
 
     def __iter__(self) -> Iterator[int]:
-        """The waiting requests, in service order (a sorted copy: for inspection, not per step)."""
-        return (request for _, request in sorted(self._heap))
+        """The waiting requests in service order, lazily: the first k cost O(k log k), not a sort
+        of the whole heap, so an admission loop that stops early stays cheap. It walks the heap
+        as a tree (a node's children never come before it) with a small frontier heap."""
+        heap = self._heap
+        if not heap:
+            return
+        frontier = [(heap[0], 0)]
+        size = len(heap)
+        while frontier:
+            (_, request), node = heapq.heappop(frontier)
+            yield request
+            for child in (2 * node + 1, 2 * node + 2):
+                if child < size:
+                    heapq.heappush(frontier, (heap[child], child))
 
     def append(self, request: int) -> None:
         heapq.heappush(self._heap, (self._keys[request], request))

@@ -60,7 +60,7 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
 
         return resolve_disaggregated(config)  # type: ignore[return-value]
     d, p = config.deployment, config.precision
-    check_policy(config.policy.name, policy_knobs(config.policy))
+    policy_cls, policy_options = check_policy(config.policy.name, policy_knobs(config.policy))
     check_router(config.router.name, policy_knobs(config.router))
     model = load_model(config.model, "model")
     hardware = load_hardware(config.hardware, "hardware")
@@ -71,7 +71,7 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
                             f"{max_model_len} exceeds {model.name}'s context length {model.max_context}",
                             f"use at most {model.max_context}")
     chunked = config.policy.name in CHUNKING_POLICIES
-    budget = d.max_num_batched_tokens or max(max_model_len, 2048)
+    budget = d.max_num_batched_tokens or (CHUNKED_DEFAULT_BUDGET if chunked else max(max_model_len, 2048))
     if not chunked and budget < max_model_len:
         raise ServesimError(
             "deployment.max_num_batched_tokens",
@@ -99,6 +99,7 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
     limits = EngineLimits(max_num_seqs=d.max_num_seqs, max_num_batched_tokens=budget,
                           max_model_len=max_model_len, block_size=d.block_size, num_blocks=num_blocks,
                           watermark_blocks=math.floor(d.watermark * num_blocks), swap_path=swap_path)
+    policy_cls.check_limits(policy_options, limits)
     return Deployment(model, hardware, d.tp, d.replicas, precision, memory, limits)
 
 
@@ -109,3 +110,7 @@ def policy_knobs(section: PolicyConfig | RouterConfig) -> dict[str, object]:
 
 CHUNKING_POLICIES = frozenset({"chunked_prefill"})
 """Policies that split prompts across steps, so their token budget may be below max_model_len."""
+
+CHUNKED_DEFAULT_BUDGET = 2048
+"""vLLM's default ``max_num_batched_tokens`` with chunked prefill (``DEFAULT_MAX_NUM_BATCHED_TOKENS``
+in vllm/utils, "a balance between ITL and TTFT, not optimized for throughput")."""
