@@ -100,6 +100,6 @@ def describe_limits(limits: dict[str, Any]) -> str:
     parts.append(f"max_num_seqs {limits['max_num_seqs']:,}")
     text = (f"decode batch at {ctx:,} tokens of context: " + ", ".join(parts)
             + f" -> largest {limits['largest_batch']:,}, limited by {limits['binding']}")
-    if limits.get("kv_use_at_tpot_batch") is not None and limits["tpot_batch"]:
+    if limits.get("kv_use_at_tpot_batch") is not None and 0 < limits["tpot_batch"] <= limits["kv_batch"]:
         text += f" (at the TPOT batch the KV pool is {limits['kv_use_at_tpot_batch']:.0%} full)"
     return text
