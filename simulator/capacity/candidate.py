@@ -178,7 +178,7 @@ def _knee_text(knee: dict[str, Any], result: SearchResult) -> str:
     if "kv_limited" in knee:
         kv = "KV-cache limited" if knee["kv_limited"] else "not KV-limited"
         parts.append(f"{kv} (peak {knee['peak_kv_use']:.0%}, {knee['preemptions']:.0f} preemptions)")
-        parts.append(f"queue grows {knee['queue_growth_per_s']:.2f} req/s")
+        parts.append(f"queue grows {max(0.0, knee['queue_growth_per_s']):.2f} req/s")
         if knee.get("slot_limited"):
             parts.append("batch at max_num_seqs")
     return "; ".join(parts)
