@@ -12,6 +12,7 @@ import sys
 import typer
 
 from simulator.cli.calibrate import calibrate_app
+from simulator.cli.capacity import capacity_command
 from simulator.cli.catalog import hardware_command, models_command
 from simulator.cli.console import error_console
 from simulator.cli.run import run_command, validate_command
@@ -28,6 +29,7 @@ app = typer.Typer(
 app.command("run")(run_command)
 app.command("validate")(validate_command)
 app.command("step")(step_command)
+app.command("capacity")(capacity_command)
 app.command("models")(models_command)
 app.command("hardware")(hardware_command)
 app.add_typer(calibrate_app, name="calibrate")
