@@ -37,7 +37,7 @@ class Replica:
     def _run(self) -> Generator[simpy.Event, object, None]:
         env, state, policy, steps = self.env, self.state, self.policy, self.steps
         requests, pool = state.requests, state.pool
-        step_summary, append, index = self.cost.step_summary, steps.append, state.index
+        step_record, append, index = self.cost.step_record, steps.append, state.index
         while True:
             now = env.now
             batch = policy.schedule(now)
@@ -51,11 +51,12 @@ class Replica:
                 self._idle = None
                 continue
             shape = batch.shape
-            seconds, bound, flops, nbytes = step_summary(shape)
-            append(index, now, seconds, shape.num_prefills, shape.num_decodes,
-                   shape.num_prefill_tokens, shape.num_decodes, pool.total - pool.free,
-                   len(state.waiting), int(state.running.size), batch.preempted, bound, flops, nbytes)
-            yield env.timeout(seconds)
+            # (seconds, bound, FLOPs, bytes, seconds per operator class): see StepLog's ROW
+            record = step_record(shape)
+            append(index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
+                   shape.num_decodes, pool.total - pool.free, len(state.waiting),
+                   int(state.running.size), batch.preempted, *record)
+            yield env.timeout(record[0])
             finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
             if finished.size:
                 state.drop_finished()

@@ -6,13 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from simulator.cost import BOUNDS
+from simulator.cost import BOUNDS, OP_CLASSES
 
-ROW = np.dtype([("replica", np.int64), ("start_s", np.float64), ("duration_s", np.float64),
-                ("num_prefills", np.int64), ("num_decodes", np.int64), ("prefill_tokens", np.int64),
-                ("decode_tokens", np.int64), ("kv_blocks_used", np.int64), ("waiting", np.int64),
-                ("running", np.int64), ("preempted", np.int64), ("bound", np.int8),
-                ("flops", np.float64), ("hbm_bytes", np.float64)])
+OP_COLUMNS = tuple(f"op_{name}_s" for name in OP_CLASSES)
+"""Seconds of each operator class in a step (``op_gemm_s``, ``op_attn_prefill_s``, ...); they sum
+to ``duration_s``."""
+
+# The fields after ``preempted`` are CostModel.step_record's tuple, in its order, so the replica
+# appends it unpacked; to_frame puts ``duration_s`` back beside ``start_s``.
+ROW = np.dtype([("replica", np.int64), ("start_s", np.float64), ("num_prefills", np.int64),
+                ("num_decodes", np.int64), ("prefill_tokens", np.int64), ("decode_tokens", np.int64),
+                ("kv_blocks_used", np.int64), ("waiting", np.int64), ("running", np.int64),
+                ("preempted", np.int64), ("duration_s", np.float64), ("bound", np.int8),
+                ("flops", np.float64), ("hbm_bytes", np.float64),
+                *((name, np.float64) for name in OP_COLUMNS)])
 _CHUNK = 1 << 15
 
 
@@ -42,6 +49,7 @@ class StepLog:
     def to_frame(self, blocks_total: list[int]) -> pd.DataFrame:
         rows = self.records()
         frame = pd.DataFrame({name: rows[name] for name in ROW.names if name != "bound"})
+        frame.insert(2, "duration_s", frame.pop("duration_s"))
         frame.insert(1, "step", frame.groupby("replica").cumcount().astype(np.int64))
         frame.insert(frame.columns.get_loc("num_decodes") + 1, "batch_size",
                      frame["num_prefills"] + frame["num_decodes"])
