@@ -41,6 +41,9 @@ footer { margin-top: 2em; color: #888; font-size: 0.85em; }
 
 def chart_html(chart: Chart) -> str:
     """One chart as a heading, a caption and a plotly div that uses the page's plotly.js."""
+    if chart.figure is None:
+        return (f'<section id="{chart.key}"><h2>{escape(chart.title)}</h2>'
+                f'<p class="note">{escape(chart.caption)}</p></section>')
     div = pio.to_html(chart.figure, include_plotlyjs=False, full_html=False, config=PLOT_CONFIG,
                       default_width="100%", default_height=f"{chart.height}px", div_id=f"chart-{chart.key}")
     return (f'<section id="{chart.key}"><h2>{escape(chart.title)}</h2>'

@@ -32,7 +32,12 @@ REQUEST_COLUMNS = ("replica", "arrival_s", "output_tokens", "status", "first_tok
 REQUEST_OPTIONAL = {"reject_reason": "", "max_itl_s": np.nan, "preemptions": 0}
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes", "prefill_tokens",
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
-STEP_OPTIONAL = {"bound": "unknown", "preempted": 0}
+OP_COLUMNS = ("op_gemm_s", "op_attn_prefill_s", "op_attn_decode_s", "op_elementwise_s", "op_communication_s",
+              "op_overhead_s")
+"""Seconds per operator class per step (simulator.engine.step_log.OP_COLUMNS; runs written before
+they existed get NaN, and the report leaves their chart out)."""
+STEP_OPTIONAL = {"bound": "unknown", "preempted": 0, "flops": np.nan, "hbm_bytes": np.nan,
+                 **dict.fromkeys(OP_COLUMNS, np.nan)}
 ITL_COLUMNS = ("itl_s", "count")
 
 
