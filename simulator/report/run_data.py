@@ -113,6 +113,10 @@ def load_run(run_dir: Path) -> RunData:
                             "run `servesim run` first and pass its output directory")
     for name in REQUIRED_FILES:
         if not (run_dir / name).is_file():
+            if (run_dir / SUMMARY_FILE).is_file():  # a summary-only (or interrupted) run
+                raise ServesimError("run_dir", f"{name} not found in {run_dir}",
+                                    "re-run `servesim run` with output: full (--set output=full): a "
+                                    "summary-only run keeps no tables to chart")
             raise _missing_file(run_dir, name)
     requests = _read_table(run_dir / REQUESTS_FILE, REQUEST_COLUMNS, REQUEST_OPTIONAL)
     steps = _read_table(run_dir / STEPS_FILE, STEP_COLUMNS, STEP_OPTIONAL)
