@@ -73,7 +73,7 @@ def _groups(data: SweepData, frame: pd.DataFrame, exclude: list[str]) -> list[tu
 
 def _hover(metric: SweepMetric, extra: str = "") -> str:
     return (
-        f"<b>{metric.label} %{{y:.4g}} {metric.unit}</b> ± %{{customdata[0]:.3g}}{extra}"
+        f"<b>{metric.label} %{{y:.4~g}} {metric.unit}</b> ± %{{customdata[0]:.3~g}}{extra}"
         "<br>%{text}<extra></extra>"
     )
 
@@ -137,7 +137,7 @@ def knee_chart(data: SweepData) -> Chart:
                 mode="lines",
                 name="offered (y = x)",
                 line={"color": "#999", "dash": "dash", "width": 1},
-                hovertemplate="offered %{x:.3g} req/s<extra></extra>",
+                hovertemplate="offered %{x:.3~g} req/s<extra></extra>",
             ),
             row=1,
             col=1,
@@ -290,7 +290,7 @@ def heatmap_chart(data: SweepData, x: str, y: str, index: int) -> Chart:
                 y=ys,
                 z=z,
                 text=text,
-                texttemplate="%{z:.3g}",
+                texttemplate="%{z:.3~g}",
                 hovertemplate="%{text}<extra></extra>",
                 colorscale=scale,
                 textfont={"color": "#222"},
@@ -375,8 +375,8 @@ def pareto_chart(data: SweepData) -> Chart:
             tput = _values(data, group, THROUGHPUT.column)
             custom = np.column_stack([tput, np.where(group["meets"], 1.0, 0.0)])
             hover = (
-                f"{cost_label} %{{x:.4g}}, {metric.label} %{{y:.4g}} {metric.unit}<br>"
-                "throughput %{customdata[0]:.3g} req/s<br>%{text}<extra>" + label + "</extra>"
+                f"{cost_label} %{{x:.4~g}}, {metric.label} %{{y:.4~g}} {metric.unit}<br>"
+                "throughput %{customdata[0]:.3~g} req/s<br>%{text}<extra>" + label + "</extra>"
             )
             meets = group["meets"].to_numpy()
             fig.add_trace(
