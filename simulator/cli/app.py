@@ -15,6 +15,7 @@ from simulator.cli.calibrate import calibrate_app
 from simulator.cli.capacity import capacity_command
 from simulator.cli.catalog import hardware_command, models_command
 from simulator.cli.console import error_console
+from simulator.cli.report import report_command
 from simulator.cli.run import run_command, validate_command
 from simulator.cli.step import step_command
 from simulator.errors import ServesimError
@@ -32,6 +33,7 @@ app.command("step")(step_command)
 app.command("capacity")(capacity_command)
 app.command("models")(models_command)
 app.command("hardware")(hardware_command)
+app.command("report")(report_command)
 app.add_typer(calibrate_app, name="calibrate")
 
 def main() -> None:

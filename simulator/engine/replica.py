@@ -49,7 +49,7 @@ class Replica:
     def _run(self) -> Generator[simpy.Event, object, None]:
         env, state, policy, steps = self.env, self.state, self.policy, self.steps
         requests, pool = state.requests, state.pool
-        step_summary, append, index = self.cost.step_summary, steps.append, state.index
+        step_record, append, index = self.cost.step_record, steps.append, state.index
         handoff = self.handoff
         while True:
             now = env.now
@@ -64,13 +64,15 @@ class Replica:
                 self._idle = None
                 continue
             shape = batch.shape
-            seconds, bound, flops, nbytes = step_summary(shape)
-            seconds += batch.extra_s
-            append(index, now, seconds, shape.num_prefills, shape.num_decodes,
-                   shape.num_prefill_tokens, shape.num_decodes, pool.total - pool.free,
-                   len(state.waiting), int(state.running.size), batch.preempted, bound, flops, nbytes,
-                   batch.extra_s)
-            yield env.timeout(seconds)
+            # (seconds, bound, FLOPs, bytes, seconds per operator class): see StepLog's ROW
+            record = step_record(shape)
+            extra = batch.extra_s  # time beyond the priced model pass (KV swap copies)
+            if extra:
+                record = (record[0] + extra, *record[1:])
+            append(index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
+                   shape.num_decodes, pool.total - pool.free, len(state.waiting),
+                   int(state.running.size), batch.preempted, *record, extra)
+            yield env.timeout(record[0])
             if handoff is None:
                 finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
                 if finished.size:
