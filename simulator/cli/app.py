@@ -16,6 +16,7 @@ from simulator.cli.catalog import hardware_command, models_command
 from simulator.cli.console import error_console
 from simulator.cli.run import run_command, validate_command
 from simulator.cli.step import step_command
+from simulator.cli.sweep import sweep_command
 from simulator.errors import ServesimError
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app = typer.Typer(
 )
 app.command("run")(run_command)
 app.command("validate")(validate_command)
+app.command("sweep")(sweep_command)
 app.command("step")(step_command)
 app.command("models")(models_command)
 app.command("hardware")(hardware_command)
