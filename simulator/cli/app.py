@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
 from simulator.cli.calibrate import calibrate_app
 from simulator.cli.catalog import hardware_command, models_command
@@ -39,5 +40,5 @@ def main() -> None:
     try:
         app()
     except ServesimError as exc:
-        error_console.print(f"[bold red]error:[/] {exc}", markup=True)
+        error_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(2)

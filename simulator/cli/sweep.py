@@ -22,7 +22,7 @@ from rich.table import Table
 from simulator.cli.console import console
 from simulator.sweep import find_sweep, load_sweep
 from simulator.sweep.axes import point_label
-from simulator.sweep.backends import Backend, default_workers
+from simulator.sweep.backends import Backend, check_backend, default_workers
 from simulator.sweep.runner import prepare
 
 SHOWN_METRICS = (("ttft_s.p99", "p99 TTFT", "s"), ("tpot_s.p50", "p50 TPOT", "s"),
@@ -46,10 +46,7 @@ def sweep_command(
 ) -> None:
     """Run a parameter sweep: results.parquet (one row per point, mean and 95% CI over
     replications), one folder per run under points/, resumable by rerunning."""
-    if backend not in ("local", "ray"):
-        from simulator.errors import ServesimError
-
-        raise ServesimError("--backend", f"unknown backend {backend!r}", "use local or ray")
+    check_backend(backend)
     sweep = load_sweep(find_sweep(sweep_file))
     out_dir = out or Path("sweeps") / sweep.name
     if dry_run:

@@ -33,12 +33,11 @@ def run_tasks(tasks: Sequence[RunTask], on_done: OnDone, backend: Backend = "loc
               workers: int | None = None, ray_address: str | None = None) -> None:
     if workers is not None and workers < 1:
         raise ServesimError("--workers", f"must be at least 1 (got {workers})", "give a positive count")
+    check_backend(backend)
     if backend == "local":
         run_local(tasks, on_done, workers or default_workers())
-    elif backend == "ray":
-        run_ray(tasks, on_done, workers, ray_address)
     else:
-        raise ServesimError("--backend", f"unknown backend {backend!r}", "use local or ray")
+        run_ray(tasks, on_done, workers, ray_address)
 
 
 def run_local(tasks: Sequence[RunTask], on_done: OnDone, workers: int) -> None:
@@ -62,15 +61,33 @@ def run_local(tasks: Sequence[RunTask], on_done: OnDone, workers: int) -> None:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def import_ray():
+    """The ``ray`` module, or a one-line error saying how to install it. (A folder named ``ray``
+    on the path, such as Ray's own ``/tmp/ray`` when run from /tmp, imports as an empty namespace
+    package: that is not Ray either.)"""
+    try:
+        import ray
+    except ImportError:
+        ray = None
+    if getattr(ray, "remote", None) is None:
+        raise ServesimError("--backend ray", "ray is not installed",
+                            "pip install 'servesim[ray]' (ray==2.60.0), or use --backend local")
+    return ray
+
+
+def check_backend(backend: str) -> None:
+    """Fail before planning a sweep, not after, on a backend that cannot run."""
+    if backend not in ("local", "ray"):
+        raise ServesimError("--backend", f"unknown backend {backend!r}", "use local or ray")
+    if backend == "ray":
+        import_ray()
+
+
 def run_ray(tasks: Sequence[RunTask], on_done: OnDone, workers: int | None, address: str | None) -> None:
     """Each run is one Ray task (1 CPU). Without ``address`` a local Ray instance with ``workers``
     CPUs (default: all) is started and shut down; with one (``auto``, ``ray://host:10001``), the
     cluster's CPUs are used and every node needs servesim installed."""
-    try:
-        import ray
-    except ImportError:
-        raise ServesimError("--backend ray", "ray is not installed",
-                            "pip install 'servesim[ray]' (ray==2.60.0), or use --backend local") from None
+    ray = import_ray()
     started = False
     if not ray.is_initialized():
         options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}

@@ -78,11 +78,13 @@ class SweepPlan:
 
 def plan_sweep(sweep: Sweep) -> SweepPlan:
     """Every point validated and named; raises :class:`ServesimError` for the first malformed one."""
-    points = [plan_point(sweep, i, values) for i, values in enumerate(expand(sweep.spec))]
+    loaded: dict[tuple[str, str], Any] = {}  # each model and profile file is parsed once per plan
+    points = [plan_point(sweep, i, values, loaded) for i, values in enumerate(expand(sweep.spec))]
     return SweepPlan(sweep, varied_keys(sweep.spec), points)
 
 
-def plan_point(sweep: Sweep, index: int, values: Point) -> PlannedPoint:
+def plan_point(sweep: Sweep, index: int, values: Point,
+               loaded: dict[tuple[str, str], Any] | None = None) -> PlannedPoint:
     places = sweep.describe_axes()
     document = copy.deepcopy(sweep.base_document)
     for key, value in values.items():
@@ -98,7 +100,7 @@ def plan_point(sweep: Sweep, index: int, values: Point) -> PlannedPoint:
         config = validate_document(document, sweep.source)
     except ServesimError as exc:
         raise blame(exc) from None
-    model, hardware = _check_names(config, blame)
+    model, hardware = _check_names(config, blame, {} if loaded is None else loaded)
     ident = identity(config, model, hardware)
     point = PlannedPoint(index, values, point_hash(ident), config, hardware)
     try:
@@ -115,16 +117,19 @@ def plan_point(sweep: Sweep, index: int, values: Point) -> PlannedPoint:
     return point
 
 
-def _check_names(config: ExperimentConfig, blame: Any) -> tuple[ModelSpec, HardwareProfile]:
+def _check_names(config: ExperimentConfig, blame: Any, loaded: dict[tuple[str, str], Any]
+                 ) -> tuple[ModelSpec, HardwareProfile]:
     """The names a point uses exist (a typo here is the file's mistake, not an infeasible point)."""
-    try:
-        model = load_model(config.model, "model")
-    except ServesimError as exc:
-        raise blame(exc, "model") from None
-    try:
-        hardware = load_hardware(config.hardware, "hardware")
-    except ServesimError as exc:
-        raise blame(exc, "hardware") from None
+    found = []
+    for section, name, load in (("model", config.model, load_model),
+                                ("hardware", config.hardware, load_hardware)):
+        if (section, name) not in loaded:
+            try:
+                loaded[section, name] = load(name, section)
+            except ServesimError as exc:
+                raise blame(exc, section) from None
+        found.append(loaded[section, name])
+    model, hardware = found
     p = config.precision
     for section, check in (("policy", lambda: check_policy(config.policy.name, policy_knobs(config.policy))),
                            ("router", lambda: check_router(config.router.name, policy_knobs(config.router))),
