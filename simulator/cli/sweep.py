@@ -72,10 +72,21 @@ def sweep_command(
                       + (f"; redoing {prepared.stale_removed} interrupted" if prepared.stale_removed else ""))
     columns = (TextColumn("sweeping"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*columns, console=console, disable=quiet, transient=True) as bar:
-        task = bar.add_task("sweep", total=len(prepared.todo))
-        outcome = prepared.run(backend, workers, ray_address,  # type: ignore[arg-type]
-                               on_run=lambda _run: bar.advance(task))
+    finished = 0
+
+    def advance(_run: object) -> None:
+        nonlocal finished
+        finished += 1
+        bar.advance(task)
+
+    try:
+        with Progress(*columns, console=console, disable=quiet, transient=True) as bar:
+            task = bar.add_task("sweep", total=len(prepared.todo))
+            outcome = prepared.run(backend, workers, ray_address, on_run=advance)  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        console.print(f"interrupted: the {prepared.skipped + finished} finished runs are kept in "
+                      f"{out_dir}/points; run the same command again to resume")
+        raise typer.Exit(130) from None
     results = pd.read_parquet(out_dir / "results.parquet")
     render_results(results, plan.keys)
     runs = f"{outcome.runs_done} run{'s' if outcome.runs_done != 1 else ''}"

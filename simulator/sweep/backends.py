@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Literal
@@ -49,7 +51,8 @@ def run_local(tasks: Sequence[RunTask], on_done: OnDone, workers: int) -> None:
             on_done(execute_run(task))
         return
     pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)),
-                               mp_context=multiprocessing.get_context("spawn"))
+                               mp_context=multiprocessing.get_context("spawn"),
+                               initializer=exit_with_parent, initargs=(os.getpid(),))
     try:
         pending = {pool.submit(execute_run, task) for task in tasks}
         while pending:
@@ -81,6 +84,19 @@ def check_backend(backend: str) -> None:
         raise ServesimError("--backend", f"unknown backend {backend!r}", "use local or ray")
     if backend == "ray":
         import_ray()
+
+
+def exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """Pool worker initializer: leave when the sweep's process is gone. A killed driver (SIGTERM,
+    SIGKILL, a closed terminal) otherwise leaves its idle workers blocked on the task queue
+    forever; its unfinished runs are simply redone by the next, resumed, sweep."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def run_ray(tasks: Sequence[RunTask], on_done: OnDone, workers: int | None, address: str | None) -> None:
