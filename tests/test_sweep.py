@@ -110,6 +110,7 @@ def test_random_ranges_respect_their_bounds_and_shapes() -> None:
     ({"grid": {"deployment.tp": [1]}, "zip": {"deployment.tp": [2]}}, "zip[0].deployment.tp",
      "already varied"),
     ({"grid": {"seed": [1, 2]}}, "grid.seed", "replications"),
+    ({"set": {"deployment.tp": 2}, "grid": {"deployment.tp": [1]}}, "set.deployment.tp", "also varied"),
     ({"grid": {"deployment.tp": []}}, "grid.deployment.tp", "no values"),
     ({"grids": {"deployment.tp": [1]}}, "grids", "unknown key"),
     ({"random": {"n": 2, "axes": {"x": {"normal": [0, 1]}}}}, "random.axes.x", "neither a list"),
@@ -312,6 +313,10 @@ def test_dry_run_lists_points_by_builtin_name() -> None:
     result = servesim("sweep", "tp-70b", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert "8 points, 6 runs" in result.stdout and result.stdout.count("infeasible") == 2
+    # --set reaches the base: int4 weights (a quarter of bf16's bytes) fit 70B on one GPU.
+    int4 = servesim("sweep", "tp-70b", "--dry-run", "--set", "precision.weights=int4")
+    assert int4.returncode == 0, int4.stderr
+    assert "8 points, 8 runs" in int4.stdout and "infeasible" not in int4.stdout
 
 
 def test_cli_errors_keep_brackets_and_name_the_fix(tmp_path: Path) -> None:

@@ -36,6 +36,8 @@ def sweep_command(
         metavar="SWEEP", help="Sweep YAML (or a built-in sweep, e.g. tp-70b, quantisation, rates-h100)")],
     out: Annotated[Path | None, typer.Option(
         help="Sweep folder (default sweeps/<name>); rerun into it to resume")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a key of the base experiment, e.g. --set workload.num_requests=200")] = None,
     workers: Annotated[int | None, typer.Option(help="Parallel runs (default: CPU count)")] = None,
     backend: Annotated[str, typer.Option(help="local (process pool) or ray")] = "local",
     ray_address: Annotated[str | None, typer.Option(
@@ -47,7 +49,7 @@ def sweep_command(
     """Run a parameter sweep: results.parquet (one row per point, mean and 95% CI over
     replications), one folder per run under points/, resumable by rerunning."""
     check_backend(backend)
-    sweep = load_sweep(find_sweep(sweep_file))
+    sweep = load_sweep(find_sweep(sweep_file), overrides)
     out_dir = out or Path("sweeps") / sweep.name
     if dry_run:
         from simulator.sweep.plan import plan_sweep

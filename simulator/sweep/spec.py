@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from simulator.config import read_yaml_document
+from simulator.config import parse_override, read_yaml_document
 from simulator.errors import ServesimError
 from simulator.resources import configs_dir
 
@@ -122,11 +122,17 @@ def find_sweep(text: str) -> Path:
     raise ServesimError("SWEEP", f"{text} not found", f"give a sweep YAML path or a built-in sweep ({known})")
 
 
-def load_sweep(path: str | Path) -> Sweep:
+def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     """Read and check a sweep file (its structure and its base; the points are checked by
-    :func:`simulator.sweep.plan.plan_sweep`)."""
+    :func:`simulator.sweep.plan.plan_sweep`). ``overrides`` (``key=value``, as ``--set``) join the
+    file's ``set:`` section."""
     path = Path(path)
     document = read_yaml_document(path)
+    for text in overrides or []:
+        parts, value = parse_override(text)
+        if not isinstance(document.setdefault("set", {}), dict):
+            raise ServesimError("set", "is not a mapping", "write set: {key: value, ...}")
+        document["set"][".".join(parts)] = value
     return parse_sweep(document, path.parent, str(path), default_name=path.stem)
 
 
@@ -175,6 +181,9 @@ def _check_axes(spec: SweepSpec, source: str) -> None:
     for key in spec.set:
         if key in FORBIDDEN_AXES and key != "seed":
             raise ServesimError(f"set.{key}", f"{key} cannot be set here", FORBIDDEN_AXES[key])
+        if key in seen:
+            raise ServesimError(f"set.{key}", f"{key} is also varied by {seen[key]}",
+                                "set it or vary it, not both")
 
 
 def _base_document(base: str | dict[str, Any], folder: Path, source: str) -> tuple[dict[str, Any], Path]:
