@@ -338,3 +338,33 @@ def test_ray_backend_without_ray_says_how_to_install_it(tmp_path: Path) -> None:
     result = servesim("sweep", str(path), "--out", str(tmp_path / "out"), "--backend", "ray")
     assert result.returncode == 2 and not (tmp_path / "out").exists()
     assert "pip install 'servesim[ray]' (ray==2.60.0)" in result.stderr
+
+
+def test_impossible_precision_combinations_are_infeasible_not_typos(tmp_path: Path) -> None:
+    """W16A8 has no kernel (caught while planning); W8A8 on an A100, which has no fp8 tensor
+    cores, fails only in the cost model (caught by the worker): both are results. A misspelt
+    dtype is the file's mistake."""
+    base = {**BASE, "hardware": "a100-sxm-80gb", "workload": {**BASE["workload"], "num_requests": 20}}
+    path = write_sweep(tmp_path, {"base": base, "zip": {"precision.weights": ["bf16", "bf16", "fp8"],
+                                                        "precision.activations": ["bf16", "fp8", "fp8"]}})
+    outcome = run_sweep(load_sweep(path), tmp_path / "out", workers=1)
+    assert outcome.runs_total == 2  # W16A8 never runs
+    results = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    assert list(results["status"]) == ["ok", "infeasible", "infeasible"]
+    assert "W16A8" in results["reason"][1] and "no fp8 tensor cores" in results["reason"][2]
+    assert list(results["replications"]) == [1, 0, 0]
+    with pytest.raises(ServesimError) as typo:
+        plan_sweep(parse_sweep({"base": base, "grid": {"precision.weights": ["bf61"]}}, tmp_path))
+    assert typo.value.field == "grid.precision.weights"
+
+
+def test_base_by_relative_path_or_builtin_name(tmp_path: Path) -> None:
+    (tmp_path / "exps").mkdir()
+    (tmp_path / "exps" / "mine.yaml").write_text(yaml.safe_dump(BASE))
+    sweep = load_sweep(write_sweep(tmp_path, {"base": "exps/mine.yaml"}))
+    assert sweep.base_document["seed"] == 5 and sweep.base_dir == tmp_path / "exps"
+    builtin = load_sweep(write_sweep(tmp_path, {"base": "quickstart", "set": {"deployment.tp": 2}}, "b.yaml"))
+    assert builtin.base_document["model"] == "llama-3-8b" and builtin.base_document["deployment"]["tp"] == 2
+    with pytest.raises(ServesimError) as missing:
+        load_sweep(write_sweep(tmp_path, {"base": "nowhere.yaml"}, "c.yaml"))
+    assert missing.value.field == "base" and "quickstart" in str(missing.value)

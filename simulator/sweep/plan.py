@@ -4,12 +4,14 @@ Each point is the base experiment with the point's values set, validated exactly
 run`` would validate it. Two kinds of failure are told apart:
 
 * a malformed point (an unknown key, a value of the wrong type or range, an unknown model,
-  hardware, policy, policy knob or data type) is the sweep file's mistake: the whole sweep stops
-  before the first run with one line naming the sweep key at fault and the point;
+  hardware, policy, policy knob or data type name) is the sweep file's mistake: the whole sweep
+  stops before the first run with one line naming the sweep key at fault and the point;
 * a well-formed point whose deployment cannot run (the weights do not fit in HBM, no room for a
-  KV block, a token budget below the context length) is a result, not a mistake: a TP sweep
-  asks exactly which degrees fit. Such a point is recorded as ``infeasible`` with the config's
-  own one-line reason, and the sweep goes on.
+  KV block, a token budget below the context length, a data-type combination no kernel
+  implements, a data type the GPU has no tensor cores for) is a result, not a mistake: a TP
+  sweep asks exactly which degrees fit, a precision grid which combinations exist. Such a point
+  is recorded as ``infeasible`` with the config's own one-line reason and the sweep goes on; one
+  that fails only once running (in the cost model) is recorded the same way by its worker.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Literal
 from policies.base import check_policy
 from policies.routers import check_router
 from simulator.config import ExperimentConfig, validate_document
-from simulator.dtypes import Precision
+from simulator.dtypes import DType
 from simulator.engine.deployment import policy_knobs, resolve_deployment
 from simulator.errors import ServesimError
 from simulator.hardware import HardwareProfile
@@ -133,8 +135,9 @@ def _check_names(config: ExperimentConfig, blame: Any, loaded: dict[tuple[str, s
     p = config.precision
     for section, check in (("policy", lambda: check_policy(config.policy.name, policy_knobs(config.policy))),
                            ("router", lambda: check_router(config.router.name, policy_knobs(config.router))),
-                           ("precision", lambda: Precision.from_names(p.weights, p.activations,
-                                                                      p.kv_cache, p.group_size))):
+                           ("precision.weights", lambda: DType.parse(p.weights, "weight_dtype")),
+                           ("precision.activations", lambda: DType.parse(p.activations, "act_dtype")),
+                           ("precision.kv_cache", lambda: DType.parse(p.kv_cache, "kv_dtype"))):
         try:
             check()
         except ServesimError as exc:
