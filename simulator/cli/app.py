@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
 from simulator.cli.calibrate import calibrate_app
 from simulator.cli.capacity import capacity_command
@@ -18,6 +19,7 @@ from simulator.cli.console import error_console
 from simulator.cli.report import report_command
 from simulator.cli.run import run_command, validate_command
 from simulator.cli.step import step_command
+from simulator.cli.sweep import sweep_command
 from simulator.errors import ServesimError
 
 app = typer.Typer(
@@ -29,6 +31,7 @@ app = typer.Typer(
 )
 app.command("run")(run_command)
 app.command("validate")(validate_command)
+app.command("sweep")(sweep_command)
 app.command("step")(step_command)
 app.command("capacity")(capacity_command)
 app.command("models")(models_command)
@@ -41,5 +44,5 @@ def main() -> None:
     try:
         app()
     except ServesimError as exc:
-        error_console.print(f"[bold red]error:[/] {exc}", markup=True)
+        error_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(2)
