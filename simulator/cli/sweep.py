@@ -106,12 +106,8 @@ def _where(backend: Backend | str, workers: int | None, address: str | None) -> 
 
 
 def _write_report(out_dir: Path) -> None:
-    try:
-        from simulator.report.sweep_report import write_sweep_report  # type: ignore[import-not-found]
-    except ImportError:
-        console.print("[dim]no sweep report: simulator.report.sweep_report is not available in this "
-                      "version (use --no-report to silence this)[/]")
-        return
+    from simulator.report.sweep_report import write_sweep_report
+
     path = write_sweep_report(out_dir)
     console.print(f"wrote {path}")
 

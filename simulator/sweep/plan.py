@@ -20,7 +20,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies.base import check_policy
+from policies.base import POOL_POLICIES, check_policy, parse_options
+from policies.disaggregated import DisaggregatedOptions
 from policies.routers import check_router
 from simulator.config import ExperimentConfig, validate_document
 from simulator.dtypes import DType
@@ -61,9 +62,13 @@ class PlannedPoint:
     status: Status = "ok"
     reason: str = ""
     runs: list[RunTask] = field(default_factory=list)
+    num_gpus: int | None = None
+    """From the resolved deployment (both pools of a disaggregated one); None when infeasible."""
 
     @property
     def gpus(self) -> int:
+        if self.num_gpus is not None:
+            return self.num_gpus
         return self.config.deployment.tp * self.config.deployment.replicas
 
 
@@ -106,7 +111,7 @@ def plan_point(sweep: Sweep, index: int, values: Point,
     ident = identity(config, model, hardware)
     point = PlannedPoint(index, values, point_hash(ident), config, hardware)
     try:
-        resolve_deployment(config)
+        point.num_gpus = resolve_deployment(config).num_gpus
     except ServesimError as exc:
         point.status, point.reason = "infeasible", str(exc)
         return point
@@ -133,7 +138,12 @@ def _check_names(config: ExperimentConfig, blame: Any, loaded: dict[tuple[str, s
         found.append(loaded[section, name])
     model, hardware = found
     p = config.precision
-    for section, check in (("policy", lambda: check_policy(config.policy.name, policy_knobs(config.policy))),
+    def policy_check() -> Any:
+        if config.policy.name in POOL_POLICIES:  # its pools' knobs are checked with the deployment
+            return parse_options(DisaggregatedOptions, policy_knobs(config.policy), "policy")
+        return check_policy(config.policy.name, policy_knobs(config.policy))
+
+    for section, check in (("policy", policy_check),
                            ("router", lambda: check_router(config.router.name, policy_knobs(config.router))),
                            ("precision.weights", lambda: DType.parse(p.weights, "weight_dtype")),
                            ("precision.activations", lambda: DType.parse(p.activations, "act_dtype")),

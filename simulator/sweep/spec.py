@@ -111,15 +111,19 @@ class Sweep:
 
 
 def find_sweep(text: str) -> Path:
-    """A sweep path, or the name of a built-in sweep (``tp-70b`` -> configs/sweeps/tp-70b.yaml)."""
+    """A sweep path, or the name of a built-in sweep: ``configs/sweeps/<name>.yaml``, or a sweep at
+    the top of ``configs/`` (``compare-policies``, which the issue placed beside the experiments)."""
     path = Path(text)
     if path.is_file():
         return path
-    builtin = configs_dir() / "sweeps" / f"{text.removesuffix('.yaml')}.yaml"
-    if builtin.is_file() and path.parent == Path("."):
-        return builtin
-    known = ", ".join(sorted(p.stem for p in (configs_dir() / "sweeps").glob("*.yaml")))
-    raise ServesimError("SWEEP", f"{text} not found", f"give a sweep YAML path or a built-in sweep ({known})")
+    name = f"{text.removesuffix('.yaml')}.yaml"
+    if path.parent == Path("."):
+        for builtin in (configs_dir() / "sweeps" / name, configs_dir() / name):
+            if builtin.is_file() and "base" in (read_yaml_document(builtin) or {}):
+                return builtin
+    known = sorted([p.stem for p in (configs_dir() / "sweeps").glob("*.yaml")] + ["compare-policies"])
+    raise ServesimError("SWEEP", f"{text} not found",
+                        f"give a sweep YAML path or a built-in sweep ({', '.join(known)})")
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
