@@ -1,9 +1,10 @@
 """Turn a :class:`WorkloadConfig` and a seed into the :class:`RequestTable` the engine replays.
 
-Randomness: the seed feeds a ``numpy.random.SeedSequence`` that is split into three independent
-streams, one for arrivals, one for prompt lengths and one for output lengths. Same config and seed
-give an identical table; and changing only the length distribution keeps the very same arrival
-times (common random numbers), so two runs that differ in one knob stay comparable.
+Randomness: the seed feeds a ``numpy.random.SeedSequence`` that is split into four independent
+streams, one for arrivals, one for prompt lengths, one for output lengths and one for the shared
+system prompt each request draws. Same config and seed give an identical table; and changing only
+the length distribution keeps the very same arrival times (common random numbers), so two runs
+that differ in one knob stay comparable (adding ``shared_prefix`` changes no other stream).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
                           start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
                           model=trace.model)
     assert config.arrival is not None
-    arrival_rng, prompt_rng, output_rng = (np.random.default_rng(s)
-                                           for s in np.random.SeedSequence(seed).spawn(3))
+    arrival_rng, prompt_rng, output_rng, prefix_rng = (np.random.default_rng(s)
+                                                       for s in np.random.SeedSequence(seed).spawn(4))
     arrival = config.arrival
     burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
     arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng, num_requests=config.num_requests,
@@ -55,8 +56,26 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         output = _sample(config.output, n, output_rng)
         parts.append(f"output {_label(config.output)}")
     assert prompt is not None and output is not None
+    prefixes: dict[str, object] = {}
+    if config.shared_prefix is not None:
+        shared = config.shared_prefix
+        prompt, prefixes = with_shared_prefix(prompt, shared.tokens, shared.groups, prefix_rng)
+        parts.append(f"shared prefix {shared.tokens} tokens x {shared.groups} groups")
     parts.append(f"seed {seed}")
-    return RequestTable(arrivals, prompt, output, source="generated: " + ", ".join(parts))
+    return RequestTable(arrivals, prompt, output, source="generated: " + ", ".join(parts),
+                        **prefixes)  # type: ignore[arg-type]
+
+
+def with_shared_prefix(prompt: np.ndarray, tokens: int, groups: int, rng: np.random.Generator
+                       ) -> tuple[np.ndarray, dict[str, object]]:
+    """Prepend one of ``groups`` system prompts of ``tokens`` tokens (uniformly drawn) to each
+    prompt. Each request gets one prefix block id, its group, naming a ``tokens``-token block, in
+    the same CSR form as a Mooncake trace's ``hash_ids`` (``prefix_block_size = tokens``)."""
+    n = prompt.size
+    group = rng.integers(0, groups, size=n, dtype=np.int64)
+    return np.asarray(prompt, dtype=np.int64) + tokens, {
+        "prefix_block_offsets": np.arange(n + 1, dtype=np.int64), "prefix_block_ids": group,
+        "prefix_block_size": int(tokens)}
 
 
 def _sample(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:

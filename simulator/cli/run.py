@@ -62,6 +62,9 @@ def _describe(config: ExperimentConfig, deployment: Deployment, workload: Reques
                   f"max_num_seqs {lim.max_num_seqs}, max_num_batched_tokens "
                   f"{lim.max_num_batched_tokens:,}, max_model_len {lim.max_model_len:,}")
     console.print(f"workload: {escape(workload.describe())}")
+    if lim.enable_prefix_caching and not workload.has_prefixes:
+        console.print("[yellow]prefix caching is on, but the workload has no prefix block ids, so "
+                      "nothing can hit[/] (add workload.shared_prefix or replay a mooncake trace)")
     if d.hardware.spec_only:
         console.print("[dim]hardware profile is spec-only: efficiencies are defaults, not fitted to "
                       "measurements[/]")
@@ -141,6 +144,11 @@ def render_summary(summary: dict[str, Any]) -> None:
     console.print(f"completed {summary['completed']:,}, rejected {summary['rejected']:,}, preemptions "
                   f"{summary['preemptions']:,}; mean batch {batch['mean_size']:.1f}; KV use mean "
                   f"{kv['mean_utilization']:.0%}, peak {peak:.0%}")
+    prefix = summary.get("prefix_cache")
+    if prefix:
+        console.print(f"prefix cache: hit rate [bold]{prefix['hit_rate']:.1%}[/] "
+                      f"({prefix['cached_tokens']:,} of {prefix['prompt_tokens']:,} prompt tokens), "
+                      f"{prefix['evicted_blocks']:,} blocks evicted")
     if summary.get("unfinished"):
         console.print(f"[bold red]{summary['unfinished']:,} requests neither completed nor were "
                       "rejected[/]: the policy left them queued (see requests.parquet, status unfinished)")

@@ -47,7 +47,8 @@ class Deployment:
                 "kv_blocks_per_replica": self.limits.num_blocks, "block_size": self.limits.block_size,
                 "max_num_seqs": self.limits.max_num_seqs,
                 "max_num_batched_tokens": self.limits.max_num_batched_tokens,
-                "max_model_len": self.limits.max_model_len}
+                "max_model_len": self.limits.max_model_len,
+                "enable_prefix_caching": self.limits.enable_prefix_caching}
 
 
 def resolve_deployment(config: ExperimentConfig) -> Deployment:
@@ -56,6 +57,10 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
     d, p = config.deployment, config.precision
     check_policy(config.policy.name, policy_knobs(config.policy))
     check_router(config.router.name, policy_knobs(config.router))
+    if config.router.name in PREFIX_ROUTERS and not d.enable_prefix_caching:
+        raise ServesimError("router.name", f"{config.router.name} routes by what the replicas' prefix "
+                            "caches hold, and prefix caching is off",
+                            "set deployment.enable_prefix_caching: true or pick another router")
     model = load_model(config.model, "model")
     hardware = load_hardware(config.hardware, "hardware")
     precision = Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
@@ -89,7 +94,8 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
                             "raise gpu_memory_utilization, use a larger tp or quantise the weights")
     limits = EngineLimits(max_num_seqs=d.max_num_seqs, max_num_batched_tokens=budget,
                           max_model_len=max_model_len, block_size=d.block_size, num_blocks=num_blocks,
-                          watermark_blocks=math.floor(d.watermark * num_blocks))
+                          watermark_blocks=math.floor(d.watermark * num_blocks),
+                          enable_prefix_caching=d.enable_prefix_caching)
     return Deployment(model, hardware, d.tp, d.replicas, precision, memory, limits)
 
 
@@ -97,6 +103,9 @@ def policy_knobs(section: PolicyConfig | RouterConfig) -> dict[str, object]:
     """A policy or router section's knobs: every key but ``name``."""
     return {k: v for k, v in section.model_dump().items() if k != "name"}
 
+
+PREFIX_ROUTERS = frozenset({"prefix_affinity"})
+"""Routers that read the replicas' prefix caches, so they need prefix caching on."""
 
 CHUNKING_POLICIES = frozenset({"chunked_prefill"})
 """Policies that split prompts across steps, so their token budget may be below max_model_len."""

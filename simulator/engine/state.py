@@ -78,6 +78,7 @@ class RequestState:
         self.reject_reason = np.zeros(n, dtype=np.int8)
         self.replica = np.full(n, -1, dtype=np.int64)
         self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
+        self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache
         self.itl = ItlLog()
 
     def __len__(self) -> int:

@@ -47,6 +47,7 @@ def request_frame(result: SimulationResult) -> pd.DataFrame:
         "first_token_s": r.first_token,
         "finish_s": r.finish,
         "preemptions": r.preemptions,
+        "cached_tokens": r.cached_tokens,
         "queueing_s": r.first_scheduled - r.arrival,
         "ttft_s": r.first_token - r.arrival,
         "tpot_s": tpot,
@@ -112,7 +113,24 @@ def summarise(result: SimulationResult, requests: pd.DataFrame, itl: pd.DataFram
     summary["deployment"] = deployment
     summary["kv"] = _kv_summary(result, steps)
     summary["batch"] = _batch_summary(steps)
+    summary["prefix_cache"] = _prefix_cache_summary(result, requests)
     return summary
+
+
+def _prefix_cache_summary(result: SimulationResult, requests: pd.DataFrame) -> dict[str, Any] | None:
+    """Hit rate = prompt tokens found cached at each request's first admission / prompt tokens
+    of the admitted requests (vLLM's prefix-cache hit rate, in tokens; recomputes after a
+    preemption are not counted again). None when prefix caching is off."""
+    caches = [state.prefix_cache for state in result.replica_states]
+    if not result.deployment.limits.enable_prefix_caching or any(c is None for c in caches):
+        return None
+    admitted = requests["first_scheduled_s"].notna()
+    prompt = int(requests.loc[admitted, "prompt_tokens"].sum())
+    cached = int(requests.loc[admitted, "cached_tokens"].sum())
+    return {"hit_rate": cached / prompt if prompt else 0.0, "cached_tokens": cached, "prompt_tokens": prompt,
+            "evicted_blocks": sum(c.evicted_blocks for c in caches if c is not None),
+            "cached_blocks_at_end": sum(c.cached_blocks for c in caches if c is not None),
+            "workload_has_prefixes": result.workload.has_prefixes}
 
 
 def _kv_summary(result: SimulationResult, steps: pd.DataFrame) -> dict[str, Any]:
