@@ -80,7 +80,8 @@ class ReplicaState:
         r = self.requests
         ids = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
         tokens = r.prompt[ids] + r.generated[ids]
-        return used + int(((tokens + self.pool.block_size - 1) // self.pool.block_size - r.blocks_held[ids]).sum())
+        size = self.pool.block_size
+        return used + int(((tokens + size - 1) // size - r.blocks_held[ids]).sum())
 
     # ------------------------------------------------------------------ arrival
     def rejection(self, request: int) -> int:
