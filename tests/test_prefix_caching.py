@@ -4,14 +4,18 @@ traffic."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from engine_helpers import experiment, run, table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cli import servesim
 
 from simulator.engine.prefix_index import PrefixIndex
 from simulator.engine.prefix_pool import PrefixBlockPool
@@ -133,10 +137,10 @@ def test_hit_rate_rises_with_cache_size_to_the_repeated_block_fraction(tmp_path:
         hit_rates.append(summary["prefix_cache"]["hit_rate"])
         ttfts.append(summary["ttft_s"]["mean"])
     assert fraction == pytest.approx(101 / 133)  # 101 of its 133 blocks were seen before
-    assert all(a <= b for a, b in zip(hit_rates, hit_rates[1:], strict=False))
+    assert all(a <= b for a, b in itertools.pairwise(hit_rates))
     assert hit_rates[-1] == pytest.approx(fraction, rel=1e-12)
     assert hit_rates[0] < fraction - 0.2
-    assert all(a >= b for a, b in zip(ttfts, ttfts[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(ttfts))
     # Measured: hit rate 39% / 52% / 67% / 74% / 76%, mean TTFT 55 / 46 / 34 / 28 / 26 ms.
     assert ttfts[-1] < 0.6 * ttfts[0]
 
@@ -191,8 +195,9 @@ def prefix_workloads(draw: st.DrawFn) -> RequestTable:
 @given(trace=prefix_workloads(), blocks=st.integers(8, 120), block_size=st.sampled_from([1, 8, 16, 32]),
        max_num_seqs=st.integers(1, 16), watermark=st.sampled_from([0.0, 0.1]), replicas=st.integers(1, 2),
        router=st.sampled_from(["round_robin", "least_outstanding", "least_kv", "prefix_affinity"]))
-def test_conservation_with_prefix_caching(trace: RequestTable, blocks: int, block_size: int, max_num_seqs: int,
-                                          watermark: float, replicas: int, router: str) -> None:
+def test_conservation_with_prefix_caching(trace: RequestTable, blocks: int, block_size: int,
+                                          max_num_seqs: int, watermark: float, replicas: int,
+                                          router: str) -> None:
     """Whatever the traffic, sharing and pool: no request is lost, blocks in use never exceed the
     pool, and at the end every block is empty or cached-unreferenced with every reference count
     at zero; without preemption the engine computes exactly the tokens needed minus the hits."""
@@ -264,3 +269,34 @@ def test_pool_accounting_is_exact_after_every_operation(case: tuple[RequestTable
     pool.release_many(np.array(sorted(active), dtype=np.int64))
     audit = pool.audit(np.empty(0, dtype=np.int64))
     assert audit["in_use"] == 0 and pool.free == total and not pool.held.any()
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def test_cli_runs_quickstart_with_prefix_caching_and_prefix_affinity(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    sets = ["deployment.enable_prefix_caching=true", "deployment.replicas=2", "router.name=prefix_affinity",
+            "workload.num_requests=200", "workload.shared_prefix={tokens: 512, groups: 4}"]
+    flags = [a for s in sets for a in ("--set", s)]
+    result = servesim("run", "quickstart", *flags, "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "prefix cache: hit rate" in result.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    prefix = summary["prefix_cache"]
+    assert 0.1 < prefix["hit_rate"] < 1 and prefix["cached_tokens"] % 16 == 0
+    assert summary["deployment"]["enable_prefix_caching"] is True
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert requests["cached_tokens"].sum() == prefix["cached_tokens"]
+    assert (out / "report.html").is_file()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("router.name=prefix_affinity", r"^error: router.name: prefix_affinity .* enable_prefix_caching: true"),
+    ("deployment.enable_prefix_caching=maybe", r"^error: deployment.enable_prefix_caching: .*boolean"),
+    ("workload.shared_prefix={tokens: 0, groups: 2}", r"^error: workload.shared_prefix.tokens: "),
+    ("workload.shared_prefix={tokens: 64}", r"^error: workload.shared_prefix.groups: missing"),
+])
+def test_cli_bad_values_give_one_line_errors(override: str, message: str) -> None:
+    result = servesim("validate", "quickstart", "--set", override)
+    assert result.returncode != 0
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert re.match(message, result.stderr.strip()), result.stderr
