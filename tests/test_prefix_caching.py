@@ -290,7 +290,7 @@ def test_cli_runs_quickstart_with_prefix_caching_and_prefix_affinity(tmp_path: P
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("router.name=prefix_affinity", r"^error: router.name: prefix_affinity .* enable_prefix_caching: true"),
+    ("router.name=prefix_affinity", r"^error: router.name: prefix_affinity .*\.enable_prefix_caching: true"),
     ("deployment.enable_prefix_caching=maybe", r"^error: deployment.enable_prefix_caching: .*boolean"),
     ("workload.shared_prefix={tokens: 0, groups: 2}", r"^error: workload.shared_prefix.tokens: "),
     ("workload.shared_prefix={tokens: 64}", r"^error: workload.shared_prefix.groups: missing"),
