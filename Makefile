@@ -1,7 +1,7 @@
 # Developer shortcuts; CI runs .ci/run.
 PY ?= python
 
-.PHONY: test lint bench bench-step bench-engine
+.PHONY: test lint bench bench-step bench-engine bench-sweep
 
 test:
 	$(PY) -m pytest -q
@@ -9,10 +9,13 @@ test:
 lint:
 	$(PY) -m ruff check .
 
-bench: bench-step bench-engine
+bench: bench-step bench-engine bench-sweep
 
 bench-step:
 	$(PY) benchmarks/bench_step_cost.py
 
 bench-engine:
 	$(PY) benchmarks/bench_engine.py
+
+bench-sweep:
+	$(PY) benchmarks/bench_sweep.py

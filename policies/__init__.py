@@ -3,7 +3,15 @@
 Importing this package registers the built-in policies and routers by name.
 """
 
-from policies import continuous, routers  # noqa: F401
+from policies import (  # noqa: F401
+    chunked_prefill,
+    continuous,
+    disaggregated,
+    priority,
+    routers,
+    sjf,
+    static,
+)
 from policies.base import POLICIES, Batch, Policy, make_policy
 from policies.routers import ROUTERS, Router, make_router
 

@@ -24,7 +24,7 @@ from simulator.cost.batch import BatchShape
 from simulator.errors import ServesimError
 
 if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
-    from simulator.engine.replica_state import ReplicaState
+    from simulator.engine.replica_state import EngineLimits, ReplicaState
 
 _ONES = np.ones(1 << 16, dtype=np.int64)
 _ONES.flags.writeable = False
@@ -33,13 +33,16 @@ _ONES.flags.writeable = False
 @dataclass(frozen=True, slots=True)
 class Batch:
     """One iteration: request ``ids[i]`` computes ``new_tokens[i]`` tokens; ``shape`` is what the
-    cost model prices; ``preempted`` counts requests preempted to make room for it."""
+    cost model prices; ``preempted`` counts requests preempted to make room for it; ``extra_s``
+    is time the step spends beyond the priced model pass (e.g. KV copies to or from host memory
+    issued before it on the same stream)."""
 
     ids: np.ndarray
     new_tokens: np.ndarray
     shape: BatchShape
     preempted: int = 0
     decode_only: bool = False
+    extra_s: float = 0.0
 
     @classmethod
     def decodes(cls, ids: np.ndarray, context: np.ndarray, preempted: int = 0) -> Batch:
@@ -73,6 +76,12 @@ class Policy(ABC):
     def __init__(self, replica: ReplicaState, options: PolicyOptions) -> None:
         self.replica = replica
         self.options = options
+
+    @classmethod
+    def check_limits(cls, options: PolicyOptions, limits: EngineLimits) -> None:
+        """Raise a one-line ServesimError when a knob contradicts the deployment's engine limits
+        (called by ``servesim validate`` and ``run`` once the limits are known)."""
+        return None
 
     @abstractmethod
     def schedule(self, now: float) -> Batch | None:
@@ -108,19 +117,26 @@ def parse_options(options_model: type[BaseModel], options: dict[str, Any], where
         raise ServesimError(field, error["msg"], "fix the value") from None
 
 
-def lookup(registry: dict[str, Any], kind: str, name: str, options: dict[str, Any]) -> tuple[Any, Any]:
+def lookup(registry: dict[str, Any], kind: str, name: str, options: dict[str, Any],
+           also: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """The class registered as ``name`` and its validated knobs; a one-line error naming
-    ``<kind>.name`` or ``<kind>.<knob>`` otherwise. Shared by policies and routers."""
+    ``<kind>.name`` or ``<kind>.<knob>`` otherwise. Shared by policies and routers; ``also``
+    names valid choices resolved elsewhere, listed in the error."""
     cls = registry.get(name)
     if cls is None:
         raise ServesimError(f"{kind}.name", f"unknown {kind} {name!r}",
-                            f"use one of: {', '.join(sorted(registry))}")
+                            f"use one of: {', '.join(sorted({*registry, *also}))}")
     return cls, parse_options(cls.Options, options, kind)
 
 
 def check_policy(name: str, options: dict[str, Any]) -> tuple[type[Policy], PolicyOptions]:
     """The policy class and its validated knobs; a one-line error for an unknown name or knob."""
-    return lookup(POLICIES, "policy", name, options)
+    return lookup(POLICIES, "policy", name, options, also=POOL_POLICIES)
+
+
+POOL_POLICIES = ("disaggregated",)
+"""Policies over pools of replicas rather than one replica's batches: the engine resolves them
+(:mod:`policies.disaggregated`, :mod:`simulator.engine.disaggregated`)."""
 
 
 def make_policy(name: str, options: dict[str, Any], replica: ReplicaState) -> Policy:

@@ -2,4 +2,5 @@
 
 from simulator.cli.app import main
 
-main()
+if __name__ == "__main__":  # not again in sweep worker processes, which re-import this module
+    main()

@@ -194,16 +194,17 @@ def prefix_workloads(draw: st.DrawFn) -> RequestTable:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=prefix_workloads(), blocks=st.integers(8, 120), block_size=st.sampled_from([1, 8, 16, 32]),
        max_num_seqs=st.integers(1, 16), watermark=st.sampled_from([0.0, 0.1]), replicas=st.integers(1, 2),
-       router=st.sampled_from(["round_robin", "least_outstanding", "least_kv", "prefix_affinity"]))
+       router=st.sampled_from(["round_robin", "least_outstanding", "least_kv", "prefix_affinity"]),
+       policy=st.sampled_from(["continuous", "chunked_prefill", "sjf", "priority"]))
 def test_conservation_with_prefix_caching(trace: RequestTable, blocks: int, block_size: int,
                                           max_num_seqs: int, watermark: float, replicas: int,
-                                          router: str) -> None:
-    """Whatever the traffic, sharing and pool: no request is lost, blocks in use never exceed the
+                                          router: str, policy: str) -> None:
+    """Whatever the traffic, sharing, pool and policy: no request is lost, blocks in use never exceed the
     pool, and at the end every block is empty or cached-unreferenced with every reference count
     at zero; without preemption the engine computes exactly the tokens needed minus the hits."""
     config = experiment({"enable_prefix_caching": True, "num_gpu_blocks": blocks, "block_size": block_size,
                          "max_num_seqs": max_num_seqs, "watermark": watermark, "replicas": replicas},
-                        router={"name": router})
+                        router={"name": router}, policy={"name": policy})
     result = run(config, trace)
     tables = tabulate(result)
     requests, steps = tables.requests, tables.steps
@@ -294,9 +295,12 @@ def test_cli_runs_quickstart_with_prefix_caching_and_prefix_affinity(tmp_path: P
     ("deployment.enable_prefix_caching=maybe", r"^error: deployment.enable_prefix_caching: .*boolean"),
     ("workload.shared_prefix={tokens: 0, groups: 2}", r"^error: workload.shared_prefix.tokens: "),
     ("workload.shared_prefix={tokens: 64}", r"^error: workload.shared_prefix.groups: missing"),
+    ("policy.name=static", r"^error: deployment.enable_prefix_caching: is not modelled for policy 'static'"),
 ])
 def test_cli_bad_values_give_one_line_errors(override: str, message: str) -> None:
-    result = servesim("validate", "quickstart", "--set", override)
+    caching = ["--set", "deployment.enable_prefix_caching=true"]
+    on = [] if override.startswith(("router", "deployment")) else caching
+    result = servesim("validate", "quickstart", *on, "--set", override)
     assert result.returncode != 0
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert re.match(message, result.stderr.strip()), result.stderr

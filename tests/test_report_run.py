@@ -38,7 +38,7 @@ from simulator.report.series import (
 )
 from simulator.report.verdict import SloCheck
 
-NUM_CHARTS = 5
+NUM_CHARTS = 7
 LATENCY_KEYS = ("ttft_s", "tpot_s", "e2e_s", "queueing_s")
 
 # ---------------------------------------------------------------- fabricated run directory
@@ -126,6 +126,14 @@ def _fabricate_steps(rng: np.random.Generator, n_steps: int, replicas: int, hori
         kv_used = np.minimum(kv_total, num_decodes * 14 + prefill_tokens // 16)
         bound = np.where(prefill_tokens > 512, "compute", np.where(num_decodes + num_prefills < 4, "overhead",
                                                                       "memory"))
+        # A Llama-3-8B-like anatomy: 2 x 8e9 FLOPs per token, the 16 GB of weights read every step;
+        # the time split into operator classes in fixed shares that add up to the duration.
+        tokens = prefill_tokens + num_decodes
+        ops = {"op_gemm_s": 0.6 * duration,
+               "op_attn_prefill_s": np.where(num_prefills > 0, 0.1, 0.0) * duration,
+               "op_attn_decode_s": np.where(num_prefills > 0, 0.0, 0.1) * duration,
+               "op_elementwise_s": 0.1 * duration, "op_communication_s": 0.0 * duration,
+               "op_overhead_s": 0.2 * duration}
         frames.append(pd.DataFrame({
             "replica": np.full(m, replica, dtype=np.int64), "step": np.arange(m, dtype=np.int64),
             "start_s": start, "duration_s": duration, "num_prefills": num_prefills.astype(np.int64),
@@ -135,6 +143,7 @@ def _fabricate_steps(rng: np.random.Generator, n_steps: int, replicas: int, hori
             "kv_blocks_total": np.full(m, kv_total, dtype=np.int64),
             "waiting": np.clip(walk - 200, 0, None).astype(np.int64), "running": num_prefills + num_decodes,
             "preempted": (kv_used >= kv_total).astype(np.int64) * rng.poisson(1.0, m), "bound": bound,
+            "flops": 1.6e10 * tokens, "hbm_bytes": 1.6e10 + 1e5 * tokens, **ops,
         }))
     return pd.concat(frames, ignore_index=True)
 

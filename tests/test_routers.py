@@ -77,7 +77,7 @@ def _prefix_states(options: dict | None = None) -> tuple[list[ReplicaState], Req
                          prefix_block_ids=np.array([x for i in ids for x in i]))
     requests = RequestState(trace)
     index = PrefixIndex(trace, 16)
-    states = [ReplicaState(i, requests, limits(prefix=True), index) for i in range(3)]
+    states = [ReplicaState(i, requests, limits(prefix=True), prefixes=index) for i in range(3)]
     for replica, request in ((1, 0), (2, 1)):
         pool = states[replica].prefix_cache
         assert pool is not None

@@ -1,10 +1,11 @@
 """Turn a :class:`WorkloadConfig` and a seed into the :class:`RequestTable` the engine replays.
 
-Randomness: the seed feeds a ``numpy.random.SeedSequence`` that is split into four independent
-streams, one for arrivals, one for prompt lengths, one for output lengths and one for the shared
-system prompt each request draws. Same config and seed give an identical table; and changing only
-the length distribution keeps the very same arrival times (common random numbers), so two runs
-that differ in one knob stay comparable (adding ``shared_prefix`` changes no other stream).
+Randomness: the seed feeds a ``numpy.random.SeedSequence`` that is split into independent
+streams, one for arrivals, one for prompt lengths, one for output lengths, one for priority
+classes and one for the shared system prompt each request draws (``spawn(5)``'s first children
+are ``spawn(3)``'s, so adding priorities or shared prefixes changes no arrival or length). Same
+config and seed give an identical table; and changing only the length distribution keeps the very
+same arrival times (common random numbers), so two runs that differ in one knob stay comparable.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
                           start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
                           model=trace.model)
     assert config.arrival is not None
-    arrival_rng, prompt_rng, output_rng, prefix_rng = (np.random.default_rng(s)
-                                                       for s in np.random.SeedSequence(seed).spawn(4))
+    arrival_rng, prompt_rng, output_rng, priority_rng, prefix_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
     arrival = config.arrival
     burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
     arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng, num_requests=config.num_requests,
@@ -56,13 +57,21 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         output = _sample(config.output, n, output_rng)
         parts.append(f"output {_label(config.output)}")
     assert prompt is not None and output is not None
+    priority = None
+    if config.priority is not None:
+        classes = np.asarray(config.priority.classes, dtype=np.int64)
+        weights = np.ones(classes.size) if config.priority.weights is None else np.asarray(
+            config.priority.weights, dtype=np.float64)
+        share = weights / weights.sum()
+        priority = priority_rng.choice(classes, size=n, p=share)
+        parts.append("priority " + "/".join(f"{c}:{p:.0%}" for c, p in zip(classes, share, strict=True)))
     prefixes: dict[str, object] = {}
     if config.shared_prefix is not None:
         shared = config.shared_prefix
         prompt, prefixes = with_shared_prefix(prompt, shared.tokens, shared.groups, prefix_rng)
         parts.append(f"shared prefix {shared.tokens} tokens x {shared.groups} groups")
     parts.append(f"seed {seed}")
-    return RequestTable(arrivals, prompt, output, source="generated: " + ", ".join(parts),
+    return RequestTable(arrivals, prompt, output, priority=priority, source="generated: " + ", ".join(parts),
                         **prefixes)  # type: ignore[arg-type]
 
 

@@ -18,6 +18,8 @@ format) and/or per side by ``prompt:`` and ``output:`` (which override that side
       num_requests: 1000
       lengths: {preset: azure-conversation}        # or {trace: sharegpt.csv, format: sharegpt}
       output: {dist: fixed, value: 128}            # optional override of one side
+      priority: {classes: [0, 1], weights: [0.2, 0.8]}   # optional; lower is served first
+
 
     # dist: fixed {value} | uniform {low, high} (inclusive) | lognormal {median, sigma, min, max}
 
@@ -160,6 +162,26 @@ class LengthsConfig(_Strict):
         return self
 
 
+class PriorityMix(_Strict):
+    """Each request's priority drawn independently: ``classes[i]`` with probability proportional
+    to ``weights[i]`` (all equal when omitted). Lower values are served first (vLLM)."""
+
+    classes: Annotated[list[int], Field(min_length=1)]
+    weights: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PriorityMix:
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"classes {self.classes} repeat a value; list each class once")
+        if self.weights is not None:
+            if len(self.weights) != len(self.classes):
+                raise ValueError(f"{len(self.weights)} weights for {len(self.classes)} classes; "
+                                 "give one weight per class")
+            if sum(self.weights) <= 0:
+                raise ValueError("weights sum to 0; give at least one positive weight")
+        return self
+
+
 MAX_REQUESTS = 100_000_000
 """A generous bound on generated requests (about 5 GB of state): beyond it, split the run."""
 
@@ -170,7 +192,8 @@ class SharedPrefixConfig(_Strict):
     groups: PositiveInt
 
 
-_GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output", "shared_prefix")
+_GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output", "priority",
+                   "shared_prefix")
 
 
 class WorkloadConfig(_Strict):
@@ -183,6 +206,7 @@ class WorkloadConfig(_Strict):
     lengths: LengthsConfig | None = None
     prompt: LengthDist | None = None
     output: LengthDist | None = None
+    priority: PriorityMix | None = None
     shared_prefix: SharedPrefixConfig | None = None
 
     @model_validator(mode="after")
@@ -250,6 +274,7 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
         return WorkloadConfig
     if len(loc) == 1:
         return {"trace": TraceConfig, "arrival": ArrivalConfig, "lengths": LengthsConfig,
+                "priority": PriorityMix,
                 "shared_prefix": SharedPrefixConfig}.get(loc[0])
     if len(loc) == 2 and loc[0] in ("prompt", "output"):
         return _DISTS.get(loc[1])

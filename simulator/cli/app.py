@@ -10,12 +10,16 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
 from simulator.cli.calibrate import calibrate_app
+from simulator.cli.capacity import capacity_command
 from simulator.cli.catalog import hardware_command, models_command
 from simulator.cli.console import error_console
+from simulator.cli.report import report_command
 from simulator.cli.run import run_command, validate_command
 from simulator.cli.step import step_command
+from simulator.cli.sweep import sweep_command
 from simulator.errors import ServesimError
 
 app = typer.Typer(
@@ -27,9 +31,12 @@ app = typer.Typer(
 )
 app.command("run")(run_command)
 app.command("validate")(validate_command)
+app.command("sweep")(sweep_command)
 app.command("step")(step_command)
+app.command("capacity")(capacity_command)
 app.command("models")(models_command)
 app.command("hardware")(hardware_command)
+app.command("report")(report_command)
 app.add_typer(calibrate_app, name="calibrate")
 
 def main() -> None:
@@ -37,5 +44,5 @@ def main() -> None:
     try:
         app()
     except ServesimError as exc:
-        error_console.print(f"[bold red]error:[/] {exc}", markup=True)
+        error_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(2)

@@ -52,6 +52,9 @@ def _prepare(config_path: str, overrides: list[str] | None, seed: int | None
 
 
 def _describe(config: ExperimentConfig, deployment: Deployment, workload: RequestTable) -> None:
+    if config.policy.name == "disaggregated":
+        _describe_pools(config, deployment, workload)
+        return
     d, m, lim = deployment, deployment.memory, deployment.limits
     console.print(f"[bold]{config.name}[/]: {d.model.name} on {d.replicas} x {d.tp} x "
                   f"[bold]{d.hardware.name}[/] ({d.num_gpus} GPU{'s' if d.num_gpus > 1 else ''}), "
@@ -68,6 +71,24 @@ def _describe(config: ExperimentConfig, deployment: Deployment, workload: Reques
     if d.hardware.spec_only:
         console.print("[dim]hardware profile is spec-only: efficiencies are defaults, not fitted to "
                       "measurements[/]")
+
+
+def _describe_pools(config: ExperimentConfig, deployment: Any, workload: RequestTable) -> None:
+    """A disaggregated deployment: one line per pool, one for the link."""
+    console.print(f"[bold]{config.name}[/]: {deployment.model.name}, [bold]disaggregated[/] on "
+                  f"{deployment.num_gpus} GPUs, router {config.router.name}")
+    for name in ("prefill", "decode"):
+        d = deployment.pool(name)
+        m, lim = d.memory, d.limits
+        console.print(f"  {name}: {d.replicas} x {d.tp} x [bold]{d.hardware.name}[/], policy "
+                      f"{deployment.pool_policy(name)[0]}; KV pool {m.kv_cache_bytes / GIB:.1f} GiB = "
+                      f"{lim.num_blocks:,} blocks of {lim.block_size} tokens per replica; max_num_seqs "
+                      f"{lim.max_num_seqs}, max_num_batched_tokens {lim.max_num_batched_tokens:,}")
+    link = deployment.link
+    console.print(f"  KV link: {link.kind}, {link.bandwidth_Bps * link.efficiency / 1e9:.1f} GB/s x "
+                  f"{link.lanes} lane(s), {link.latency_s * 1e6:.0f} us, {link.channels} channel(s); "
+                  f"{deployment.kv_bytes_per_token / 1024:.0f} KiB of KV per prompt token")
+    console.print(f"workload: {escape(workload.describe())}")
 
 
 def validate_command(
@@ -144,6 +165,20 @@ def render_summary(summary: dict[str, Any]) -> None:
     console.print(f"completed {summary['completed']:,}, rejected {summary['rejected']:,}, preemptions "
                   f"{summary['preemptions']:,}; mean batch {batch['mean_size']:.1f}; KV use mean "
                   f"{kv['mean_utilization']:.0%}, peak {peak:.0%}")
+    if summary.get("disaggregation"):
+        dis = summary["disaggregation"]
+        link, pools = dis["link"], dis["pools"]
+        copy, link_wait, room_wait = dis["transfer_s"], dis["link_wait_s"], dis["decode_wait_s"]
+        console.print(f"KV transfers: {link['transfers']:,}, copy p50 {_fmt(copy['p50'])} p99 "
+                      f"{_fmt(copy['p99'])}; link wait p99 {_fmt(link_wait['p99'])}, decode-room wait "
+                      f"p99 {_fmt(room_wait['p99'])}; link busy {link['utilization']:.0%}; prefill pool "
+                      f"busy {pools['prefill']['busy_fraction']:.0%}, decode pool busy "
+                      f"{pools['decode']['busy_fraction']:.0%}")
+    swap = summary.get("swap") or {}
+    if swap.get("swaps_out"):
+        console.print(f"swapped {swap['swaps_out']:,} out / {swap['swaps_in']:,} in over the host link: "
+                      f"{(swap['bytes_out'] + swap['bytes_in']) / 1e9:,.2f} GB, "
+                      f"{swap['transfer_s']:,.3f} s of step time")
     prefix = summary.get("prefix_cache")
     if prefix:
         console.print(f"prefix cache: hit rate [bold]{prefix['hit_rate']:.1%}[/] "

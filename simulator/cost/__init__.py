@@ -4,11 +4,13 @@ from simulator.cost.attention import AttentionShape, causal_pairs
 from simulator.cost.batch import BatchShape
 from simulator.cost.communication import ring_allgather_s, ring_allreduce_s
 from simulator.cost.roofline import OpCost, roofline
-from simulator.cost.step_cost import BOUNDS, BREAKDOWN_KEYS, CostModel, StepCost
+from simulator.cost.step_cost import BOUNDS, BREAKDOWN_KEYS, OP_CLASS_OF, OP_CLASSES, CostModel, StepCost
 
 __all__ = [
            "BOUNDS",
            "BREAKDOWN_KEYS",
+           "OP_CLASSES",
+           "OP_CLASS_OF",
            "AttentionShape",
            "BatchShape",
            "CostModel",

@@ -53,6 +53,19 @@ IO_BYTES = 2.0
 BOUNDS = ("compute", "memory", "communication", "overhead")
 """What a step can be bound by, in the order :meth:`CostModel.step_summary` indexes them."""
 
+OP_CLASSES = ("gemm", "attn_prefill", "attn_decode", "elementwise", "communication", "overhead")
+"""The coarse operator classes the engine records per step (:meth:`CostModel.step_record`), in
+record order: every weight GEMM (QKV/MLA projections, O, MLP, MoE router and experts, LM head),
+the two attention kernels, the memory-bound elementwise kernels (embedding gather, norms, RoPE,
+activation, MoE combine), TP collectives, and the fixed per-step framework overhead. Each class
+holds its kernels' launch floors, so the six sum to the step time."""
+
+OP_CLASS_OF = {"embedding": "elementwise", "qkv_proj": "gemm", "attn_prefill": "attn_prefill",
+               "attn_decode": "attn_decode", "o_proj": "gemm", "mlp": "gemm", "moe": "gemm",
+               "elementwise": "elementwise", "lm_head": "gemm", "communication": "communication",
+               "overhead": "overhead"}
+"""Which :data:`OP_CLASSES` entry each :data:`BREAKDOWN_KEYS` entry belongs to."""
+
 
 @dataclass(frozen=True, slots=True)
 class _TokenPart:
@@ -66,6 +79,8 @@ class _TokenPart:
     overhead_s: float
     flops: float
     hbm_bytes: float
+    gemm_s: float
+    elementwise_s: float
 
 
 @dataclass(frozen=True)
@@ -274,7 +289,10 @@ class CostModel:
                                 compute_s=sum(op.roofline_s for op in ops if op.bound == "compute"),
                                 memory_s=sum(op.roofline_s for op in ops if op.bound == "memory"),
                                 overhead_s=sum(op.fixed_s for op in ops) + step_s,
-                                flops=sum(op.flops for op in ops), hbm_bytes=sum(op.bytes for op in ops))
+                                flops=sum(op.flops for op in ops), hbm_bytes=sum(op.bytes for op in ops),
+                                gemm_s=sum(op.time_s for op in ops if OP_CLASS_OF[op.name] == "gemm"),
+                                elementwise_s=sum(op.time_s for op in ops
+                                                  if OP_CLASS_OF[op.name] == "elementwise"))
             if len(self._token_cache) < 1 << 16:
                 self._token_cache[key] = cached
         return cached
@@ -282,13 +300,24 @@ class CostModel:
     def step_summary(self, batch: BatchShape) -> tuple[float, int, float, float]:
         """The engine's per-step record: (seconds, index of the bound in :data:`BOUNDS`, FLOPs,
         HBM bytes), without building the breakdown. Same time and bound as :meth:`step`."""
+        return self.step_record(batch)[:4]
+
+    def step_record(self, batch: BatchShape) -> tuple[float, ...]:
+        """:meth:`step_summary`'s four numbers followed by the seconds of each of
+        :data:`OP_CLASSES`: what the engine writes per step, without building the breakdown.
+
+        The token part (everything but attention) is memoised with its class sums, so this costs
+        one loop over the two or three attention operators, like :meth:`step_time`.
+        """
         if batch.is_empty:
-            return 0.0, BOUNDS.index("overhead"), 0.0, 0.0
+            return 0.0, BOUNDS.index("overhead"), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         part = self._token_part(batch.num_new_tokens, batch.num_logits)
         total, compute_s, memory_s = part.total_s, part.compute_s, part.memory_s
         overhead_s, flops, nbytes = part.overhead_s, part.flops, part.hbm_bytes
+        gemm_s, prefill_s, decode_s = part.gemm_s, 0.0, 0.0
         for op in self._batch_ops(batch):
-            total += op.time_s
+            time_s = op.time_s
+            total += time_s
             if op.compute_s >= op.memory_s:
                 compute_s += op.compute_s
             else:
@@ -296,8 +325,15 @@ class CostModel:
             overhead_s += op.fixed_s
             flops += op.flops
             nbytes += op.bytes
+            if op.name == "attn_decode":
+                decode_s += time_s
+            elif op.name == "attn_prefill":
+                prefill_s += time_s
+            else:  # MLA's re-expansion of cached latents is a GEMM
+                gemm_s += time_s
         sums = (compute_s, memory_s, part.comm_s, overhead_s)
-        return total, sums.index(max(sums)), flops, nbytes
+        return (total, sums.index(max(sums)), flops, nbytes, gemm_s, prefill_s, decode_s,
+                part.elementwise_s, part.comm_s, self.hardware.overhead.step_s)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp = self.model, self.tp

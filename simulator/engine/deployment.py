@@ -13,6 +13,7 @@ from simulator.config import ExperimentConfig, PolicyConfig, RouterConfig
 from simulator.cost import CostModel
 from simulator.dtypes import Precision
 from simulator.engine.replica_state import EngineLimits
+from simulator.engine.swap import SwapPath
 from simulator.errors import ServesimError
 from simulator.hardware import HardwareProfile
 from simulator.hardware_io import load_hardware
@@ -53,9 +54,19 @@ class Deployment:
 
 def resolve_deployment(config: ExperimentConfig) -> Deployment:
     """Everything a run needs before the first event, checked: a bad policy knob or a model that
-    does not fit fails here, in ``servesim validate`` as in ``servesim run``."""
+    does not fit fails here, in ``servesim validate`` as in ``servesim run``. A disaggregated
+    experiment gets a :class:`~simulator.engine.pools.DisaggregatedDeployment` (two pools)."""
+    if config.policy.name in NO_PREFIX_CACHING_POLICIES and config.deployment.enable_prefix_caching:
+        raise ServesimError("deployment.enable_prefix_caching",
+                            f"is not modelled for policy {config.policy.name!r} "
+                            f"({NO_PREFIX_CACHING_POLICIES[config.policy.name]})",
+                            "remove it or use continuous, chunked_prefill, sjf or priority")
+    if config.policy.name == "disaggregated":
+        from simulator.engine.pools import resolve_disaggregated  # it builds on this function
+
+        return resolve_disaggregated(config)  # type: ignore[return-value]
     d, p = config.deployment, config.precision
-    check_policy(config.policy.name, policy_knobs(config.policy))
+    policy_cls, policy_options = check_policy(config.policy.name, policy_knobs(config.policy))
     check_router(config.router.name, policy_knobs(config.router))
     if config.router.name in PREFIX_ROUTERS and not d.enable_prefix_caching:
         raise ServesimError("router.name", f"{config.router.name} routes by what the replicas' prefix "
@@ -70,7 +81,7 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
                             f"{max_model_len} exceeds {model.name}'s context length {model.max_context}",
                             f"use at most {model.max_context}")
     chunked = config.policy.name in CHUNKING_POLICIES
-    budget = d.max_num_batched_tokens or max(max_model_len, 2048)
+    budget = d.max_num_batched_tokens or (CHUNKED_DEFAULT_BUDGET if chunked else max(max_model_len, 2048))
     if not chunked and budget < max_model_len:
         raise ServesimError(
             "deployment.max_num_batched_tokens",
@@ -92,10 +103,14 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
     if num_blocks < 1:
         raise ServesimError("deployment", "no room for a single KV block",
                             "raise gpu_memory_utilization, use a larger tp or quantise the weights")
+    host = hardware.host_link
+    swap_path = SwapPath(block_bytes=memory.kv_bytes_per_token * d.block_size, gpus=d.tp,
+                         bandwidth_Bps=host.bandwidth_Bps * host.efficiency, latency_s=host.latency_s)
     limits = EngineLimits(max_num_seqs=d.max_num_seqs, max_num_batched_tokens=budget,
                           max_model_len=max_model_len, block_size=d.block_size, num_blocks=num_blocks,
-                          watermark_blocks=math.floor(d.watermark * num_blocks),
+                          watermark_blocks=math.floor(d.watermark * num_blocks), swap_path=swap_path,
                           enable_prefix_caching=d.enable_prefix_caching)
+    policy_cls.check_limits(policy_options, limits)
     return Deployment(model, hardware, d.tp, d.replicas, precision, memory, limits)
 
 
@@ -104,8 +119,17 @@ def policy_knobs(section: PolicyConfig | RouterConfig) -> dict[str, object]:
     return {k: v for k, v in section.model_dump().items() if k != "name"}
 
 
+NO_PREFIX_CACHING_POLICIES = {
+    "static": "it reserves and prefills whole prompts itself, as engines before prefix caching did",
+    "disaggregated": "its prefill and decode pools do not share a prefix cache yet"}
+"""Policies that do not admit through ReplicaState.prefill_need/admit, so a hit would be lost."""
+
 PREFIX_ROUTERS = frozenset({"prefix_affinity"})
 """Routers that read the replicas' prefix caches, so they need prefix caching on."""
 
 CHUNKING_POLICIES = frozenset({"chunked_prefill"})
 """Policies that split prompts across steps, so their token budget may be below max_model_len."""
+
+CHUNKED_DEFAULT_BUDGET = 2048
+"""vLLM's default ``max_num_batched_tokens`` with chunked prefill (``DEFAULT_MAX_NUM_BATCHED_TOKENS``
+in vllm/utils, "a balance between ITL and TTFT, not optimized for throughput")."""

@@ -8,8 +8,9 @@ system costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
+import numpy as np
 import simpy
 
 from policies.base import Policy
@@ -17,27 +18,39 @@ from simulator.cost import CostModel
 from simulator.engine.replica_state import ReplicaState
 from simulator.engine.step_log import StepLog
 
+Handoff = Callable[[np.ndarray, float], None]
+"""Disaggregated prefill: called with the requests whose prompt KV is complete and the time."""
+
 
 class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
-                 cost: CostModel, steps: StepLog) -> None:
+                 cost: CostModel, steps: StepLog, handoff: Handoff | None = None) -> None:
+        """``handoff`` makes this a prefill-only replica: a request whose prompt is computed emits
+        nothing here and goes to ``handoff`` instead (see :mod:`simulator.engine.disaggregated`)."""
         self.env = env
         self.state = state
         self.policy = policy
         self.cost = cost
         self.steps = steps
+        self.handoff = handoff
         self._idle: simpy.Event | None = None
         self.process = env.process(self._run())
 
     def accept(self, request: int) -> None:
         """An arrival routed here: queue it (or reject it) and wake the loop if idle."""
-        if self.state.enqueue(request) and self._idle is not None and not self._idle.triggered:
+        if self.state.enqueue(request):
+            self.wake()
+
+    def wake(self) -> None:
+        """New work or freed blocks: an idle loop asks its policy again."""
+        if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
 
     def _run(self) -> Generator[simpy.Event, object, None]:
         env, state, policy, steps = self.env, self.state, self.policy, self.steps
         requests, pool = state.requests, state.pool
-        step_summary, append, index = self.cost.step_summary, steps.append, state.index
+        step_record, append, index = self.cost.step_record, steps.append, state.index
+        handoff = self.handoff
         while True:
             now = env.now
             batch = policy.schedule(now)
@@ -51,12 +64,21 @@ class Replica:
                 self._idle = None
                 continue
             shape = batch.shape
-            seconds, bound, flops, nbytes = step_summary(shape)
-            append(index, now, seconds, shape.num_prefills, shape.num_decodes,
-                   shape.num_prefill_tokens, shape.num_decodes, pool.total - pool.free,
-                   len(state.waiting), int(state.running.size), batch.preempted, bound, flops, nbytes)
-            yield env.timeout(seconds)
-            finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
-            if finished.size:
-                state.drop_finished()
+            # (seconds, bound, FLOPs, bytes, seconds per operator class): see StepLog's ROW
+            record = step_record(shape)
+            extra = batch.extra_s  # time beyond the priced model pass (KV swap copies)
+            if extra:
+                record = (record[0] + extra, *record[1:])
+            append(index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
+                   shape.num_decodes, pool.total - pool.free, len(state.waiting),
+                   int(state.running.size), batch.preempted, *record, extra)
+            yield env.timeout(record[0])
+            if handoff is None:
+                finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
+                if finished.size:
+                    state.drop_finished()
+            else:  # prefill-only: requests whose prompt is done leave for a decode replica
+                finished = requests.complete_prefill(batch.ids, batch.new_tokens)
+                if finished.size:
+                    handoff(finished, env.now)
             policy.after_step(batch, finished, env.now)

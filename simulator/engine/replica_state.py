@@ -24,9 +24,11 @@ from simulator.engine.state import (
     REJECTED,
     RUNNING,
     TOO_LONG,
+    TRANSFERRING,
     WAITING,
     RequestState,
 )
+from simulator.engine.swap import HostSwap, SwapPath
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -41,6 +43,8 @@ class EngineLimits:
     block_size: int
     num_blocks: int
     watermark_blocks: int
+    swap_path: SwapPath | None = None
+    """The KV copy path to host memory, for policies that preempt by swapping."""
     enable_prefix_caching: bool = False
 
 
@@ -48,21 +52,31 @@ class ReplicaState:
     """One replica's queues and KV pool over the shared :class:`RequestState`."""
 
     def __init__(self, index: int, requests: RequestState, limits: EngineLimits,
+                 held: np.ndarray | None = None, seed: int = 0,
                  prefixes: PrefixIndex | None = None) -> None:
         self.index = index
         self.requests = requests
         self.limits = limits
+        self.seed = seed
+        """The experiment's seed, for policies that draw random numbers (e.g. noisy predictions)."""
+        # ``held``: a per-request block column shared by the replicas of one pool (a request holds
+        # blocks on a prefill and a decode replica at once while its KV is in transit).
+        held = requests.blocks_held if held is None else held
         self.prefix_cache: PrefixBlockPool | None = None
         """The pool, when it caches prefixes (``prefixes`` given): admission then starts each
         request after its cached prefix."""
         if prefixes is None:
-            self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests), requests.blocks_held)
+            self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests), held)
         else:
-            self.pool = self.prefix_cache = PrefixBlockPool(limits.num_blocks, limits.block_size, prefixes,
-                                                            requests.blocks_held)
+            self.pool = self.prefix_cache = PrefixBlockPool(limits.num_blocks, limits.block_size,
+                                                            prefixes, held)
+        # A deque, or any queue with the same few methods (a policy may install a keyed one:
+        # append, popleft, extendleft, [0], len).
         self.waiting: deque[int] = deque()
         self.running: np.ndarray = _EMPTY
         self.preemptions = 0
+        self.swap: HostSwap | None = None
+        """Host swap space, installed by a policy that preempts by swapping; None: recompute."""
 
     # ------------------------------------------------------------------ load, for routers
     @property
@@ -142,12 +156,18 @@ class ReplicaState:
     def preempt_tail(self, count: int) -> np.ndarray:
         """Preempt the last ``count`` running requests by recompute: their blocks are freed, their
         computed tokens forgotten (generated ones are kept) and they go back to the front of the
-        waiting queue, the oldest first. Returns their ids."""
+        waiting queue, the oldest first. Returns their ids. With host swap space, those whose
+        blocks fit there are swapped out instead and keep their computed tokens."""
         victims = self.running[-count:]
         self.running = self.running[:-count]
         r = self.requests
+        if self.swap is None:
+            r.computed[victims] = 0
+        else:
+            swapped = self.swap.swap_out(victims, self.pool.held[victims])
+            r.computed[victims[~swapped]] = 0
+            r.swaps_out[victims[swapped]] += 1
         self.pool.release_many(victims)
-        r.computed[victims] = 0
         r.status[victims] = WAITING
         r.preemptions[victims] += 1
         self.preemptions += count
@@ -161,6 +181,18 @@ class ReplicaState:
         if finished.any():
             self.pool.release_many(running[finished])
             self.running = running[~finished]
+
+    def hand_off(self, ids: np.ndarray) -> None:
+        """Disaggregated prefill: ``ids`` (running here) leave ``running`` with their blocks still
+        held, until their KV has been copied to a decode replica."""
+        self.running = self.running[~np.isin(self.running, ids)]
+        self.requests.status[ids] = TRANSFERRING
+
+    def join_running(self, ids: np.ndarray) -> None:
+        """Disaggregated decode: ``ids``, whose KV just arrived into blocks reserved for them,
+        join ``running`` without any prefill step here."""
+        self.requests.status[ids] = RUNNING
+        self.running = np.concatenate((self.running, ids)) if self.running.size else ids
 
     def prefill_need(self, request: int, max_new: int | None = None) -> tuple[int, int]:
         """(new tokens, extra blocks) to compute ``request``'s uncomputed tokens, at most

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import simpy
@@ -47,6 +48,10 @@ class SimulationResult:
     wall_time_s: float
     base_dir: Path | None = None
     """The experiment file's folder, against which its relative paths resolve."""
+    pools: list[str] | None = None
+    """Disaggregated runs: each replica's pool ("prefill" or "decode"), by replica index."""
+    link: Any = None
+    """Disaggregated runs: the KV link (:class:`~simulator.engine.kv_link.KvLink`), for its stats."""
 
 
 def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
@@ -55,13 +60,18 @@ def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
     deployment = resolve_deployment(config)
     if workload is None:
         workload = build_workload(config.workload, config.seed, base_dir)
+    if config.policy.name == "disaggregated":
+        from simulator.engine.disaggregated import simulate_disaggregated
+
+        return simulate_disaggregated(config, deployment, workload, base_dir, progress)  # type: ignore[arg-type]
     started = time.perf_counter()
     env = simpy.Environment()
     requests = RequestState(workload)
     steps = StepLog()
     limits = deployment.limits
     prefixes = PrefixIndex(workload, limits.block_size) if limits.enable_prefix_caching else None
-    states = [ReplicaState(i, requests, limits, prefixes) for i in range(deployment.replicas)]
+    states = [ReplicaState(i, requests, limits, seed=config.seed, prefixes=prefixes)
+              for i in range(deployment.replicas)]
     cost = deployment.cost_model()  # shared: its memo serves every replica
     replicas = [Replica(env, state, make_policy(config.policy.name, policy_knobs(config.policy), state),
                         cost, steps) for state in states]

@@ -17,13 +17,16 @@ from workloads.requests import RequestTable
 
 # Life cycle of a request (``status``).
 PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
-STATUS_NAMES = ("pending", "waiting", "running", "completed", "rejected")
+TRANSFERRING = 5
+"""Disaggregated serving: prefilled, waiting for decode-side blocks or on the KV link."""
+STATUS_NAMES = ("pending", "waiting", "running", "completed", "rejected", "transferring")
 UNFINISHED_NAME = "unfinished"
 
 REJECT_REASONS = ("", "prompt + output tokens exceed max_model_len",
-                  "prompt + output tokens need more KV blocks than the replica's pool holds")
+                  "prompt + output tokens need more KV blocks than the replica's pool holds",
+                  "prompt + output tokens need more KV blocks than a decode replica's pool holds")
 """Why a request was refused at arrival; ``reject_reason[r]`` indexes this tuple."""
-TOO_LONG, KV_NEVER_FITS = 1, 2
+TOO_LONG, KV_NEVER_FITS, DECODE_KV_NEVER_FITS = 1, 2, 3
 
 
 class ItlLog:
@@ -74,12 +77,23 @@ class RequestState:
         self.finish = np.full(n, np.nan)
         self.max_itl = np.full(n, np.nan)
         self.preemptions = np.zeros(n, dtype=np.int64)
+        self.swaps_out = np.zeros(n, dtype=np.int64)  # preemptions that kept the KV in host memory
+        self.swaps_in = np.zeros(n, dtype=np.int64)
         self.status = np.zeros(n, dtype=np.int8)
         self.reject_reason = np.zeros(n, dtype=np.int8)
         self.replica = np.full(n, -1, dtype=np.int64)
         self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
         self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache
         self.itl = ItlLog()
+        # Disaggregated serving only (NaN / -1 otherwise): ``replica`` is then the prefill replica.
+        self.decode_replica = np.full(n, -1, dtype=np.int64)
+        self.prefill_end = np.full(n, np.nan)
+        """The prompt's KV is complete on the prefill replica."""
+        self.transfer_queued = np.full(n, np.nan)
+        """The decode replica reserved its blocks and asked the link for a channel."""
+        self.transfer_start = np.full(n, np.nan)
+        self.transfer_end = np.full(n, np.nan)
+        """The KV has arrived on the decode replica: the first token is emitted then."""
 
     def __len__(self) -> int:
         return int(self.arrival.size)
@@ -104,6 +118,22 @@ class RequestState:
         self.computed[ids] = computed
         emits = computed == self.prompt[ids] + self.generated[ids]
         return self._emit(ids if emits.all() else ids[emits], now, may_be_first=True)
+
+    def complete_prefill(self, ids: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
+        """Credit a step on a prefill-only replica: ``ids[i]`` computed ``new_tokens[i]`` more
+        prompt tokens. Nothing is emitted there; returns the ids whose whole prompt is now in the
+        cache, ready to hand their KV to a decode replica."""
+        computed = self.computed[ids] + new_tokens
+        self.computed[ids] = computed
+        ready = computed >= self.prompt[ids] + self.generated[ids]
+        return ids if ready.all() else ids[ready]
+
+    def land(self, ids: np.ndarray, now: float) -> np.ndarray:
+        """The prompt KV of ``ids`` arrived on their decode replica at ``now``: they emit their
+        first token there (disaggregated TTFT includes the transfer). Returns those now done
+        (one-token outputs)."""
+        self.transfer_end[ids] = now
+        return self._emit(ids, now, may_be_first=True)
 
     def _emit(self, emitted: np.ndarray, now: float, may_be_first: bool) -> np.ndarray:
         """``emitted`` each sample one token at ``now``; returns those that are now done."""

@@ -33,7 +33,7 @@ class RunTables:
 
 def tabulate(result: SimulationResult) -> RunTables:
     requests = request_frame(result)
-    steps = result.steps.to_frame([s.limits.num_blocks for s in result.replica_states])
+    steps = result.steps.to_frame([s.limits.num_blocks for s in result.replica_states], result.pools)
     itl = itl_frame(result)
     return RunTables(requests, steps, itl, summarise(result, requests, itl, steps))
 
@@ -42,6 +42,8 @@ def resolved_config_yaml(result: SimulationResult) -> str:
     """The experiment as run: the engine limits vLLM would derive are written in explicitly."""
     document = result.config.model_dump(mode="json")
     _absolute_paths(document["workload"], result.base_dir)
+    if result.pools is not None:
+        return _resolved_disaggregated(result, document)
     limits = result.deployment.limits
     document["deployment"]["max_num_batched_tokens"] = limits.max_num_batched_tokens
     document["deployment"]["max_model_len"] = limits.max_model_len
@@ -50,6 +52,24 @@ def resolved_config_yaml(result: SimulationResult) -> str:
               f"per replica ({memory.kv_token_capacity:,} tokens, "
               f"{memory.kv_cache_bytes / 2**30:.1f} GiB per GPU).\n")
     return header + yaml.safe_dump(document, sort_keys=False)
+
+
+def _resolved_disaggregated(result: SimulationResult, document: dict[str, Any]) -> str:
+    """Each pool's derived limits written into its section of ``policy``."""
+    deployment = result.deployment
+    header = "# Resolved by servesim (disaggregated):"
+    document["policy"] = {"name": document["policy"]["name"],
+                          **deployment.options.model_dump(mode="json")}  # type: ignore[attr-defined]
+    for name in ("prefill", "decode"):
+        pool = deployment.pool(name)  # type: ignore[attr-defined]
+        limits, memory = pool.limits, pool.memory
+        section = document["policy"][name]
+        section.update({"max_num_batched_tokens": limits.max_num_batched_tokens,
+                        "max_num_seqs": limits.max_num_seqs, "tp": pool.tp})
+        header += (f" {name}: {limits.num_blocks:,} KV blocks of {limits.block_size} tokens per "
+                   f"replica ({memory.kv_cache_bytes / 2**30:.1f} GiB per GPU);")
+    document["deployment"]["max_model_len"] = deployment.prefill.limits.max_model_len  # type: ignore[attr-defined]
+    return header.rstrip(";") + ".\n" + yaml.safe_dump(document, sort_keys=False)
 
 
 def _absolute_paths(workload: dict[str, Any], base_dir: Path | None) -> None:

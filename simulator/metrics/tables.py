@@ -21,6 +21,7 @@ import pandas as pd
 
 from simulator.engine.simulation import SimulationResult
 from simulator.engine.state import DONE, REJECT_REASONS, REJECTED, STATUS_NAMES, UNFINISHED_NAME
+from simulator.metrics.disaggregation import add_request_columns, disaggregation_summary, pool_kv_summary
 from simulator.metrics.stats import describe, describe_weighted
 
 SUMMARY_LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queueing_s")
@@ -34,7 +35,7 @@ def request_frame(result: SimulationResult) -> pd.DataFrame:
     tpot = np.full(len(r), np.nan)
     multi = (output > 1) & np.isfinite(r.finish)
     tpot[multi] = (r.finish[multi] - r.first_token[multi]) / (output[multi] - 1)
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "request_id": np.arange(len(r), dtype=np.int64),
         "replica": r.replica,
         "arrival_s": r.arrival,
@@ -47,6 +48,8 @@ def request_frame(result: SimulationResult) -> pd.DataFrame:
         "first_token_s": r.first_token,
         "finish_s": r.finish,
         "preemptions": r.preemptions,
+        "swaps_out": r.swaps_out,
+        "swaps_in": r.swaps_in,
         "cached_tokens": r.cached_tokens,
         "queueing_s": r.first_scheduled - r.arrival,
         "ttft_s": r.first_token - r.arrival,
@@ -54,6 +57,9 @@ def request_frame(result: SimulationResult) -> pd.DataFrame:
         "max_itl_s": r.max_itl,
         "e2e_s": r.finish - r.arrival,
     })
+    if result.pools is not None:  # disaggregated: ``replica`` is the prefill replica
+        add_request_columns(result, frame)
+    return frame
 
 
 def itl_frame(result: SimulationResult) -> pd.DataFrame:
@@ -111,8 +117,15 @@ def summarise(result: SimulationResult, requests: pd.DataFrame, itl: pd.DataFram
     deployment["policy"] = result.config.policy.name
     deployment["router"] = result.config.router.name
     summary["deployment"] = deployment
-    summary["kv"] = _kv_summary(result, steps)
+    if result.pools is None:
+        summary["kv"] = _kv_summary(result, steps)
+    else:  # the decode pool's KV is the colocated figure's counterpart; each pool's is below
+        decode = [s for s, p in zip(result.replica_states, result.pools, strict=True) if p == "decode"]
+        summary["kv"] = pool_kv_summary(decode, steps[steps["pool"] == "decode"])
+    summary["swap"] = _swap_summary(result)
     summary["batch"] = _batch_summary(steps)
+    if result.pools is not None:
+        summary["disaggregation"] = disaggregation_summary(result, requests, steps, span)
     summary["prefix_cache"] = _prefix_cache_summary(result, requests)
     return summary
 
@@ -121,8 +134,8 @@ def _prefix_cache_summary(result: SimulationResult, requests: pd.DataFrame) -> d
     """Hit rate = prompt tokens found cached at each request's first admission / prompt tokens
     of the admitted requests (vLLM's prefix-cache hit rate, in tokens; recomputes after a
     preemption are not counted again). None when prefix caching is off."""
-    caches = [state.prefix_cache for state in result.replica_states]
-    if not result.deployment.limits.enable_prefix_caching or any(c is None for c in caches):
+    caches = [getattr(state, "prefix_cache", None) for state in result.replica_states]
+    if not caches or any(c is None for c in caches):
         return None
     admitted = requests["first_scheduled_s"].notna()
     prompt = int(requests.loc[admitted, "prompt_tokens"].sum())
@@ -146,6 +159,18 @@ def _kv_summary(result: SimulationResult, steps: pd.DataFrame) -> dict[str, Any]
     else:
         out["mean_utilization"] = 0.0
     return out
+
+
+def _swap_summary(result: SimulationResult) -> dict[str, Any]:
+    """KV swapped to and from host memory (preemption_mode swap); zeros when nothing swaps.
+    Bytes are summed over every GPU's host link; ``transfer_s`` is the step time they added."""
+    swaps = [state.swap for state in result.replica_states if state.swap is not None]
+    return {"swaps_out": sum(s.swaps_out for s in swaps), "swaps_in": sum(s.swaps_in for s in swaps),
+            "bytes_out": sum(s.bytes(s.blocks_out) for s in swaps),
+            "bytes_in": sum(s.bytes(s.blocks_in) for s in swaps),
+            "transfer_s": sum(s.transfer_s for s in swaps),
+            "host_blocks_total": sum(s.pool.total for s in swaps),
+            "host_blocks_in_use_at_end": sum(s.pool.used for s in swaps)}
 
 
 def _batch_summary(steps: pd.DataFrame) -> dict[str, Any]:

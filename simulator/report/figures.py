@@ -57,11 +57,11 @@ class Chart:
     key: str
     title: str
     caption: str
-    figure: go.Figure
+    figure: go.Figure | None  # None: the run lacks the data; the caption says so instead
     height: int
 
 
-def _f32(values: np.ndarray) -> np.ndarray:
+def f32(values: np.ndarray) -> np.ndarray:
     """float32 halves the embedded bytes; seven digits are plenty on screen."""
     return np.asarray(values, dtype=np.float32)
 
@@ -84,7 +84,7 @@ def _binned_trace(edges: np.ndarray, y: np.ndarray, name: str, hover: str, **kwa
     centers = bin_centers(edges)
     width = float(edges[1] - edges[0]) if edges.size > 1 else 1.0
     return go.Scatter(
-        x0=float(centers[0]), dx=width, y=_f32(y), name=name, mode="lines",
+        x0=float(centers[0]), dx=width, y=f32(y), name=name, mode="lines",
         hovertemplate=f"{hover}<extra>{name}</extra>", **kwargs,
     )
 
@@ -95,7 +95,7 @@ def _binned_trace(edges: np.ndarray, y: np.ndarray, name: str, hover: str, **kwa
 def _cdf_trace(values: np.ndarray, counts: np.ndarray | None, metric: Metric, population: str) -> go.Scatter:
     x, cdf = thin_cdf(*weighted_cdf(values, counts), max_points=MAX_POINTS)
     return go.Scatter(
-        x=_f32(x * metric.scale), y=_f32(cdf), mode="lines", name=metric.label, showlegend=False,
+        x=f32(x * metric.scale), y=f32(cdf), mode="lines", name=metric.label, showlegend=False,
         line={"shape": "hv"},
         hovertemplate=f"{metric.label} %{{x:.4g}} {metric.unit}<br>%{{y:.2%}} of {population} ≤ this"
                       "<extra></extra>",
@@ -205,7 +205,8 @@ def batch_kv_chart(data: RunData, t_range: tuple[float, float]) -> Chart:
     many = len(groups) > 1
     for i, (replica, idx) in enumerate(groups.items()):
         color = TEMPLATE.layout.colorway[i % len(TEMPLATE.layout.colorway)]
-        label = f"replica {replica}" if many else "mean"
+        pool = str(steps["pool"].iat[idx[0]]) if "pool" in steps else ""
+        label = (f"replica {replica}" + (f" ({pool})" if pool else "")) if many else "mean"
         fig.add_trace(_binned_trace(edges, interval_mean(start[idx], duration[idx], batch[idx], edges),
                                     f"batch, {label}", "t %{x:.4g} s: %{y:.1f} requests",
                                     line={"color": color}, legendgroup=str(replica)), row=1, col=1)
@@ -262,7 +263,7 @@ def queue_chart(data: RunData, t_range: tuple[float, float]) -> Chart:
 # ---------------------------------------------------------------- step time
 
 
-def _sample_steps(durations: np.ndarray, k: int) -> np.ndarray:
+def sample_steps(durations: np.ndarray, k: int) -> np.ndarray:
     """Indices of at most k steps: evenly spread over the run, plus the slowest ones."""
     n = durations.size
     if n <= k:
@@ -278,7 +279,7 @@ def step_time_chart(data: RunData) -> Chart:
     steps = data.steps
     tokens = (steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(float)
     duration_ms = steps["duration_s"].to_numpy(float) * 1e3
-    keep = _sample_steps(duration_ms, MAX_SCATTER_POINTS)
+    keep = sample_steps(duration_ms, MAX_SCATTER_POINTS)
     bound = steps["bound"].astype(str).to_numpy()[keep]
     custom = np.column_stack([
         steps["num_prefills"].to_numpy(float)[keep], steps["num_decodes"].to_numpy(float)[keep],
@@ -288,7 +289,7 @@ def step_time_chart(data: RunData) -> Chart:
     for name in sorted(set(bound.tolist())):
         sel = bound == name
         fig.add_trace(go.Scattergl(
-            x=_f32(tokens[keep][sel]), y=_f32(duration_ms[keep][sel]), customdata=_f32(custom[sel]),
+            x=f32(tokens[keep][sel]), y=f32(duration_ms[keep][sel]), customdata=f32(custom[sel]),
             mode="markers", name=f"{name}-bound", marker={"size": 5, "opacity": 0.6,
                                                           "color": BOUND_COLORS.get(name, "#bcbd22")},
             hovertemplate="%{x:,.0f} tokens, %{y:.3g} ms<br>%{customdata[0]:.0f} prefills, "

@@ -41,6 +41,9 @@ footer { margin-top: 2em; color: #888; font-size: 0.85em; }
 
 def chart_html(chart: Chart) -> str:
     """One chart as a heading, a caption and a plotly div that uses the page's plotly.js."""
+    if chart.figure is None:
+        return (f'<section id="{chart.key}"><h2>{escape(chart.title)}</h2>'
+                f'<p class="note">{escape(chart.caption)}</p></section>')
     div = pio.to_html(chart.figure, include_plotlyjs=False, full_html=False, config=PLOT_CONFIG,
                       default_width="100%", default_height=f"{chart.height}px", div_id=f"chart-{chart.key}")
     return (f'<section id="{chart.key}"><h2>{escape(chart.title)}</h2>'
@@ -48,10 +51,10 @@ def chart_html(chart: Chart) -> str:
 
 
 def render_page(title: str, header_html: str, charts: Iterable[Chart], config_text: str | None,
-                footer: str) -> str:
+                footer: str, config_name: str = "config.resolved.yaml") -> str:
     """The whole page: head with CSS and plotly.js, the verdict, the charts, the config."""
     if config_text is None:
-        config_block = "<p class=\"note\">No config.resolved.yaml in the run directory.</p>"
+        config_block = f'<p class="note">No {escape(config_name)} in the output folder.</p>'
     else:
         config_block = f"<pre>{escape(config_text)}</pre>"
     return "\n".join([
@@ -63,7 +66,7 @@ def render_page(title: str, header_html: str, charts: Iterable[Chart], config_te
         "</head><body>",
         header_html,
         *(chart_html(c) for c in charts),
-        f"<details><summary>Resolved configuration (config.resolved.yaml)</summary>{config_block}</details>",
+        f"<details><summary>Resolved configuration ({config_name})</summary>{config_block}</details>",
         f"<footer>{escape(footer)}</footer>",
         "</body></html>",
     ])

@@ -32,7 +32,12 @@ REQUEST_COLUMNS = ("replica", "arrival_s", "output_tokens", "status", "first_tok
 REQUEST_OPTIONAL = {"reject_reason": "", "max_itl_s": np.nan, "preemptions": 0}
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes", "prefill_tokens",
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
-STEP_OPTIONAL = {"bound": "unknown", "preempted": 0}
+OP_COLUMNS = ("op_gemm_s", "op_attn_prefill_s", "op_attn_decode_s", "op_elementwise_s", "op_communication_s",
+              "op_overhead_s")
+"""Seconds per operator class per step (simulator.engine.step_log.OP_COLUMNS; runs written before
+they existed get NaN, and the report leaves their chart out)."""
+STEP_OPTIONAL = {"bound": "unknown", "preempted": 0, "flops": np.nan, "hbm_bytes": np.nan,
+                 "pool": "", **dict.fromkeys(OP_COLUMNS, np.nan)}
 ITL_COLUMNS = ("itl_s", "count")
 
 
@@ -108,6 +113,10 @@ def load_run(run_dir: Path) -> RunData:
                             "run `servesim run` first and pass its output directory")
     for name in REQUIRED_FILES:
         if not (run_dir / name).is_file():
+            if (run_dir / SUMMARY_FILE).is_file():  # a summary-only (or interrupted) run
+                raise ServesimError("run_dir", f"{name} not found in {run_dir}",
+                                    "re-run `servesim run` with output: full (--set output=full): a "
+                                    "summary-only run keeps no tables to chart")
             raise _missing_file(run_dir, name)
     requests = _read_table(run_dir / REQUESTS_FILE, REQUEST_COLUMNS, REQUEST_OPTIONAL)
     steps = _read_table(run_dir / STEPS_FILE, STEP_COLUMNS, STEP_OPTIONAL)

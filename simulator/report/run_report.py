@@ -12,16 +12,30 @@ from pathlib import Path
 
 from simulator.atomic_io import atomic_write_text
 from simulator.report.figures import Chart, build_charts
+from simulator.report.hardware_roof import roof_from_config
 from simulator.report.page import render_page
 from simulator.report.run_data import RunData, load_run
-from simulator.report.verdict import render_header, slo_checks
+from simulator.report.step_figures import has_op_columns, op_breakdown_chart, roofline_chart
+from simulator.report.verdict import SloCheck, render_header, slo_checks
 
 REPORT_FILE = "report.html"
 
 
 def build_run_charts(data: RunData) -> list[Chart]:
     """The report's charts for an already loaded run (tests and notebooks inspect these)."""
-    return build_charts(data, slo_checks(data))
+    return _charts(data, slo_checks(data))
+
+
+def _charts(data: RunData, checks: list[SloCheck]) -> list[Chart]:
+    charts = build_charts(data, checks)
+    charts.append(roofline_chart(data, roof_from_config(data.config_text, data.run_dir)))
+    if has_op_columns(data):
+        charts.append(op_breakdown_chart(data))
+    else:
+        charts.append(Chart("operators", "Time per operator class",
+                            "This run's steps.parquet has no op_*_s columns (written by an older servesim): "
+                            "re-run the simulation to see the time per operator class.", None, 0))
+    return charts
 
 
 def render_run_report(data: RunData) -> str:
@@ -29,7 +43,7 @@ def render_run_report(data: RunData) -> str:
     checks = slo_checks(data)
     deployment = data.summary.get("deployment") or {}
     title = f"servesim run: {deployment.get('model', data.run_dir.name)}"
-    return render_page(title, render_header(data, checks), build_charts(data, checks), data.config_text,
+    return render_page(title, render_header(data, checks), _charts(data, checks), data.config_text,
                        footer=f"servesim run report for {data.run_dir.resolve()}")
 
 

@@ -1,0 +1,122 @@
+"""``chunked_prefill``: Sarathi-Serve's stall-free batching, as vLLM runs it with chunked prefill.
+
+Each step has a budget of ``max_num_batched_tokens`` tokens (vLLM's default with chunked prefill
+is 2048; the deployment applies it when the key is unset) and ``max_num_seqs`` requests. The
+running requests are served first: every decoding request gets its one token (decodes always fit,
+since ``max_num_seqs <= max_num_batched_tokens``), then the running requests still in their prompt
+(partially prefilled, or recomputing after preemption), in admission order, each get as much of
+the rest of their prompt as the remaining budget holds. Then waiting requests are admitted first
+come first served, the last one with a partial chunk if the budget runs out mid-prompt, while
+seats remain and the KV pool keeps its watermark of free blocks after giving them the blocks of
+their first chunk; the queue is not overtaken. Decodes and prefill chunks share one step, so a
+long prompt no longer stalls the running decodes for a whole prefill (Sarathi-Serve, OSDI'24).
+
+KV blocks grow with each chunk (vLLM v1 allocates slots for the tokens scheduled, not the whole
+prompt at admission). When the pool cannot give the running requests the blocks of their planned
+tokens, the most recently admitted ones are preempted by recompute until it can (vLLM's
+``running.pop()``), as in ``continuous``, and that step admits no new request. A chunk attends
+to every earlier chunk of its prompt: the cost model prices it over ``computed + new`` context
+(``simulator.cost.attention``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policies.base import Batch, Policy, register_policy
+
+
+@register_policy
+class ChunkedPrefill(Policy):
+    name = "chunked_prefill"
+
+    def schedule(self, now: float) -> Batch | None:
+        replica = self.replica
+        preempted = 0
+        while True:
+            ids, new, need = self._plan_running()
+            shortfall = int(need.sum()) - replica.pool.free
+            if shortfall <= 0:
+                break
+            preempted += self._preempt_for(ids, need, shortfall)
+        replica.pool.grow_many(ids, need, int(need.sum()))
+        # As vLLM v1: a step that had to preempt admits nobody new.
+        budget = replica.limits.max_num_batched_tokens - int(new.sum())
+        admitted, chunks = self._admit_waiting(now, budget) if not preempted else (ids[:0], ids[:0])
+        if admitted.size:
+            ids = np.concatenate((ids, admitted))
+            new = np.concatenate((new, chunks))
+        if ids.size == 0:
+            return None
+        r = replica.requests
+        computed = r.computed[ids]
+        total = r.prompt[ids] + r.generated[ids]
+        return Batch.of(ids, new, computed, total, preempted)
+
+    def _plan_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, new tokens, extra blocks) of the running requests that get tokens this step, in
+        running order: every decode one token, then the prompts in order while budget remains."""
+        replica = self.replica
+        running = replica.running
+        if running.size == 0:
+            return running, running, running
+        r, pool = replica.requests, replica.pool
+        computed = r.computed[running]
+        remaining = r.prompt[running] + r.generated[running] - computed
+        decoding = remaining == 1
+        budget = replica.limits.max_num_batched_tokens - int(np.count_nonzero(decoding))
+        prompt_left = np.where(decoding, 0, remaining)
+        before = np.cumsum(prompt_left) - prompt_left
+        chunk = np.clip(budget - before, 0, prompt_left)
+        new = np.where(decoding, 1, chunk)
+        scheduled = new > 0
+        if not scheduled.all():
+            running, computed, new = running[scheduled], computed[scheduled], new[scheduled]
+        block = pool.block_size
+        need = (computed + new + block - 1) // block - pool.held[running]
+        return running, new, np.maximum(need, 0)
+
+    def _preempt_for(self, ids: np.ndarray, need: np.ndarray, shortfall: int) -> int:
+        """Preempt from the tail of ``running`` until the remaining plan could fit; returns how
+        many. The caller plans again (the freed budget may lengthen an earlier chunk)."""
+        replica = self.replica
+        running = replica.running
+        planned = np.zeros(running.size, dtype=np.int64)
+        planned[np.isin(running, ids, assume_unique=True)] = need
+        relief = np.cumsum((replica.pool.held[running] + planned)[::-1])
+        count = min(int(np.searchsorted(relief, shortfall)) + 1, int(relief.size))
+        replica.preempt_tail(count)
+        return count
+
+    def _admit_waiting(self, now: float, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """Admit waiting requests FCFS with their first chunk; returns (ids, chunk tokens)."""
+        replica, lim = self.replica, self.replica.limits
+        waiting, pool = replica.waiting, replica.pool
+        seats = lim.max_num_seqs - int(replica.running.size)
+        free = pool.free
+        reserve = lim.watermark_blocks if replica.running.size else 0
+        admitted: list[int] = []
+        chunks: list[int] = []
+        blocks: list[int] = []
+        for request in waiting:
+            if seats <= 0 or budget <= 0:
+                break
+            # With prefix caching the chunk starts after the replica's cached prefix.
+            chunk, need = replica.prefill_need(request, max_new=budget)
+            if need > free - reserve:
+                break
+            admitted.append(request)
+            chunks.append(chunk)
+            blocks.append(need)
+            budget -= chunk
+            free -= need
+            seats -= 1
+            reserve = lim.watermark_blocks
+        if not admitted:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty
+        for _ in admitted:
+            waiting.popleft()
+        replica.admit(admitted, blocks, now)
+        return (np.fromiter(admitted, dtype=np.int64, count=len(admitted)),
+                np.fromiter(chunks, dtype=np.int64, count=len(chunks)))

@@ -1,0 +1,229 @@
+"""Everything servesim learns about one candidate deployment, computed in one worker process.
+
+For a candidate (hardware x TP x policy x replicas) :func:`analyse_candidate` resolves the
+deployment (a model that does not fit is *infeasible*, with the reason, not an error), computes
+its decode-batch limits, searches the highest sustainable rate, diagnoses the knee, and with a
+target rate sizes and verifies the fleet. It returns plain data, so the process pool can send it
+back and the JSON can hold it as is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulator.capacity.config import CapacityConfig
+from simulator.capacity.evaluate import WorkloadSample, judge, run_once, sample_workload
+from simulator.capacity.limits import decode_batch_limits
+from simulator.capacity.search import SearchResult, saturation_rate, search_rate
+from simulator.config import ExperimentConfig, PolicyConfig, validate_document
+from simulator.engine import resolve_deployment
+from simulator.engine.deployment import Deployment
+from simulator.errors import ServesimError
+from workloads import build_workload
+
+VERIFY_ATTEMPTS = 3
+"""Fleet sizes tried at the target rate: the computed one, then one and two more replica sets."""
+
+KV_FULL = 0.95
+"""Peak KV-pool use at which a run counts as KV-cache limited (vLLM preempts near a full pool)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    index: int
+    hardware: str
+    tp: int
+    policy: PolicyConfig
+    replicas: int
+
+    @property
+    def policy_label(self) -> str:
+        knobs = {k: v for k, v in self.policy.model_dump().items() if k != "name"}
+        return self.policy.name + (" " + ",".join(f"{k}={v}" for k, v in knobs.items()) if knobs else "")
+
+    @property
+    def label(self) -> str:
+        set_ = f" x{self.replicas}" if self.replicas > 1 else ""
+        return f"{self.hardware} tp{self.tp}{set_} {self.policy_label}"
+
+
+def expand_candidates(config: CapacityConfig) -> list[Candidate]:
+    """The cartesian product, in the order hardware, tp, policy, replicas."""
+    c = config.candidates
+    out = []
+    for hardware in c.hardware:
+        for tp in c.tp:
+            for policy in c.policy:
+                for replicas in c.replicas:
+                    out.append(Candidate(len(out), hardware, tp, policy, replicas))
+    return out
+
+
+def experiment_for(config: CapacityConfig, candidate: Candidate, replicas: int | None = None
+                   ) -> ExperimentConfig:
+    """The experiment that simulates ``candidate`` (its workload is replaced at every rate)."""
+    slo = {k: v for k, v in config.slo.limits().items()}
+    document = {
+        "name": f"{config.name}-{candidate.index}", "seed": config.seed, "model": config.model,
+        "hardware": candidate.hardware,
+        "deployment": {**config.deployment.model_dump(), "tp": candidate.tp,
+                       "replicas": replicas or candidate.replicas},
+        "precision": config.precision.model_dump(), "policy": candidate.policy.model_dump(),
+        "router": config.router.model_dump(), "workload": config.workload, "slo": slo,
+        "output": "summary",
+    }
+    return validate_document(document, "capacity")
+
+
+def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Path | None) -> dict[str, Any]:
+    record: dict[str, Any] = {"index": candidate.index, "candidate": candidate.label,
+                              "hardware": candidate.hardware, "tp": candidate.tp,
+                              "policy": candidate.policy.model_dump(), "replicas": candidate.replicas}
+    experiment = experiment_for(config, candidate)
+    try:
+        deployment = resolve_deployment(experiment)
+    except ServesimError as exc:
+        record.update(feasible=False, infeasible_reason=str(exc))
+        return record
+    record["feasible"] = True
+    record["hardware"] = deployment.hardware.name
+    record["deployment"] = deployment.describe()
+    record["memory_per_gpu"] = deployment.memory.to_dict()
+    sample = sample_workload(config, base_dir)
+    context = config.decode_context or sample.decode_context()
+    record["decode_batch_limits"] = decode_batch_limits(deployment, context, config.slo.tpot_s)
+
+    def evaluate(rate: float) -> dict[str, Any]:
+        runs = [run_once(experiment, sample.at_rate(k, rate), config) for k in range(len(sample.tables))]
+        return judge(config, runs, rate)
+
+    guess = saturation_rate(deployment, sample.mean_prompt_tokens, sample.mean_output_tokens)
+    s = config.search
+    result = search_rate(evaluate, guess, s.precision, s.max_doublings, s.max_halvings)
+    record["search"] = {"status": result.status, "max_rate": result.rate,
+                        "max_rate_per_replica": result.rate / candidate.replicas,
+                        "failing_rate": result.failing_rate, "first_guess": guess,
+                        "simulations": sum(e["replications"] for e in result.evaluations),
+                        "evaluations": result.evaluations}
+    record["knee"] = diagnose(config, result, deployment)
+    record["mean_output_tokens"] = sample.mean_output_tokens
+    if config.target_rate is not None:
+        record["target"] = size_for_target(config, candidate, result, sample, base_dir)
+    return record
+
+
+def diagnose(config: CapacityConfig, result: SearchResult, deployment: Deployment) -> dict[str, Any]:
+    """Why the rate cannot go higher: which SLO breaks first, what bounds the steps, whether the
+    KV cache is the limit, and how fast the queue grows just past the knee."""
+    passing, failing = result.passing, result.failing
+    knee: dict[str, Any] = {"passing": _brief(passing), "failing": _brief(failing)}
+    if failing is not None:
+        margins = failing["margins"]
+        first = min(margins, key=margins.__getitem__)
+        if first == "attainment":
+            misses = failing["miss_fractions"]
+            worst = max(misses, key=misses.__getitem__)
+            knee["breaks_first"] = f"attainment ({_name(worst)} misses most)"
+        else:
+            knee["breaks_first"] = _name(first)
+        knee["breaks_first_key"] = first
+    else:
+        knee["breaks_first"] = None
+    where = passing or failing
+    if where is not None:
+        shares = where["bound_shares"]
+        knee["step_bound"] = max(shares, key=shares.__getitem__)
+        knee["bound_shares"] = shares
+    at = failing or passing
+    if at is not None:
+        kv_limited = at["preemptions"] > 0 or at["peak_kv_use"] >= KV_FULL
+        knee["kv_limited"] = bool(kv_limited)
+        knee["peak_kv_use"] = at["peak_kv_use"]
+        knee["preemptions"] = at["preemptions"]
+        knee["queue_growth_per_s"] = at["queue_growth_per_s"]
+        knee["slot_limited"] = at["max_running"] >= deployment.limits.max_num_seqs * deployment.replicas
+    knee["summary"] = _knee_text(knee, result)
+    return knee
+
+
+def _brief(evaluation: dict[str, Any] | None) -> dict[str, Any] | None:
+    if evaluation is None:
+        return None
+    keys = ("rate", "metrics", "attainment", "margins", "miss_fractions", "preemptions", "peak_kv_use",
+            "queue_growth_per_s", "mean_batch")
+    return {k: evaluation[k] for k in keys}
+
+
+_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E", "attainment": "attainment"}
+
+
+def _name(key: str) -> str:
+    return _NAMES.get(key, key)
+
+
+def _knee_text(knee: dict[str, Any], result: SearchResult) -> str:
+    parts = []
+    if result.status == "unattainable":
+        parts.append(f"misses the SLOs even at {result.failing_rate:.3g} req/s")
+    if knee.get("breaks_first"):
+        parts.append(f"{knee['breaks_first']} breaks first at {result.failing_rate:.3g} req/s")
+    elif result.status == "ceiling":
+        parts.append(f"still within the SLOs at {result.rate:.3g} req/s (search ceiling)")
+    if "step_bound" in knee:
+        share = knee["bound_shares"][knee["step_bound"]]
+        parts.append(f"steps {share:.0%} {knee['step_bound']}-bound")
+    if "kv_limited" in knee:
+        kv = "KV-cache limited" if knee["kv_limited"] else "not KV-limited"
+        parts.append(f"{kv} (peak {knee['peak_kv_use']:.0%}, {knee['preemptions']:.0f} preemptions)")
+        parts.append(f"queue grows {max(0.0, knee['queue_growth_per_s']):.2f} req/s")
+        if knee.get("slot_limited"):
+            parts.append("batch at max_num_seqs")
+    return "; ".join(parts)
+
+
+def size_for_target(config: CapacityConfig, candidate: Candidate, result: SearchResult,
+                    sample: WorkloadSample, base_dir: Path | None) -> dict[str, Any]:
+    """Replica sets for the target rate, checked by simulating the whole fleet at that rate.
+
+    Sets = ceil(target / sustainable rate of one set); the fleet (sets x replicas replicas behind
+    the configured router) then serves ``requests_per_run x sets`` requests at the target rate
+    (one replication, seed ``seed``), so each replica sees about as many requests as in the
+    search. If that misses the SLOs, one more set is tried, up to :data:`VERIFY_ATTEMPTS` sizes."""
+    target = config.target_rate
+    assert target is not None
+    if result.rate <= 0:
+        return {"sets": None, "replicas": None, "gpus": None, "verified": False,
+                "note": "the SLOs are not met at any rate searched"}
+    sets = max(1, math.ceil(target / result.rate * (1 - 1e-12)))
+    computed = sets
+    attempts = []
+    for _ in range(VERIFY_ATTEMPTS):
+        replicas = sets * candidate.replicas
+        experiment = experiment_for(config, candidate, replicas)
+        table = _fleet_table(config, sample, sets, target, base_dir)
+        evaluation = judge(config, [run_once(experiment, table, config)], target)
+        attempts.append({"sets": sets, "replicas": replicas, "passed": evaluation["passed"],
+                         "margins": evaluation["margins"], "metrics": evaluation["metrics"],
+                         "attainment": evaluation["attainment"]})
+        if evaluation["passed"]:
+            break
+        sets += 1
+    verified = attempts[-1]["passed"]
+    final = attempts[-1]
+    return {"sets": final["sets"], "computed_sets": computed, "replicas": final["replicas"],
+            "gpus": final["replicas"] * candidate.tp, "verified": bool(verified),
+            "router": config.router.name, "attempts": attempts,
+            "margins": final["margins"]}
+
+
+def _fleet_table(config: CapacityConfig, sample: WorkloadSample, sets: int, rate: float,
+                 base_dir: Path | None):
+    workload = config.workload
+    if workload.trace is not None or sets == 1:
+        return sample.at_rate(0, rate)
+    sized = workload.model_copy(update={"num_requests": config.requests_per_run * sets, "duration_s": None})
+    table = build_workload(sized, config.seed, base_dir)
+    return WorkloadSample((table,), sample.base_rate).at_rate(0, rate)

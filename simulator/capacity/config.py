@@ -1,0 +1,232 @@
+"""The capacity question as one validated document: ``servesim capacity`` flags and YAML files
+both become a :class:`CapacityConfig`.
+
+::
+
+    name: llama3-8b-chat
+    seed: 0
+    model: llama-3-8b
+    workload:                       # the experiment's workload schema; its rate is searched
+      arrival: {process: poisson, rate: 10}
+      num_requests: 1000
+      lengths: {preset: azure-conversation}
+    slo:
+      ttft_s: 2.0                   # per-request limits, as in an experiment's slo:
+      tpot_s: 0.05
+      percentile: 99                # judged as p99 TTFT <= 2 s and p99 TPOT <= 50 ms ...
+      attainment: null              # ... or, if set (e.g. 0.99), >= 99% of requests meet all limits
+    candidates:                     # cartesian product: hardware x tp x policy x replicas
+      hardware: [h100-sxm-80gb, a100-sxm-80gb]
+      tp: [1, 2]
+      policy: [continuous]          # names, or {name: ..., knob: ...} mappings
+      replicas: [1]
+    deployment: {max_num_seqs: 256}   # engine limits shared by every candidate (not tp/replicas)
+    precision: {weights: bf16, activations: bf16, kv_cache: bf16}
+    router: {name: round_robin}
+    search: {replications: 3, precision: 0.05, requests_per_run: null, warmup_fraction: 0.1}
+    target_rate: 40                 # optional: size every candidate for 40 requests/s
+    prices: {h100-sxm-80gb: 2.5}    # optional USD per GPU-hour, beats the profile's
+    decode_context: null            # context of the decode-batch limits (default: workload mean)
+
+Every key is checked, and a mistake is one line naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from simulator.config import (
+    PolicyConfig,
+    PrecisionConfig,
+    RouterConfig,
+    apply_overrides,
+    read_yaml_document,
+)
+from simulator.errors import ServesimError
+from workloads import WorkloadConfig, parse_workload_config
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CapacitySlo(_Strict):
+    """What a rate must meet. Per-request limits (seconds) as in an experiment's ``slo:``; judged
+    either as percentile targets (``p<percentile>`` of each metric within its limit) or, with
+    ``attainment``, as the fraction of requests meeting every limit (DistServe's SLO attainment)."""
+
+    ttft_s: float | None = Field(None, gt=0)
+    tpot_s: float | None = Field(None, gt=0)
+    e2e_s: float | None = Field(None, gt=0)
+    percentile: float = Field(99.0, gt=0, le=100, description="percentile of the targets")
+    attainment: float | None = Field(None, gt=0, le=1,
+                                     description="required fraction of requests meeting all limits")
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> CapacitySlo:
+        if not self.limits():
+            raise ValueError("give at least one of ttft_s, tpot_s, e2e_s (seconds)")
+        return self
+
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s),
+                                  ("e2e_s", self.e2e_s)) if v is not None}
+
+    @property
+    def mode(self) -> str:
+        return "attainment" if self.attainment is not None else "percentile"
+
+    def describe(self) -> str:
+        names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E"}
+        parts = [f"{names[k]} <= {_seconds(v)}" for k, v in self.limits().items()]
+        if self.attainment is not None:
+            return f">= {self.attainment:.1%} of requests within " + " and ".join(parts)
+        return " and ".join(f"p{self.percentile:g} {p}" for p in parts)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:g} ms" if value < 1 else f"{value:g} s"
+
+
+class CandidatesConfig(_Strict):
+    """The deployments to compare: every combination of the four lists."""
+
+    hardware: list[str] = Field(min_length=1)
+    tp: list[int] = Field([1], min_length=1)
+    policy: list[PolicyConfig] = Field([PolicyConfig()], min_length=1)
+    replicas: list[int] = Field([1], min_length=1)
+
+    @field_validator("hardware", "tp", "policy", "replicas", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return value if isinstance(value, list) else [value]
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _named(cls, value: Any) -> Any:
+        return [{"name": v} if isinstance(v, str) else v for v in value]
+
+    @field_validator("tp", "replicas")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(v < 1 for v in value):
+            raise ValueError(f"must be integers >= 1, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a value twice: {value}")
+        return value
+
+
+class SharedDeployment(_Strict):
+    """Engine limits every candidate shares (tp and replicas come from ``candidates``)."""
+
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    block_size: int = Field(16, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=2)
+    watermark: float = Field(0.01, ge=0, lt=1)
+
+
+class SearchConfig(_Strict):
+    """How the highest sustainable rate is searched (see :mod:`simulator.capacity.search`)."""
+
+    replications: int = Field(3, ge=1, le=50, description="seeds simulated per rate")
+    precision: float = Field(0.05, gt=0, lt=1, description="stop when (fail - pass) / pass <= this")
+    requests_per_run: int | None = Field(
+        None, ge=50, description="requests per simulation (default: workload num_requests, else 1000)")
+    warmup_fraction: float = Field(0.1, ge=0, lt=0.9,
+                                   description="earliest arrivals left out of the SLO metrics")
+    max_doublings: int = Field(8, ge=1, le=20, description="bracketing steps above the first guess")
+    max_halvings: int = Field(7, ge=1, le=20, description="bracketing steps below the first guess")
+
+
+class CapacityConfig(_Strict):
+    name: str = "capacity"
+    seed: StrictInt = Field(0, ge=0, description="first seed; replication k uses seed + k")
+    model: str
+    workload: WorkloadConfig
+    slo: CapacitySlo
+    candidates: CandidatesConfig
+    deployment: SharedDeployment = SharedDeployment()
+    precision: PrecisionConfig = PrecisionConfig()
+    router: RouterConfig = RouterConfig()
+    search: SearchConfig = SearchConfig()
+    target_rate: float | None = Field(None, gt=0, description="requests/s to size every candidate for")
+    prices: dict[str, float] = Field(default_factory=dict, description="USD per GPU-hour by hardware")
+    decode_context: int | None = Field(None, ge=1, description="context of the decode-batch limits")
+
+    @field_validator("prices")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, price in value.items():
+            if not price >= 0:
+                raise ValueError(f"price of {name} must be >= 0 USD per GPU-hour, got {price}")
+        return value
+
+    @property
+    def requests_per_run(self) -> int:
+        if self.search.requests_per_run is not None:
+            return self.search.requests_per_run
+        return self.workload.num_requests or 1000
+
+
+# ---------------------------------------------------------------------- loading
+def validate_capacity(document: dict[str, Any], source: str = "capacity config") -> CapacityConfig:
+    """Validate a capacity document; the first mistake becomes a one-line ServesimError."""
+    if "workload" in document:  # its own parser words workload errors best
+        document = {**document, "workload": parse_workload_config(document["workload"])}
+    try:
+        return CapacityConfig.model_validate(document)
+    except ValidationError as exc:
+        raise _as_user_error(exc, source) from None
+
+
+def load_capacity_document(path: str | Path | None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The YAML mapping at ``path`` (empty without one) with ``--set`` overrides applied."""
+    document = read_yaml_document(Path(path)) if path is not None else {}
+    return apply_overrides(document, overrides or [])
+
+
+def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
+    error = next((e for e in exc.errors() if e["type"] == "extra_forbidden"), exc.errors()[0])
+    loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
+    field = ".".join(loc) or source
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        return ServesimError(field, "unknown key",
+                             f"remove it or use one of: {', '.join(allowed)}" if allowed else "remove it")
+    if kind == "missing":
+        hint = {"model": "--model NAME", "candidates": "--hardware NAME",
+                "candidates.hardware": "--hardware NAME", "slo": "--ttft/--tpot/--e2e SECONDS",
+                "workload": "a workload: section"}.get(field)
+        return ServesimError(field, "is required", f"give {hint}" if hint else f"add {loc[-1]}: ...")
+    got = error.get("input")
+    shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+    message = error["msg"].removeprefix("Value error, ").rstrip(".")
+    return ServesimError(field, f"{message}{shown}", "fix the value")
+
+
+def _allowed_keys(loc: list[str]) -> list[str]:
+    model: Any = CapacityConfig
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        annotation = fields[part].annotation
+        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if hasattr(a, "model_fields")]
+        if not candidates:
+            return []
+        model = candidates[0]
+    return list(getattr(model, "model_fields", {}))

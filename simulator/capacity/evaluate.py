@@ -1,0 +1,208 @@
+"""Does one deployment meet the SLOs at one arrival rate? Simulate it and judge.
+
+**Workload at a rate.** Each replication ``k`` builds the workload once, with seed
+``seed + k`` and ``requests_per_run`` requests, and every rate replays that same table with its
+arrival times scaled by ``base_rate / rate`` (a trace's own mean rate, or the generator's). For
+Poisson, gamma and constant arrivals that is exactly the process at the new rate (NumPy draws
+an exponential or gamma gap as a standard draw times its scale), and it makes every rate see the
+same requests in the same order (common random numbers), so the pass/fail verdict moves
+monotonically with the rate instead of jumping with sampling noise. A trace replays the same
+requests at every seed, so it runs one replication.
+
+**Measurement.** The first ``warmup_fraction`` of requests (by arrival) start an empty system
+and are left out; the rest are judged, including those that arrive last and drain the queue. A
+request that is rejected or never finishes counts as an infinite TTFT, TPOT and E2E, so it can
+only make a verdict worse. With percentile targets, the metric of a replication is the
+``percentile``-th value (NumPy's linear interpolation, as vLLM's benchmark) of its judged
+requests; with ``attainment``, it is the fraction of judged requests that complete within every
+limit (one-token outputs have no TPOT to miss). A rate passes when the **mean over
+replications** of each metric meets its target.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulator.capacity.config import CapacityConfig
+from simulator.config import ExperimentConfig
+from simulator.cost import BOUNDS
+from simulator.engine import simulate
+from simulator.engine.state import DONE
+from workloads import build_workload
+from workloads.requests import RequestTable
+
+METRICS = ("ttft_s", "tpot_s", "e2e_s")
+_BIG = 1e300
+"""Stands in for an infinite latency inside np.percentile (inf - inf would give NaN)."""
+
+
+@dataclass(frozen=True)
+class WorkloadSample:
+    """The request tables of every replication at their base rate."""
+
+    tables: tuple[RequestTable, ...]
+    base_rate: float
+
+    @property
+    def mean_output_tokens(self) -> float:
+        return float(np.mean(np.concatenate([t.output_tokens for t in self.tables])))
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        return float(np.mean(np.concatenate([t.prompt_tokens for t in self.tables])))
+
+    def decode_context(self) -> float:
+        """Mean context of a decode step, over all output tokens: a request with prompt P and
+        output O decodes O - 1 tokens over contexts P, P+1, ..., P+O-2."""
+        prompt = np.concatenate([t.prompt_tokens for t in self.tables]).astype(float)
+        output = np.concatenate([t.output_tokens for t in self.tables]).astype(float)
+        decodes = output - 1
+        if decodes.sum() <= 0:
+            return float(prompt.mean())
+        return float(np.sum(decodes * (prompt + (decodes - 1) / 2)) / decodes.sum())
+
+    def at_rate(self, replication: int, rate: float) -> RequestTable:
+        table = self.tables[replication]
+        return replace(table, arrival_s=table.arrival_s * (self.base_rate / rate))
+
+
+def sample_workload(config: CapacityConfig, base_dir: Path | None) -> WorkloadSample:
+    workload = config.workload
+    n = config.requests_per_run
+    if workload.trace is None:
+        assert workload.arrival is not None
+        sized = workload.model_copy(update={"num_requests": n, "duration_s": None})
+        tables = tuple(build_workload(sized, config.seed + k, base_dir)
+                       for k in range(config.search.replications))
+        return WorkloadSample(tables, workload.arrival.rate)
+    table = build_workload(workload, config.seed, base_dir)
+    if len(table) > n:
+        table = table.take(np.arange(n))
+    if table.mean_rate <= 0:
+        from simulator.errors import ServesimError
+
+        raise ServesimError("workload.trace", "needs at least two requests at distinct times",
+                            "widen the trace window")
+    return WorkloadSample((table,), table.mean_rate)
+
+
+@dataclass
+class RunMetrics:
+    """One replication at one rate."""
+
+    percentiles: dict[str, float]
+    attainment: float
+    bound_seconds: dict[str, float]
+    preemptions: int
+    peak_kv: float
+    mean_kv: float
+    queue_growth_per_s: float
+    mean_batch: float
+    max_running: int
+    rejected: int
+    misses: dict[str, float]
+    """Per limit: the fraction of judged requests over it (or not completed)."""
+
+
+def run_once(experiment: ExperimentConfig, table: RequestTable, config: CapacityConfig) -> RunMetrics:
+    result = simulate(experiment, table)
+    r = result.requests
+    n = len(r)
+    judged = np.arange(n) >= math.floor(config.search.warmup_fraction * n)
+    done = r.status == DONE
+    values: dict[str, np.ndarray] = {}
+    values["ttft_s"] = np.where(done, r.first_token - r.arrival, np.inf)
+    values["e2e_s"] = np.where(done, r.finish - r.arrival, np.inf)
+    multi = done & (r.output > 1)
+    tpot = np.full(n, np.nan)
+    tpot[multi] = (r.finish[multi] - r.first_token[multi]) / (r.output[multi] - 1)
+    tpot[~done] = np.inf
+    values["tpot_s"] = tpot
+    limits = config.slo.limits()
+    percentiles = {key: _percentile(values[key][judged], config.slo.percentile) for key in METRICS}
+    met = done[judged].copy()
+    misses: dict[str, float] = {}
+    for key, limit in limits.items():
+        v = values[key][judged]
+        within = (v <= limit) | np.isnan(v)
+        misses[key] = float(np.mean(~within)) if v.size else 0.0
+        met &= within
+    records = result.steps.records()
+    bound_seconds = {name: float(records["duration_s"][records["bound"] == i].sum())
+                     for i, name in enumerate(BOUNDS)}
+    blocks = result.deployment.limits.num_blocks
+    peak = max(state.pool.peak_used for state in result.replica_states) / blocks
+    if records.size and records["duration_s"].sum() > 0:
+        mean_kv = float(np.average(records["kv_blocks_used"] / blocks, weights=records["duration_s"]))
+        mean_batch = float(np.average(records["num_prefills"] + records["num_decodes"],
+                                      weights=records["duration_s"]))
+    else:
+        mean_kv = mean_batch = 0.0
+    return RunMetrics(percentiles=percentiles, attainment=float(met.mean()) if met.size else 0.0,
+                      bound_seconds=bound_seconds, preemptions=int(r.preemptions.sum()),
+                      peak_kv=float(peak), mean_kv=mean_kv,
+                      queue_growth_per_s=_queue_growth(records, table),
+                      mean_batch=mean_batch,
+                      max_running=int(records["running"].max()) if records.size else 0,
+                      rejected=int(np.count_nonzero(~done)), misses=misses)
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    finite_or_inf = values[~np.isnan(values)]
+    if finite_or_inf.size == 0:
+        return math.nan
+    point = float(np.percentile(np.minimum(finite_or_inf, _BIG), q))
+    return math.inf if point >= _BIG / 2 else point
+
+
+def _queue_growth(records: np.ndarray, table: RequestTable) -> float:
+    """Requests per second by which the waiting queue grows while requests arrive: the slope of
+    a least-squares line through (step start, waiting requests), one point per step. Near 0 for
+    a stable system; close to (offered - served) rate for an overloaded one."""
+    if records.size < 3 or len(table) < 2:
+        return 0.0
+    during = records["start_s"] <= table.arrival_s[-1]
+    t, waiting = records["start_s"][during], records["waiting"][during].astype(float)
+    if t.size < 3 or np.ptp(t) == 0:
+        return 0.0
+    return float(np.polyfit(t, waiting, 1)[0])
+
+
+def judge(config: CapacityConfig, runs: list[RunMetrics], rate: float) -> dict[str, Any]:
+    """Mean over replications, margins against each target, and the verdict, as one record."""
+    slo = config.slo
+    limits = slo.limits()
+    metrics = {key: float(np.mean([run.percentiles[key] for run in runs])) for key in METRICS}
+    attainment = float(np.mean([run.attainment for run in runs]))
+    margins: dict[str, float] = {}
+    if slo.attainment is None:
+        for key, limit in limits.items():
+            value = metrics[key]
+            margins[key] = 0.0 if math.isnan(value) else 1.0 - value / limit
+    else:
+        margins["attainment"] = attainment - slo.attainment
+    passed = all(m >= 0 for m in margins.values())
+    busy = {name: float(np.sum([run.bound_seconds[name] for run in runs])) for name in BOUNDS}
+    total = sum(busy.values())
+    return {
+        "rate": rate,
+        "passed": passed,
+        "metrics": {f"p{slo.percentile:g}_{key}": value for key, value in metrics.items()},
+        "attainment": attainment,
+        "miss_fractions": {key: float(np.mean([run.misses[key] for run in runs])) for key in limits},
+        "margins": margins,
+        "bound_shares": {name: (s / total if total else 0.0) for name, s in busy.items()},
+        "preemptions": float(np.mean([run.preemptions for run in runs])),
+        "peak_kv_use": max(run.peak_kv for run in runs),
+        "mean_kv_use": float(np.mean([run.mean_kv for run in runs])),
+        "queue_growth_per_s": float(np.mean([run.queue_growth_per_s for run in runs])),
+        "mean_batch": float(np.mean([run.mean_batch for run in runs])),
+        "max_running": max(run.max_running for run in runs),
+        "not_completed": float(np.mean([run.rejected for run in runs])),
+        "replications": len(runs),
+    }

@@ -1,0 +1,222 @@
+"""``servesim capacity`` as a Python API: search every candidate, then rank them by cost.
+
+:func:`plan_capacity` checks everything a user can get wrong up front (model, hardware names,
+policy and router knobs, price keys), runs :func:`~simulator.capacity.candidate.analyse_candidate`
+for every candidate in a process pool, and puts the answers together:
+
+- **cost**: USD per GPU-hour from ``prices`` (``--price``) or the hardware profile's
+  ``cost_per_gpu_hour``; ``$/hour`` is GPUs x price; ``$/1M output tokens`` divides it by the
+  output tokens served in an hour (rate x mean output tokens x 3600);
+- **ranking**: with a target rate, cheapest fleet first ($/hour at the target, verified fleets
+  before unverified ones); without one, cheapest per output token at each candidate's own
+  highest rate. Infeasible and unattainable candidates come last;
+- **frontier**: the Pareto set of (USD/hour of one replica set, highest sustainable rate):
+  candidates no other candidate beats on both;
+- **why the losers lose**: for each candidate ranked below the first, its cost against the
+  winner's and the diagnosis of its knee.
+
+Same config and seed give the same answer, whatever the number of workers: each candidate is
+computed on its own from the config's seeds, and the results are put back in candidate order.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import policies  # noqa: F401  (registers the built-in policies and routers)
+from policies.base import check_policy
+from policies.routers import check_router
+from simulator.capacity.candidate import Candidate, analyse_candidate, expand_candidates
+from simulator.capacity.config import CapacityConfig
+from simulator.dtypes import Precision
+from simulator.engine.deployment import policy_knobs
+from simulator.errors import ServesimError
+from simulator.hardware_io import load_hardware
+from simulator.model_config import load_model
+
+MILLION = 1e6
+
+
+def check_inputs(config: CapacityConfig) -> tuple[dict[str, float | None], set[str]]:
+    """Raise a one-line error for any mistake that is not a candidate's own (an unknown model or
+    GPU, a bad policy knob, a price for hardware not among the candidates); returns the USD per
+    GPU-hour of each candidate hardware (by profile name) and the names whose price was given."""
+    load_model(config.model, "model")
+    p = config.precision
+    Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
+    for policy in config.candidates.policy:
+        check_policy(policy.name, policy_knobs(policy))
+    check_router(config.router.name, policy_knobs(config.router))
+    prices: dict[str, float | None] = {}
+    aliases: dict[str, str] = {}
+    overridden: set[str] = set()
+    for name in config.candidates.hardware:
+        profile = load_hardware(name, "candidates.hardware")
+        prices[profile.name] = profile.cost_per_gpu_hour
+        aliases[name] = profile.name
+    for name, price in config.prices.items():
+        resolved = aliases.get(name, name)
+        if resolved not in prices:
+            raise ServesimError(f"prices.{name}", "is not among the candidate hardware",
+                                f"price one of: {', '.join(prices)}")
+        prices[resolved] = price
+        overridden.add(resolved)
+    return prices, overridden
+
+
+def plan_capacity(config: CapacityConfig, base_dir: Path | None = None, workers: int = 1
+                  ) -> dict[str, Any]:
+    """The whole capacity answer as one JSON-ready mapping (see the module docstring)."""
+    prices, overridden = check_inputs(config)
+    if workers < 1:
+        raise ServesimError("--workers", f"must be >= 1, got {workers}", "use 1 or more")
+    candidates = expand_candidates(config)
+    records = _analyse_all(config, candidates, base_dir, workers)
+    for record in records:
+        _add_costs(record, prices, overridden, config)
+    ranking = _rank(records, config)
+    for rank, record in enumerate(ranking, 1):
+        record["rank"] = rank
+    _mark_frontier(records)
+    _explain_losers(ranking, config)
+    return {
+        "name": config.name,
+        "model": config.model,
+        "slo": {**config.slo.model_dump(), "mode": config.slo.mode, "description": config.slo.describe()},
+        "target_rate": config.target_rate,
+        "router": config.router.name,
+        "search": {**config.search.model_dump(), "requests_per_run": config.requests_per_run,
+                   "rule": "a rate passes when the mean over replications of each SLO metric meets "
+                           "its target; the answer is the highest passing rate simulated"},
+        "seed": config.seed,
+        "prices_usd_per_gpu_hour": prices,
+        "candidates": sorted(records, key=lambda r: r["rank"]),
+        "frontier": [r["index"] for r in sorted((r for r in records if r.get("on_frontier")),
+                                                key=lambda r: r["usd_per_hour_per_set"])],
+        "config": config.model_dump(mode="json"),
+    }
+
+
+def _analyse_all(config: CapacityConfig, candidates: list[Candidate], base_dir: Path | None,
+                 workers: int) -> list[dict[str, Any]]:
+    if workers == 1 or len(candidates) == 1:
+        return [analyse_candidate(config, c, base_dir) for c in candidates]
+    with ProcessPoolExecutor(max_workers=min(workers, len(candidates))) as pool:
+        futures = [pool.submit(analyse_candidate, config, c, base_dir) for c in candidates]
+        return [f.result() for f in futures]
+
+
+def _add_costs(record: dict[str, Any], prices: dict[str, float | None], overridden: set[str],
+               config: CapacityConfig) -> None:
+    price = prices.get(record["hardware"]) if record.get("feasible") else None
+    record["usd_per_gpu_hour"] = price
+    record["price_source"] = (("prices" if record["hardware"] in overridden else "hardware profile")
+                              if price is not None else None)
+    gpus_per_set = record["tp"] * record["replicas"]
+    search = record.get("search", {})
+    rate = search.get("max_rate") or 0.0
+    per_set = price * gpus_per_set if price is not None else None
+    record["gpus_per_set"] = gpus_per_set
+    record["usd_per_hour_per_set"] = per_set
+    tokens_per_hour = rate * record.get("mean_output_tokens", 0.0) * 3600
+    record["usd_per_1m_output_tokens_at_max_rate"] = (
+        per_set / tokens_per_hour * MILLION if per_set is not None and tokens_per_hour > 0 else None)
+    target = record.get("target")
+    if target is not None and target.get("gpus") is not None:
+        usd = price * target["gpus"] if price is not None else None
+        target["usd_per_hour"] = usd
+        at_target = config.target_rate * record["mean_output_tokens"] * 3600
+        target["usd_per_1m_output_tokens"] = usd / at_target * MILLION if usd is not None else None
+
+
+def _sort_key(record: dict[str, Any], config: CapacityConfig) -> tuple:
+    if not record.get("feasible"):
+        return (3, math.inf, record["index"])
+    search = record["search"]
+    if search["max_rate"] <= 0:
+        return (2, math.inf, record["index"])
+    if config.target_rate is not None:
+        target = record["target"]
+        usd = target.get("usd_per_hour")
+        return (0 if target["verified"] else 1, usd if usd is not None else math.inf,
+                -search["max_rate_per_replica"], record["index"])
+    usd = record["usd_per_1m_output_tokens_at_max_rate"]
+    return (0, usd if usd is not None else math.inf, -search["max_rate"], record["index"])
+
+
+def _rank(records: list[dict[str, Any]], config: CapacityConfig) -> list[dict[str, Any]]:
+    return sorted(records, key=lambda r: _sort_key(r, config))
+
+
+def _mark_frontier(records: list[dict[str, Any]]) -> None:
+    """Pareto set over (USD/hour of one set: lower is better, highest rate: higher is better)."""
+    points = [r for r in records if r.get("feasible") and r["search"]["max_rate"] > 0
+              and r["usd_per_hour_per_set"] is not None]
+    for r in records:
+        r["on_frontier"] = False
+    for r in points:
+        cost, rate = r["usd_per_hour_per_set"], r["search"]["max_rate"]
+        dominated = any(o is not r and o["usd_per_hour_per_set"] <= cost and o["search"]["max_rate"] >= rate
+                        and (o["usd_per_hour_per_set"] < cost or o["search"]["max_rate"] > rate)
+                        for o in points)
+        r["on_frontier"] = not dominated
+
+
+def _explain_losers(ranking: list[dict[str, Any]], config: CapacityConfig) -> None:
+    best = ranking[0] if ranking else None
+    for record in ranking:
+        if not record.get("feasible"):
+            record["why"] = f"infeasible: {record['infeasible_reason']}"
+            continue
+        knee = record["knee"]["summary"]
+        if record is best:
+            record["why"] = f"best; {knee}"
+            continue
+        if record["search"]["max_rate"] <= 0:
+            record["why"] = knee
+            continue
+        comparison = _cost_comparison(record, best, config)
+        record["why"] = f"{comparison}; {knee}" if comparison else knee
+
+
+def _cost_comparison(record: dict[str, Any], best: dict[str, Any] | None, config: CapacityConfig) -> str:
+    if best is None or not best.get("feasible") or best["search"]["max_rate"] <= 0:
+        return ""
+    if config.target_rate is not None:
+        mine, theirs = record["target"].get("usd_per_hour"), best["target"].get("usd_per_hour")
+        if mine is None or theirs is None:
+            return "no price"
+        return (f"{mine / theirs:.2f}x the cost of the best ({record['target']['gpus']} vs "
+                f"{best['target']['gpus']} GPUs)")
+    mine, theirs = (record["usd_per_1m_output_tokens_at_max_rate"],
+                    best["usd_per_1m_output_tokens_at_max_rate"])
+    if mine is None or theirs is None:
+        return "no price"
+    return f"{mine / theirs:.2f}x the best's $/1M output tokens"
+
+
+def decode_limits_only(config: CapacityConfig, base_dir: Path | None = None) -> list[dict[str, Any]]:
+    """Each candidate's decode-batch limits, without simulating (``--limits-only``): seconds,
+    not minutes, for the textbook question."""
+    from simulator.capacity.candidate import experiment_for
+    from simulator.capacity.evaluate import sample_workload
+    from simulator.capacity.limits import decode_batch_limits
+    from simulator.engine import resolve_deployment
+
+    check_inputs(config)
+    context = config.decode_context or sample_workload(config, base_dir).decode_context()
+    out = []
+    for candidate in expand_candidates(config):
+        record: dict[str, Any] = {"index": candidate.index, "candidate": candidate.label}
+        try:
+            deployment = resolve_deployment(experiment_for(config, candidate))
+        except ServesimError as exc:
+            record.update(feasible=False, infeasible_reason=str(exc))
+        else:
+            record.update(feasible=True,
+                          decode_batch_limits=decode_batch_limits(deployment, context, config.slo.tpot_s))
+        out.append(record)
+    return out

@@ -1,0 +1,108 @@
+"""The highest arrival rate a deployment sustains within the SLOs.
+
+1. **First guess from physics** (:func:`saturation_rate`): the requests per second one replica
+   completes when it runs flat out, from the cost model alone: a mean prompt's prefill plus its
+   share of decode steps at the largest batch the engine would run (``max_num_seqs``, or what
+   the KV pool holds at the mean prompt + output), times the replicas. No SLO is met at
+   saturation, so the first guess is usually a failing upper end.
+2. **Bracket** by halving (if the guess fails) or doubling (if it passes) until one rate passes
+   and the next fails; at most ``max_halvings`` / ``max_doublings`` steps.
+3. **Bisect** geometrically (``sqrt(pass * fail)``) until ``(fail - pass) / pass <= precision``.
+
+The answer is the highest *passing* rate simulated, so it errs low by at most ``precision``
+(5% by default). Each rate costs ``replications`` simulations: typically one guess, one or two
+halvings and five bisections, so about 8 x 3 = 24 simulations per candidate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.cost import BatchShape
+from simulator.engine.deployment import Deployment
+
+Evaluate = Callable[[float], dict[str, Any]]
+"""Judges one rate: returns :func:`simulator.capacity.evaluate.judge`'s record."""
+
+
+def saturation_rate(deployment: Deployment, mean_prompt: float, mean_output: float) -> float:
+    """Requests/s the deployment completes when always busy (see the module docstring)."""
+    cost = deployment.cost_model()
+    limits = deployment.limits
+    prompt = max(1, round(mean_prompt))
+    output = max(1.0, mean_output)
+    blocks_each = math.ceil((prompt + output) / limits.block_size)
+    batch = max(1, min(limits.max_num_seqs, limits.num_blocks // max(1, blocks_each)))
+    context = max(0, round(prompt + output / 2))
+    decode_s = cost.step_time(BatchShape.decode(batch, context))
+    prefill_s = cost.step_time(BatchShape.prefill(prompt))
+    per_request_s = prefill_s + (output - 1) * decode_s / batch
+    return deployment.replicas / per_request_s
+
+
+@dataclass
+class SearchResult:
+    status: str
+    """``found``; ``unattainable`` (fails even at the lowest rate tried); ``ceiling`` (passes
+    even at the highest rate tried: the answer is a lower bound)."""
+    rate: float
+    """Highest passing rate (0 when unattainable)."""
+    failing_rate: float | None
+    first_guess: float
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def passing(self) -> dict[str, Any] | None:
+        return _at(self.evaluations, self.rate)
+
+    @property
+    def failing(self) -> dict[str, Any] | None:
+        return _at(self.evaluations, self.failing_rate)
+
+
+def _at(evaluations: list[dict[str, Any]], rate: float | None) -> dict[str, Any] | None:
+    return next((e for e in evaluations if rate is not None and e["rate"] == rate), None)
+
+
+def search_rate(evaluate: Evaluate, first_guess: float, precision: float,
+                max_doublings: int = 8, max_halvings: int = 7) -> SearchResult:
+    """Bracket, then bisect (see the module docstring)."""
+    evaluations: list[dict[str, Any]] = []
+
+    def passes(rate: float) -> bool:
+        record = evaluate(rate)
+        evaluations.append(record)
+        return bool(record["passed"])
+
+    rate = first_guess
+    if passes(rate):
+        low, high = rate, None
+        for _ in range(max_doublings):
+            rate *= 2
+            if passes(rate):
+                low = rate
+            else:
+                high = rate
+                break
+        if high is None:
+            return SearchResult("ceiling", low, None, first_guess, evaluations)
+    else:
+        low, high = None, rate
+        for _ in range(max_halvings):
+            rate /= 2
+            if passes(rate):
+                low = rate
+                break
+            high = rate
+        if low is None:
+            return SearchResult("unattainable", 0.0, high, first_guess, evaluations)
+    while (high - low) / low > precision:
+        middle = math.sqrt(low * high)
+        if passes(middle):
+            low = middle
+        else:
+            high = middle
+    return SearchResult("found", low, high, first_guess, evaluations)

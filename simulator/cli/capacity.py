@@ -1,0 +1,231 @@
+"""``servesim capacity``: the cheapest deployment that meets the SLOs, and why the others lose.
+
+Flags and a YAML file (``configs/capacity/*.yaml``) both build one
+:class:`~simulator.capacity.config.CapacityConfig`; flags beat the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from simulator.capacity.config import load_capacity_document, validate_capacity
+from simulator.capacity.limits import describe_limits
+from simulator.capacity.output import candidate_row, json_safe, write_capacity
+from simulator.capacity.plan import decode_limits_only, plan_capacity
+from simulator.cli.console import console
+from simulator.errors import ServesimError
+from simulator.resources import configs_dir
+
+Opt = typer.Option
+DEFAULT_WORKLOAD_REQUESTS = 1000
+
+
+def find_capacity_config(text: str) -> Path:
+    """A path, or a built-in example's name (``llama3-8b-chat`` -> configs/capacity/...)."""
+    path = Path(text)
+    if path.is_file():
+        return path
+    builtin = configs_dir() / "capacity" / f"{text.removesuffix('.yaml')}.yaml"
+    if builtin.is_file() and path.parent == Path("."):
+        return builtin
+    known = ", ".join(sorted(p.stem for p in (configs_dir() / "capacity").glob("*.yaml")))
+    raise ServesimError("CONFIG", f"{text} not found", f"give a YAML path or a built-in example ({known})")
+
+
+def split_list(values: list[str] | None) -> list[str]:
+    """``["a,b", "c"]`` -> ``["a", "b", "c"]``: lists by repeating a flag or with commas."""
+    return [part.strip() for v in values or [] for part in v.split(",") if part.strip()]
+
+
+def _ints(values: list[str] | None, option: str) -> list[int]:
+    try:
+        return [int(v) for v in split_list(values)]
+    except ValueError:
+        raise ServesimError(option, f"{','.join(values or [])!r} is not a list of integers",
+                            f"write e.g. {option} 1,2,4") from None
+
+
+def parse_prices(values: list[str] | None) -> dict[str, float]:
+    prices = {}
+    for text in split_list(values):
+        name, sep, raw = text.partition("=")
+        try:
+            prices[name.strip()] = float(raw)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ServesimError("--price", f"{text!r} is not NAME=USD_PER_GPU_HOUR",
+                                "write e.g. --price h100-sxm-80gb=2.5")
+    return prices
+
+
+def build_document(config: str | None, overrides: list[str] | None, flags: dict[str, Any]) -> dict[str, Any]:
+    """The YAML file (if any) with ``--set`` overrides, then every flag given on top."""
+    document = load_capacity_document(find_capacity_config(config) if config else None, overrides)
+    for key in ("model", "target_rate", "decode_context", "seed"):
+        if flags[key] is not None:
+            document[key] = flags[key]
+    candidates = document.setdefault("candidates", {})
+    for key, values in (("hardware", split_list(flags["hardware"])), ("tp", _ints(flags["tp"], "--tp")),
+                        ("policy", split_list(flags["policy"])),
+                        ("replicas", _ints(flags["replicas"], "--replicas"))):
+        if values:
+            candidates[key] = values
+    slo_flags = ("ttft", "tpot", "e2e", "percentile", "attainment")
+    slo = (document.setdefault("slo", {}) if any(flags[k] is not None for k in slo_flags)
+           else document.get("slo"))
+    if slo is not None and isinstance(slo, dict):
+        for key, flag in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"),
+                          ("percentile", "percentile"), ("attainment", "attainment")):
+            if flags[flag] is not None:
+                slo[key] = flags[flag]
+    if "workload" not in document:
+        document["workload"] = {"arrival": {"process": "poisson", "rate": 1.0},
+                                "num_requests": DEFAULT_WORKLOAD_REQUESTS,
+                                "lengths": {"preset": "azure-conversation"}}
+    workload = document["workload"]
+    if isinstance(workload, dict):
+        if flags["lengths"] is not None:
+            workload["lengths"] = {"preset": flags["lengths"]}
+        if flags["arrival"] is not None and isinstance(workload.get("arrival"), dict):
+            workload["arrival"]["process"] = flags["arrival"]
+    search = document.setdefault("search", {})
+    for key, flag in (("replications", "replications"), ("precision", "precision"),
+                      ("requests_per_run", "requests")):
+        if flags[flag] is not None:
+            search[key] = flags[flag]
+    if flags["prices"]:
+        document["prices"] = {**(document.get("prices") or {}), **parse_prices(flags["prices"])}
+    return document
+
+
+def capacity_command(
+    config: Annotated[str | None, typer.Argument(
+        help="Capacity YAML (or a built-in example, e.g. llama3-8b-chat); flags alone work too")] = None,
+    model: Annotated[str | None, Opt(help="Model name or config.json path")] = None,
+    hardware: Annotated[list[str] | None, Opt(help="Candidate GPUs (repeat or comma-separate)")] = None,
+    tp: Annotated[list[str] | None, Opt(help="Candidate TP degrees, e.g. 1,2,4")] = None,
+    policy: Annotated[list[str] | None, Opt(help="Candidate scheduling policies")] = None,
+    replicas: Annotated[list[str] | None, Opt(help="Candidate replicas per set, e.g. 1,2")] = None,
+    ttft: Annotated[float | None, Opt(help="TTFT limit, seconds")] = None,
+    tpot: Annotated[float | None, Opt(help="TPOT limit, seconds")] = None,
+    e2e: Annotated[float | None, Opt(help="End-to-end latency limit, seconds")] = None,
+    percentile: Annotated[float | None, Opt(help="Percentile the limits apply to (default 99)")] = None,
+    attainment: Annotated[float | None, Opt(
+        help="Instead: fraction of requests that must meet every limit, e.g. 0.99")] = None,
+    lengths: Annotated[str | None, Opt(help="Length preset (azure-conversation, ...)")] = None,
+    arrival: Annotated[str | None, Opt(help="Arrival process: poisson, gamma, constant")] = None,
+    requests: Annotated[int | None, Opt(help="Requests per simulation (default: num_requests)")] = None,
+    replications: Annotated[int | None, Opt(help="Seeds simulated per rate (default 3)")] = None,
+    precision: Annotated[float | None, Opt(help="Relative precision of the search (default 0.05)")] = None,
+    target_rate: Annotated[float | None, Opt(help="Size every candidate for this many requests/s")] = None,
+    price: Annotated[list[str] | None, Opt(help="USD per GPU-hour, e.g. h100-sxm-80gb=2.5")] = None,
+    decode_context: Annotated[int | None, Opt(
+        help="Context of the decode-batch limits (default: the workload's mean decode context)")] = None,
+    seed: Annotated[int | None, Opt(help="First seed (replication k uses seed + k)")] = None,
+    overrides: Annotated[list[str] | None, Opt(
+        "--set", help="Override a config key, e.g. --set search.replications=5")] = None,
+    workers: Annotated[int, Opt(help="Candidates searched in parallel (processes)")] = 1,
+    out: Annotated[Path | None, Opt(help="Output folder (default runs/capacity-<name>)")] = None,
+    limits_only: Annotated[bool, Opt(help="Print the decode-batch limits only; no simulation")] = False,
+    as_json: Annotated[bool, Opt("--json", help="Print the answer as JSON")] = False,
+) -> None:
+    """Find each candidate's highest sustainable rate, the fewest GPUs for a target, and the cost."""
+    flags = {"model": model, "hardware": hardware, "tp": tp, "policy": policy, "replicas": replicas,
+             "ttft": ttft, "tpot": tpot, "e2e": e2e, "percentile": percentile, "attainment": attainment,
+             "lengths": lengths, "arrival": arrival, "requests": requests, "replications": replications,
+             "precision": precision, "target_rate": target_rate, "prices": price,
+             "decode_context": decode_context, "seed": seed}
+    source = config or "flags"
+    base_dir = find_capacity_config(config).parent if config else None
+    cfg = validate_capacity(build_document(config, overrides, flags), source)
+    if limits_only:
+        records = decode_limits_only(cfg, base_dir)
+        if as_json:
+            print(json.dumps(json_safe(records), indent=2))
+            return
+        console.print(f"[bold]{cfg.model}[/]: decode-batch limits ({escape(cfg.slo.describe())})")
+        _print_limits(records)
+        return
+    out_dir = out or Path("runs") / f"capacity-{cfg.name}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServesimError("--out", f"cannot create {out_dir}: {exc.strerror}",
+                            "choose a writable folder") from None
+    if not as_json:
+        console.print(f"[bold]{cfg.name}[/]: {cfg.model}, SLO {escape(cfg.slo.describe())}; "
+                      f"{cfg.search.replications} replications x {cfg.requests_per_run} requests per rate, "
+                      f"precision {cfg.search.precision:.0%}, {workers} worker(s)")
+    answer = plan_capacity(cfg, base_dir, workers)
+    write_capacity(answer, out_dir)
+    if as_json:
+        print(json.dumps(json_safe(answer), indent=2))
+        return
+    render(answer)
+    console.print(f"wrote {out_dir}/ (capacity.json, capacity.csv)")
+
+
+def _money(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"${value:,.{digits}f}"
+
+
+def _num(value: float | None, fmt: str = ".2f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render(answer: dict[str, Any]) -> None:
+    target = answer["target_rate"]
+    table = Table(show_edge=False, box=None, pad_edge=False)
+    columns = [("#", "right"), ("candidate", "left"), ("GPUs", "right"), ("max rate", "right"),
+               ("per replica", "right"), ("$/hour", "right"), ("$/1M out tok", "right"),
+               ("SLO margins", "left"), ("breaks first", "left"), ("bound", "left"), ("KV", "left")]
+    if target is not None:
+        columns.append(("verified", "left"))
+    for name, justify in columns:
+        table.add_column(name, justify=justify)
+    for record in answer["candidates"]:
+        row = candidate_row(record)
+        if not record.get("feasible"):
+            table.add_row(str(row["rank"]), escape(row["candidate"]), "-", "infeasible",
+                          *["-"] * (len(columns) - 4))
+            continue
+        margins = (record["knee"].get("passing") or {}).get("margins") or {}
+        margin_text = ", ".join(f"{k.removesuffix('_s').upper()} {v:+.0%}" for k, v in margins.items())
+        kv = "-" if row["kv_limited"] is None else ("limited" if row["kv_limited"] else
+                                                     f"ok ({row['peak_kv_use']:.0%})")
+        cells = [str(row["rank"]), escape(row["candidate"]) + (" *" if row["on_frontier"] else ""),
+                 str(row["gpus"] if row["gpus"] is not None else "-"), _num(row["max_rate"]),
+                 _num(row["max_rate_per_replica"]), _money(row["usd_per_hour"]),
+                 _money(row["usd_per_1m_output_tokens"], 3), margin_text or "-",
+                 row["breaks_first"] or "-", row["step_bound"] or "-", kv]
+        if target is not None:
+            cells.append("yes" if row["verified"] else "no")
+        table.add_row(*cells)
+    console.print(table)
+    what = (f"at the target {target:g} req/s" if target is not None
+            else "for one replica set at its highest rate")
+    console.print(f"[dim]max rate: highest req/s one replica set sustains within the SLOs; GPUs, $/hour and "
+                  f"$/1M output tokens {what}; SLO margins: headroom at the max rate; * on the cost-rate "
+                  f"Pareto frontier[/]")
+    _print_limits(answer["candidates"])
+    console.print("[bold]why[/]")
+    for record in answer["candidates"]:
+        why = escape(record.get("why", ""))
+        console.print(f"  {record.get('rank')}. {escape(record['candidate'])}: {why}")
+
+
+def _print_limits(records: list[dict[str, Any]]) -> None:
+    console.print("[bold]decode batch limits[/] (cost model, one replica)")
+    for record in records:
+        name = escape(record["candidate"])
+        if record.get("feasible"):
+            console.print(f"  {name}: {describe_limits(record['decode_batch_limits'])}")
+        else:
+            console.print(f"  {name}: infeasible: {escape(record['infeasible_reason'])}")

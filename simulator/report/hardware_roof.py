@@ -1,0 +1,74 @@
+"""The roof a run's steps are drawn under: peak FLOP/s and HBM bandwidth of the run's hardware.
+
+A report reads only the run folder, so the roof comes from ``config.resolved.yaml``: its
+``hardware`` (a built-in profile name or a profile YAML path), ``deployment.tp`` and
+``precision.activations`` (the format the GEMMs multiply in, whose peak is the compute roof, as
+in the cost model). When the profile cannot be found any more (a custom YAML moved away), the
+roofline chart is still drawn, without the roof, and says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from simulator.dtypes import DType, Precision
+from simulator.errors import ServesimError
+from simulator.hardware import HardwareProfile
+from simulator.hardware_io import load_hardware
+
+
+@dataclass(frozen=True)
+class Roof:
+    """Peaks of one GPU and the TP group size; the chart draws the group's roof (x ``tp``)."""
+
+    hardware: str
+    math_dtype: str
+    tp: int
+    peak_flops: float  # per GPU, in the activation (math) format
+    bf16_peak_flops: float  # per GPU: attention, LM head and router run in 16-bit
+    bandwidth_Bps: float  # per GPU
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte where the bandwidth slope meets the compute roof (same per GPU and per
+        group, since both peaks scale with ``tp``)."""
+        return self.peak_flops / self.bandwidth_Bps
+
+
+def roof_from_config(config_text: str | None, run_dir: Path) -> Roof | str:
+    """The run's roof, or a sentence saying why there is none."""
+    if config_text is None:
+        return "no config.resolved.yaml in the run folder"
+    try:
+        config = yaml.safe_load(config_text)
+    except yaml.YAMLError:
+        return "config.resolved.yaml is not valid YAML"
+    if not isinstance(config, dict) or not config.get("hardware"):
+        return "config.resolved.yaml names no hardware"
+    deployment = config.get("deployment") if isinstance(config.get("deployment"), dict) else {}
+    precision = config.get("precision") if isinstance(config.get("precision"), dict) else {}
+    name = str(config["hardware"])
+    try:
+        tp = int(deployment.get("tp") or 1)
+        dtype = Precision.from_names(str(precision.get("weights", "bf16")),
+                                     str(precision.get("activations", "bf16"))).math
+        hardware = _load(name, run_dir)
+        peak = hardware.peak(dtype)
+    except (ServesimError, ValueError, TypeError) as exc:
+        return f"hardware {name!r} could not be loaded ({exc})"
+    return Roof(hardware=hardware.display_name, math_dtype=dtype.value, tp=max(tp, 1), peak_flops=peak,
+                bf16_peak_flops=hardware.peak(DType.BF16), bandwidth_Bps=hardware.memory.bandwidth_Bps)
+
+
+def _load(name: str, run_dir: Path) -> HardwareProfile:
+    """A built-in name or a path as written; a relative path is also tried from the run folder."""
+    try:
+        return load_hardware(name)
+    except ServesimError:
+        beside = run_dir / name
+        if not Path(name).is_absolute() and beside.is_file():
+            return load_hardware(beside)
+        raise

@@ -1,0 +1,53 @@
+"""Names of sweep runs: a hash of what was simulated, the same on every run and every machine.
+
+A run's folder is named by the SHA-256 of a canonical JSON document (sorted keys, no spaces,
+ASCII, shortest round-trip floats, which Python prints identically on every IEEE-754 platform)
+holding the fully resolved experiment (every default filled in, the seed included) and the
+contents of the model and hardware it names. Including the contents means that editing a model
+config or recalibrating a hardware profile gives new names, so a resumed sweep reruns those points
+instead of trusting results computed from the old numbers. Fields that cannot change a result are
+left out: the experiment's ``name``, the profile's price and provenance notes, the model file's
+path. Sixteen hex digits (64 bits) keep collisions out of reach for any sweep that fits on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from simulator.config import ExperimentConfig
+from simulator.hardware import HardwareProfile
+from simulator.model_spec import ModelSpec
+
+HASH_DIGITS = 16
+
+
+def canonical_json(document: Any) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def digest(document: Any) -> str:
+    return hashlib.sha256(canonical_json(document).encode("ascii")).hexdigest()[:HASH_DIGITS]
+
+
+def identity(config: ExperimentConfig, model: ModelSpec, hardware: HardwareProfile) -> dict[str, Any]:
+    """Everything that decides a run's results, as plain JSON (the seed included)."""
+    experiment = config.model_dump(mode="json")
+    experiment.pop("name", None)
+    spec = dataclasses.asdict(model)
+    spec.pop("source", None)
+    profile = hardware.model_dump(mode="json", exclude={"cost_per_gpu_hour", "provenance"})
+    return {"experiment": experiment, "model": spec, "hardware": profile}
+
+
+def run_hash(identity_document: dict[str, Any]) -> str:
+    """The name of one (point, seed) run."""
+    return digest(identity_document)
+
+
+def point_hash(identity_document: dict[str, Any]) -> str:
+    """The name of a point: the same identity without the seed, shared by its replications."""
+    experiment = {k: v for k, v in identity_document["experiment"].items() if k != "seed"}
+    return digest({**identity_document, "experiment": experiment})

@@ -1,0 +1,157 @@
+"""Checking every point of a sweep before anything runs, and naming its runs.
+
+Each point is the base experiment with the point's values set, validated exactly as ``servesim
+run`` would validate it. Two kinds of failure are told apart:
+
+* a malformed point (an unknown key, a value of the wrong type or range, an unknown model,
+  hardware, policy, policy knob or data type name) is the sweep file's mistake: the whole sweep
+  stops before the first run with one line naming the sweep key at fault and the point;
+* a well-formed point whose deployment cannot run (the weights do not fit in HBM, no room for a
+  KV block, a token budget below the context length, a data-type combination no kernel
+  implements, a data type the GPU has no tensor cores for) is a result, not a mistake: a TP
+  sweep asks exactly which degrees fit, a precision grid which combinations exist. Such a point
+  is recorded as ``infeasible`` with the config's own one-line reason and the sweep goes on; one
+  that fails only once running (in the cost model) is recorded the same way by its worker.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from policies.base import check_policy
+from policies.routers import check_router
+from simulator.config import ExperimentConfig, validate_document
+from simulator.dtypes import DType
+from simulator.engine.deployment import policy_knobs, resolve_deployment
+from simulator.errors import ServesimError
+from simulator.hardware import HardwareProfile
+from simulator.hardware_io import load_hardware
+from simulator.model_config import load_model
+from simulator.model_spec import ModelSpec
+from simulator.sweep.axes import Point, expand, point_label, varied_keys
+from simulator.sweep.hashing import identity, point_hash, run_hash
+from simulator.sweep.spec import Sweep, set_dotted
+
+Status = Literal["ok", "infeasible"]
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """One (point, seed) run: everything a worker needs, as plain picklable data."""
+
+    run_id: str
+    point_id: str
+    replication: int
+    seed: int
+    document: dict[str, Any]
+    """The resolved experiment (JSON-ready), seed included."""
+    base_dir: str
+    """Where the experiment's relative paths (traces) resolve."""
+
+
+@dataclass
+class PlannedPoint:
+    index: int
+    values: Point
+    point_id: str
+    config: ExperimentConfig
+    hardware: HardwareProfile
+    status: Status = "ok"
+    reason: str = ""
+    runs: list[RunTask] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> int:
+        return self.config.deployment.tp * self.config.deployment.replicas
+
+
+@dataclass
+class SweepPlan:
+    sweep: Sweep
+    keys: list[str]
+    points: list[PlannedPoint]
+
+    @property
+    def runs(self) -> list[RunTask]:
+        return [run for point in self.points for run in point.runs]
+
+
+def plan_sweep(sweep: Sweep) -> SweepPlan:
+    """Every point validated and named; raises :class:`ServesimError` for the first malformed one."""
+    loaded: dict[tuple[str, str], Any] = {}  # each model and profile file is parsed once per plan
+    points = [plan_point(sweep, i, values, loaded) for i, values in enumerate(expand(sweep.spec))]
+    return SweepPlan(sweep, varied_keys(sweep.spec), points)
+
+
+def plan_point(sweep: Sweep, index: int, values: Point,
+               loaded: dict[tuple[str, str], Any] | None = None) -> PlannedPoint:
+    places = sweep.describe_axes()
+    document = copy.deepcopy(sweep.base_document)
+    for key, value in values.items():
+        set_dotted(document, key, value, places[key][-1])
+
+    def blame(exc: ServesimError, config_field: str | None = None) -> ServesimError:
+        known = exc.field if config_field is None or exc.field.startswith(config_field) else config_field
+        where = _place(known, places)
+        return ServesimError(where, f"point {index} ({point_label(values)}): {exc}",
+                             f"fix {where} in {sweep.source}")
+
+    try:
+        config = validate_document(document, sweep.source)
+    except ServesimError as exc:
+        raise blame(exc) from None
+    model, hardware = _check_names(config, blame, {} if loaded is None else loaded)
+    ident = identity(config, model, hardware)
+    point = PlannedPoint(index, values, point_hash(ident), config, hardware)
+    try:
+        resolve_deployment(config)
+    except ServesimError as exc:
+        point.status, point.reason = "infeasible", str(exc)
+        return point
+    resolved = config.model_dump(mode="json")
+    for replication in range(sweep.spec.replications):
+        seed = config.seed + replication
+        ident["experiment"]["seed"] = seed
+        point.runs.append(RunTask(run_hash(ident), point.point_id, replication, seed,
+                                  {**resolved, "seed": seed}, str(sweep.base_dir)))
+    return point
+
+
+def _check_names(config: ExperimentConfig, blame: Any, loaded: dict[tuple[str, str], Any]
+                 ) -> tuple[ModelSpec, HardwareProfile]:
+    """The names a point uses exist (a typo here is the file's mistake, not an infeasible point)."""
+    found = []
+    for section, name, load in (("model", config.model, load_model),
+                                ("hardware", config.hardware, load_hardware)):
+        if (section, name) not in loaded:
+            try:
+                loaded[section, name] = load(name, section)
+            except ServesimError as exc:
+                raise blame(exc, section) from None
+        found.append(loaded[section, name])
+    model, hardware = found
+    p = config.precision
+    for section, check in (("policy", lambda: check_policy(config.policy.name, policy_knobs(config.policy))),
+                           ("router", lambda: check_router(config.router.name, policy_knobs(config.router))),
+                           ("precision.weights", lambda: DType.parse(p.weights, "weight_dtype")),
+                           ("precision.activations", lambda: DType.parse(p.activations, "act_dtype")),
+                           ("precision.kv_cache", lambda: DType.parse(p.kv_cache, "kv_dtype"))):
+        try:
+            check()
+        except ServesimError as exc:
+            raise blame(exc, section) from None
+    return model, hardware
+
+
+def _place(config_field: str, places: dict[str, list[str]]) -> str:
+    """The sweep key behind a config field: the varied key (or ``set`` key) equal to it, inside
+    it or containing it; else ``base``."""
+    for key, where in places.items():
+        if key == config_field:
+            return where[-1]
+    for key, where in places.items():
+        if key.startswith(config_field + ".") or config_field.startswith(key + "."):
+            return where[-1]
+    return "base"
