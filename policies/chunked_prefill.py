@@ -98,13 +98,11 @@ class ChunkedPrefill(Policy):
         admitted: list[int] = []
         chunks: list[int] = []
         blocks: list[int] = []
-        r = replica.requests
         for request in waiting:
             if seats <= 0 or budget <= 0:
                 break
-            remaining = int(r.prompt[request] + r.generated[request] - r.computed[request])
-            chunk = min(remaining, budget)
-            need = pool.blocks_to_grow(request, int(r.computed[request]) + chunk)
+            # With prefix caching the chunk starts after the replica's cached prefix.
+            chunk, need = replica.prefill_need(request, max_new=budget)
             if need > free - reserve:
                 break
             admitted.append(request)

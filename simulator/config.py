@@ -56,6 +56,9 @@ class DeploymentConfig(_Strict):
     num_gpu_blocks: int | None = Field(
         None, ge=1, description="KV blocks per replica instead of what the memory plan leaves "
         "(vLLM's num_gpu_blocks_override); must not exceed the plan")
+    enable_prefix_caching: bool = Field(
+        False, description="reuse the KV blocks of prompt prefixes shared across requests (vLLM's "
+        "automatic prefix caching); sharing comes from the workload's prefix block ids")
 
 
 class PrecisionConfig(_Strict):

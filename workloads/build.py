@@ -1,11 +1,11 @@
 """Turn a :class:`WorkloadConfig` and a seed into the :class:`RequestTable` the engine replays.
 
 Randomness: the seed feeds a ``numpy.random.SeedSequence`` that is split into independent
-streams, one for arrivals, one for prompt lengths, one for output lengths and one for priority
-classes (``spawn(4)``'s first three children are ``spawn(3)``'s, so adding priorities changes no
-arrival or length). Same config and seed
-give an identical table; and changing only the length distribution keeps the very same arrival
-times (common random numbers), so two runs that differ in one knob stay comparable.
+streams, one for arrivals, one for prompt lengths, one for output lengths, one for priority
+classes and one for the shared system prompt each request draws (``spawn(5)``'s first children
+are ``spawn(3)``'s, so adding priorities or shared prefixes changes no arrival or length). Same
+config and seed give an identical table; and changing only the length distribution keeps the very
+same arrival times (common random numbers), so two runs that differ in one knob stay comparable.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
                           start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
                           model=trace.model)
     assert config.arrival is not None
-    arrival_rng, prompt_rng, output_rng, priority_rng = (np.random.default_rng(s)
-                                                         for s in np.random.SeedSequence(seed).spawn(4))
+    arrival_rng, prompt_rng, output_rng, priority_rng, prefix_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
     arrival = config.arrival
     burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
     arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng, num_requests=config.num_requests,
@@ -65,8 +65,26 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         share = weights / weights.sum()
         priority = priority_rng.choice(classes, size=n, p=share)
         parts.append("priority " + "/".join(f"{c}:{p:.0%}" for c, p in zip(classes, share, strict=True)))
+    prefixes: dict[str, object] = {}
+    if config.shared_prefix is not None:
+        shared = config.shared_prefix
+        prompt, prefixes = with_shared_prefix(prompt, shared.tokens, shared.groups, prefix_rng)
+        parts.append(f"shared prefix {shared.tokens} tokens x {shared.groups} groups")
     parts.append(f"seed {seed}")
-    return RequestTable(arrivals, prompt, output, priority=priority, source="generated: " + ", ".join(parts))
+    return RequestTable(arrivals, prompt, output, priority=priority, source="generated: " + ", ".join(parts),
+                        **prefixes)  # type: ignore[arg-type]
+
+
+def with_shared_prefix(prompt: np.ndarray, tokens: int, groups: int, rng: np.random.Generator
+                       ) -> tuple[np.ndarray, dict[str, object]]:
+    """Prepend one of ``groups`` system prompts of ``tokens`` tokens (uniformly drawn) to each
+    prompt. Each request gets one prefix block id, its group, naming a ``tokens``-token block, in
+    the same CSR form as a Mooncake trace's ``hash_ids`` (``prefix_block_size = tokens``)."""
+    n = prompt.size
+    group = rng.integers(0, groups, size=n, dtype=np.int64)
+    return np.asarray(prompt, dtype=np.int64) + tokens, {
+        "prefix_block_offsets": np.arange(n + 1, dtype=np.int64), "prefix_block_ids": group,
+        "prefix_block_size": int(tokens)}
 
 
 def _sample(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -23,6 +23,12 @@ format) and/or per side by ``prompt:`` and ``output:`` (which override that side
 
     # dist: fixed {value} | uniform {low, high} (inclusive) | lognormal {median, sigma, min, max}
 
+A generated workload may share system prompts (for prefix caching): ``shared_prefix: {tokens: N,
+groups: G}`` prepends one of G system prompts of N tokens, drawn uniformly per request, to every
+prompt (so prompts are N tokens longer than the lengths above say)::
+
+      shared_prefix: {tokens: 1024, groups: 8}
+
 Relative paths resolve against ``base_dir`` (the YAML's folder) when the workload is built.
 """
 
@@ -179,7 +185,15 @@ class PriorityMix(_Strict):
 MAX_REQUESTS = 100_000_000
 """A generous bound on generated requests (about 5 GB of state): beyond it, split the run."""
 
-_GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output", "priority")
+class SharedPrefixConfig(_Strict):
+    """``groups`` system prompts of ``tokens`` tokens; each request starts with one of them."""
+
+    tokens: PositiveInt
+    groups: PositiveInt
+
+
+_GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output", "priority",
+                   "shared_prefix")
 
 
 class WorkloadConfig(_Strict):
@@ -193,6 +207,7 @@ class WorkloadConfig(_Strict):
     prompt: LengthDist | None = None
     output: LengthDist | None = None
     priority: PriorityMix | None = None
+    shared_prefix: SharedPrefixConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadConfig:
@@ -259,7 +274,8 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
         return WorkloadConfig
     if len(loc) == 1:
         return {"trace": TraceConfig, "arrival": ArrivalConfig, "lengths": LengthsConfig,
-                "priority": PriorityMix}.get(loc[0])
+                "priority": PriorityMix,
+                "shared_prefix": SharedPrefixConfig}.get(loc[0])
     if len(loc) == 2 and loc[0] in ("prompt", "output"):
         return _DISTS.get(loc[1])
     return None

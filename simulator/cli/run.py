@@ -65,6 +65,9 @@ def _describe(config: ExperimentConfig, deployment: Deployment, workload: Reques
                   f"max_num_seqs {lim.max_num_seqs}, max_num_batched_tokens "
                   f"{lim.max_num_batched_tokens:,}, max_model_len {lim.max_model_len:,}")
     console.print(f"workload: {escape(workload.describe())}")
+    if lim.enable_prefix_caching and not workload.has_prefixes:
+        console.print("[yellow]prefix caching is on, but the workload has no prefix block ids, so "
+                      "nothing can hit[/] (add workload.shared_prefix or replay a mooncake trace)")
     if d.hardware.spec_only:
         console.print("[dim]hardware profile is spec-only: efficiencies are defaults, not fitted to "
                       "measurements[/]")
@@ -176,6 +179,11 @@ def render_summary(summary: dict[str, Any]) -> None:
         console.print(f"swapped {swap['swaps_out']:,} out / {swap['swaps_in']:,} in over the host link: "
                       f"{(swap['bytes_out'] + swap['bytes_in']) / 1e9:,.2f} GB, "
                       f"{swap['transfer_s']:,.3f} s of step time")
+    prefix = summary.get("prefix_cache")
+    if prefix:
+        console.print(f"prefix cache: hit rate [bold]{prefix['hit_rate']:.1%}[/] "
+                      f"({prefix['cached_tokens']:,} of {prefix['prompt_tokens']:,} prompt tokens), "
+                      f"{prefix['evicted_blocks']:,} blocks evicted")
     if summary.get("unfinished"):
         console.print(f"[bold red]{summary['unfinished']:,} requests neither completed nor were "
                       "rejected[/]: the policy left them queued (see requests.parquet, status unfinished)")

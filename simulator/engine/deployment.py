@@ -48,13 +48,19 @@ class Deployment:
                 "kv_blocks_per_replica": self.limits.num_blocks, "block_size": self.limits.block_size,
                 "max_num_seqs": self.limits.max_num_seqs,
                 "max_num_batched_tokens": self.limits.max_num_batched_tokens,
-                "max_model_len": self.limits.max_model_len}
+                "max_model_len": self.limits.max_model_len,
+                "enable_prefix_caching": self.limits.enable_prefix_caching}
 
 
 def resolve_deployment(config: ExperimentConfig) -> Deployment:
     """Everything a run needs before the first event, checked: a bad policy knob or a model that
     does not fit fails here, in ``servesim validate`` as in ``servesim run``. A disaggregated
     experiment gets a :class:`~simulator.engine.pools.DisaggregatedDeployment` (two pools)."""
+    if config.policy.name in NO_PREFIX_CACHING_POLICIES and config.deployment.enable_prefix_caching:
+        raise ServesimError("deployment.enable_prefix_caching",
+                            f"is not modelled for policy {config.policy.name!r} "
+                            f"({NO_PREFIX_CACHING_POLICIES[config.policy.name]})",
+                            "remove it or use continuous, chunked_prefill, sjf or priority")
     if config.policy.name == "disaggregated":
         from simulator.engine.pools import resolve_disaggregated  # it builds on this function
 
@@ -62,6 +68,10 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
     d, p = config.deployment, config.precision
     policy_cls, policy_options = check_policy(config.policy.name, policy_knobs(config.policy))
     check_router(config.router.name, policy_knobs(config.router))
+    if config.router.name in PREFIX_ROUTERS and not d.enable_prefix_caching:
+        raise ServesimError("router.name", f"{config.router.name} routes by what the replicas' prefix "
+                            "caches hold, and prefix caching is off",
+                            "set deployment.enable_prefix_caching: true or pick another router")
     model = load_model(config.model, "model")
     hardware = load_hardware(config.hardware, "hardware")
     precision = Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
@@ -98,7 +108,8 @@ def resolve_deployment(config: ExperimentConfig) -> Deployment:
                          bandwidth_Bps=host.bandwidth_Bps * host.efficiency, latency_s=host.latency_s)
     limits = EngineLimits(max_num_seqs=d.max_num_seqs, max_num_batched_tokens=budget,
                           max_model_len=max_model_len, block_size=d.block_size, num_blocks=num_blocks,
-                          watermark_blocks=math.floor(d.watermark * num_blocks), swap_path=swap_path)
+                          watermark_blocks=math.floor(d.watermark * num_blocks), swap_path=swap_path,
+                          enable_prefix_caching=d.enable_prefix_caching)
     policy_cls.check_limits(policy_options, limits)
     return Deployment(model, hardware, d.tp, d.replicas, precision, memory, limits)
 
@@ -107,6 +118,14 @@ def policy_knobs(section: PolicyConfig | RouterConfig) -> dict[str, object]:
     """A policy or router section's knobs: every key but ``name``."""
     return {k: v for k, v in section.model_dump().items() if k != "name"}
 
+
+NO_PREFIX_CACHING_POLICIES = {
+    "static": "it reserves and prefills whole prompts itself, as engines before prefix caching did",
+    "disaggregated": "its prefill and decode pools do not share a prefix cache yet"}
+"""Policies that do not admit through ReplicaState.prefill_need/admit, so a hit would be lost."""
+
+PREFIX_ROUTERS = frozenset({"prefix_affinity"})
+"""Routers that read the replicas' prefix caches, so they need prefix caching on."""
 
 CHUNKING_POLICIES = frozenset({"chunked_prefill"})
 """Policies that split prompts across steps, so their token budget may be below max_model_len."""

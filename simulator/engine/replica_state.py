@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.engine.kv_cache import BlockPool
+from simulator.engine.prefix_index import PrefixIndex
+from simulator.engine.prefix_pool import PrefixBlockPool
 from simulator.engine.state import (
     KV_NEVER_FITS,
     REJECTED,
@@ -43,13 +45,15 @@ class EngineLimits:
     watermark_blocks: int
     swap_path: SwapPath | None = None
     """The KV copy path to host memory, for policies that preempt by swapping."""
+    enable_prefix_caching: bool = False
 
 
 class ReplicaState:
     """One replica's queues and KV pool over the shared :class:`RequestState`."""
 
     def __init__(self, index: int, requests: RequestState, limits: EngineLimits,
-                 held: np.ndarray | None = None, seed: int = 0) -> None:
+                 held: np.ndarray | None = None, seed: int = 0,
+                 prefixes: PrefixIndex | None = None) -> None:
         self.index = index
         self.requests = requests
         self.limits = limits
@@ -58,7 +62,14 @@ class ReplicaState:
         # ``held``: a per-request block column shared by the replicas of one pool (a request holds
         # blocks on a prefill and a decode replica at once while its KV is in transit).
         held = requests.blocks_held if held is None else held
-        self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests), held)
+        self.prefix_cache: PrefixBlockPool | None = None
+        """The pool, when it caches prefixes (``prefixes`` given): admission then starts each
+        request after its cached prefix."""
+        if prefixes is None:
+            self.pool = BlockPool(limits.num_blocks, limits.block_size, len(requests), held)
+        else:
+            self.pool = self.prefix_cache = PrefixBlockPool(limits.num_blocks, limits.block_size,
+                                                            prefixes, held)
         # A deque, or any queue with the same few methods (a policy may install a keyed one:
         # append, popleft, extendleft, [0], len).
         self.waiting: deque[int] = deque()
@@ -72,6 +83,19 @@ class ReplicaState:
     def outstanding(self) -> int:
         """Requests queued or running here."""
         return len(self.waiting) + int(self.running.size)
+
+    @property
+    def kv_demand_blocks(self) -> int:
+        """KV blocks in use plus those the waiting requests need for their uncomputed tokens
+        (without counting prefix-cache hits): the load a KV-aware router compares."""
+        used = self.pool.total - self.pool.free
+        if not self.waiting:
+            return used
+        r = self.requests
+        ids = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
+        tokens = r.prompt[ids] + r.generated[ids]
+        size = self.pool.block_size
+        return used + int(((tokens + size - 1) // size - r.blocks_held[ids]).sum())
 
     # ------------------------------------------------------------------ arrival
     def rejection(self, request: int) -> int:
@@ -101,12 +125,31 @@ class ReplicaState:
     # ------------------------------------------------------------------ decisions carried out
     def admit(self, admitted: list[int], blocks: list[int], now: float) -> None:
         """Move ``admitted`` (already popped from ``waiting``) into ``running``, giving each its
-        ``blocks`` extra KV blocks."""
+        ``blocks`` extra KV blocks.
+
+        ``blocks[i]`` must be what :meth:`prefill_need` returned for the tokens the policy gives
+        the request this step: with prefix caching a request that has computed nothing is then
+        started after its cached prefix (``computed`` = the hit tokens) and references the cached
+        blocks instead of allocating them."""
         r = self.requests
         ids = np.fromiter(admitted, dtype=np.int64, count=len(admitted))
-        self.pool.grow_many(ids, np.fromiter(blocks, dtype=np.int64, count=len(blocks)), sum(blocks))
+        counts = np.fromiter(blocks, dtype=np.int64, count=len(blocks))
+        first_time = np.isnan(r.first_scheduled[ids])
+        cache = self.prefix_cache
+        if cache is None:
+            self.pool.grow_many(ids, counts, sum(blocks))
+        else:
+            fresh = (r.computed[ids] == 0) & (r.blocks_held[ids] == 0)
+            if (~fresh).any():
+                cache.grow_many(ids[~fresh], counts[~fresh], int(counts[~fresh].sum()))
+            if fresh.any():
+                starts = ids[fresh]
+                hits = cache.admit(starts, r.prompt[starts] + r.generated[starts], counts[fresh])
+                r.computed[starts] = hits
+                first = first_time[fresh]
+                r.cached_tokens[starts[first]] = hits[first]
         r.status[ids] = RUNNING
-        first = ids[np.isnan(r.first_scheduled[ids])]
+        first = ids[first_time]
         r.first_scheduled[first] = now
         self.running = np.concatenate((self.running, ids)) if self.running.size else ids
 
@@ -151,9 +194,19 @@ class ReplicaState:
         self.requests.status[ids] = RUNNING
         self.running = np.concatenate((self.running, ids)) if self.running.size else ids
 
-    def prefill_need(self, request: int) -> tuple[int, int]:
-        """(new tokens, extra blocks) to compute all of ``request``'s uncomputed tokens."""
+    def prefill_need(self, request: int, max_new: int | None = None) -> tuple[int, int]:
+        """(new tokens, extra blocks) to compute ``request``'s uncomputed tokens, at most
+        ``max_new`` of them (a chunk). With prefix caching, a request that has computed nothing
+        starts after the prefix this replica has cached: fewer new tokens, and the blocks count
+        the cached ones it would take off the evictable list (pure: nothing is reserved)."""
         r = self.requests
         total = int(r.prompt[request] + r.generated[request])
-        new = total - int(r.computed[request])
-        return new, self.pool.blocks_to_grow(request, total)
+        start = int(r.computed[request])
+        cache = self.prefix_cache
+        if cache is not None and start == 0 and r.blocks_held[request] == 0:
+            hit, evictable_hits = cache.lookup(request, total)
+            start = hit * cache.block_size
+            stop = total if max_new is None else min(total, start + max_new)
+            return stop - start, cache.blocks_for(stop) - hit + evictable_hits
+        stop = total if max_new is None else min(total, start + max_new)
+        return stop - start, self.pool.blocks_to_grow(request, stop)

@@ -23,6 +23,7 @@ from policies.base import make_policy
 from policies.routers import make_router
 from simulator.config import ExperimentConfig
 from simulator.engine.deployment import Deployment, policy_knobs, resolve_deployment
+from simulator.engine.prefix_index import PrefixIndex
 from simulator.engine.replica import Replica
 from simulator.engine.replica_state import ReplicaState
 from simulator.engine.state import DONE, REJECTED, RequestState
@@ -67,7 +68,9 @@ def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
     env = simpy.Environment()
     requests = RequestState(workload)
     steps = StepLog()
-    states = [ReplicaState(i, requests, deployment.limits, seed=config.seed)
+    limits = deployment.limits
+    prefixes = PrefixIndex(workload, limits.block_size) if limits.enable_prefix_caching else None
+    states = [ReplicaState(i, requests, limits, seed=config.seed, prefixes=prefixes)
               for i in range(deployment.replicas)]
     cost = deployment.cost_model()  # shared: its memo serves every replica
     replicas = [Replica(env, state, make_policy(config.policy.name, policy_knobs(config.policy), state),

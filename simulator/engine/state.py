@@ -83,6 +83,7 @@ class RequestState:
         self.reject_reason = np.zeros(n, dtype=np.int8)
         self.replica = np.full(n, -1, dtype=np.int64)
         self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
+        self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache
         self.itl = ItlLog()
         # Disaggregated serving only (NaN / -1 otherwise): ``replica`` is then the prefill replica.
         self.decode_replica = np.full(n, -1, dtype=np.int64)

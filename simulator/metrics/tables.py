@@ -50,6 +50,7 @@ def request_frame(result: SimulationResult) -> pd.DataFrame:
         "preemptions": r.preemptions,
         "swaps_out": r.swaps_out,
         "swaps_in": r.swaps_in,
+        "cached_tokens": r.cached_tokens,
         "queueing_s": r.first_scheduled - r.arrival,
         "ttft_s": r.first_token - r.arrival,
         "tpot_s": tpot,
@@ -125,7 +126,24 @@ def summarise(result: SimulationResult, requests: pd.DataFrame, itl: pd.DataFram
     summary["batch"] = _batch_summary(steps)
     if result.pools is not None:
         summary["disaggregation"] = disaggregation_summary(result, requests, steps, span)
+    summary["prefix_cache"] = _prefix_cache_summary(result, requests)
     return summary
+
+
+def _prefix_cache_summary(result: SimulationResult, requests: pd.DataFrame) -> dict[str, Any] | None:
+    """Hit rate = prompt tokens found cached at each request's first admission / prompt tokens
+    of the admitted requests (vLLM's prefix-cache hit rate, in tokens; recomputes after a
+    preemption are not counted again). None when prefix caching is off."""
+    caches = [getattr(state, "prefix_cache", None) for state in result.replica_states]
+    if not caches or any(c is None for c in caches):
+        return None
+    admitted = requests["first_scheduled_s"].notna()
+    prompt = int(requests.loc[admitted, "prompt_tokens"].sum())
+    cached = int(requests.loc[admitted, "cached_tokens"].sum())
+    return {"hit_rate": cached / prompt if prompt else 0.0, "cached_tokens": cached, "prompt_tokens": prompt,
+            "evicted_blocks": sum(c.evicted_blocks for c in caches if c is not None),
+            "cached_blocks_at_end": sum(c.cached_blocks for c in caches if c is not None),
+            "workload_has_prefixes": result.workload.has_prefixes}
 
 
 def _kv_summary(result: SimulationResult, steps: pd.DataFrame) -> dict[str, Any]:
