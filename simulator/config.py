@@ -184,7 +184,7 @@ def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
     field = ".".join(loc) or source
     kind = error["type"]
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
+        allowed = allowed_keys(ExperimentConfig, loc[:-1])
         fix = f"remove it or use one of: {', '.join(allowed)}" if allowed else "remove it"
         return ServesimError(field, "unknown key", fix)
     if kind == "missing":
@@ -195,8 +195,10 @@ def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
     return ServesimError(field, f"{message}{shown}", "fix the value in the config")
 
 
-def _allowed_keys(loc: list[str]) -> list[str]:
-    model: Any = ExperimentConfig
+def allowed_keys(root: type[BaseModel], loc: list[str]) -> list[str]:
+    """The keys allowed at ``loc`` inside the pydantic model ``root`` (for "unknown key" hints);
+    shared by every YAML schema (experiment, capacity)."""
+    model: Any = root
     for part in loc:
         fields = getattr(model, "model_fields", None)
         if not fields or part not in fields:

@@ -32,3 +32,31 @@ def table(arrivals: list[float] | np.ndarray, prompts: list[int] | np.ndarray | 
 
 def run(config: ExperimentConfig, workload: RequestTable) -> SimulationResult:
     return simulate(config, workload)
+
+
+def assert_conserved(result: SimulationResult, tables: Any, blocks: int, block_size: int,
+                     max_num_seqs: int | None = None) -> np.ndarray:
+    """The invariants every policy keeps on one replica, whatever the traffic: exactly the requests
+    that can never fit are rejected and every other one completes; KV blocks never exceed the pool
+    and are all free at the end; no step seats more than ``max_num_seqs``; each request generates
+    its outputs, each emitted once (ITL count = outputs - 1); time runs forward per request.
+    Returns the mask of completed requests for the caller's policy-specific checks."""
+    requests, steps = tables.requests, tables.steps
+    prompt, output = requests["prompt_tokens"].to_numpy(), requests["output_tokens"].to_numpy()
+    never_fits = -(-(prompt + output - 1) // block_size) > blocks
+    assert (requests["status"] == "rejected").to_numpy().tolist() == never_fits.tolist()
+    done = (requests["status"] == "completed").to_numpy()
+    assert done.sum() + never_fits.sum() == len(requests)
+    assert tables.summary["unfinished"] == 0
+    assert (steps["kv_blocks_used"] <= blocks).all()
+    for state in result.replica_states:
+        assert state.pool.free == state.pool.total and not state.pool.held.any()
+    if max_num_seqs is not None:
+        assert (steps["running"] <= max_num_seqs).all()
+    assert (result.requests.generated[done] == output[done]).all()
+    assert tables.itl["count"].sum() == (output[done] - 1).sum()
+    timed = requests[done]
+    assert (timed["first_scheduled_s"] >= timed["arrival_s"]).all()
+    assert (timed["first_token_s"] >= timed["first_scheduled_s"]).all()
+    assert (timed["finish_s"] >= timed["first_token_s"]).all()
+    return done

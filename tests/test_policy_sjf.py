@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import experiment, run, table
+from engine_helpers import assert_conserved, experiment, run, table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -155,17 +155,8 @@ def test_sjf_conserves_requests_blocks_and_tokens(workload: tuple[list[float], l
                         policy={"name": "sjf", "predictor": predictor, "aging_tokens_per_s": rate})
     result = run(config, table(np.sort(arrivals), prompts, outputs))
     tables = tabulate(result)
-    requests, steps = tables.requests, tables.steps
-    prompt, output = requests["prompt_tokens"].to_numpy(), requests["output_tokens"].to_numpy()
-    never_fits = -(-(prompt + output - 1) // block_size) > blocks
-    assert (requests["status"] == "rejected").to_numpy().tolist() == never_fits.tolist()
-    done = (requests["status"] == "completed").to_numpy()
-    assert done.sum() + never_fits.sum() == len(requests)
-    assert (steps["kv_blocks_used"] <= blocks).all()
-    pool = result.replica_states[0].pool
-    assert pool.free == blocks and not pool.held.any()
-    assert (result.requests.generated[done] == output[done]).all()
-    assert tables.itl["count"].sum() == (output[done] - 1).sum()
+    requests = tables.requests
+    done = assert_conserved(result, tables, blocks, block_size, max_num_seqs)
     policy = ShortestJobFirst(result.replica_states[0], ShortestJobFirst.Options(
         predictor=predictor, aging_tokens_per_s=rate))  # type: ignore[arg-type]
     key = policy.admission_keys()[done]

@@ -50,6 +50,7 @@ from simulator.config import (
     PolicyConfig,
     PrecisionConfig,
     RouterConfig,
+    allowed_keys,
     apply_overrides,
     read_yaml_document,
 )
@@ -204,7 +205,7 @@ def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
     field = ".".join(loc) or source
     kind = error["type"]
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
+        allowed = allowed_keys(CapacityConfig, loc[:-1])
         return ServesimError(field, "unknown key",
                              f"remove it or use one of: {', '.join(allowed)}" if allowed else "remove it")
     if kind == "missing":
@@ -217,16 +218,3 @@ def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
     message = error["msg"].removeprefix("Value error, ").rstrip(".")
     return ServesimError(field, f"{message}{shown}", "fix the value")
 
-
-def _allowed_keys(loc: list[str]) -> list[str]:
-    model: Any = CapacityConfig
-    for part in loc:
-        fields = getattr(model, "model_fields", None)
-        if not fields or part not in fields:
-            return []
-        annotation = fields[part].annotation
-        candidates = [a for a in getattr(annotation, "__args__", (annotation,)) if hasattr(a, "model_fields")]
-        if not candidates:
-            return []
-        model = candidates[0]
-    return list(getattr(model, "model_fields", {}))
