@@ -12,6 +12,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from simulator.errors import ServesimError
+
 
 def _current_umask() -> int:
     mask = os.umask(0)
@@ -38,3 +40,13 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def make_output_dir(folder: Path, named: Path | None = None) -> None:
+    """Create an output folder (and its parents) before any long work starts, or fail with the
+    one-line ``--out`` error; ``named`` is the folder the user gave, when ``folder`` is inside it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ServesimError("--out", f"cannot create {named or folder}: {exc.strerror}",
+                            "choose a writable folder") from None

@@ -27,6 +27,7 @@ and a 1% free-block watermark for admitting new prompts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -178,21 +179,33 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None,
 
 
 def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
-    """The first pydantic error as one line: the dotted key, what is wrong, how to fix it."""
-    error = exc.errors()[0]
+    return user_error(exc, ExperimentConfig, source, missing_fix=lambda _, key: f"add {key}: ... to {source}",
+                      value_fix="fix the value in the config")
+
+
+def user_error(exc: ValidationError, root: type[BaseModel], source: str,
+               missing_fix: Callable[[str, str], str], value_fix: str,
+               unknown_first: bool = False) -> ServesimError:
+    """A pydantic error on a YAML schema (``root``) as one line: the dotted key, what is wrong, how
+    to fix it (for an unknown key, the keys allowed there). Shared by every schema; each words its
+    own fixes (``missing_fix`` gets the dotted field and its last key). ``unknown_first`` reports
+    a misspelt key before any other problem."""
+    errors = exc.errors()
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0]) if unknown_first \
+        else errors[0]
     loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
     field = ".".join(loc) or source
     kind = error["type"]
     if kind == "extra_forbidden":
-        allowed = allowed_keys(ExperimentConfig, loc[:-1])
+        allowed = allowed_keys(root, loc[:-1])
         fix = f"remove it or use one of: {', '.join(allowed)}" if allowed else "remove it"
         return ServesimError(field, "unknown key", fix)
     if kind == "missing":
-        return ServesimError(field, "is required", f"add {loc[-1]}: ... to {source}")
+        return ServesimError(field, "is required", missing_fix(field, loc[-1]))
     got = error.get("input")
     shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
     message = error["msg"].removeprefix("Value error, ").rstrip(".")
-    return ServesimError(field, f"{message}{shown}", "fix the value in the config")
+    return ServesimError(field, f"{message}{shown}", value_fix)
 
 
 def allowed_keys(root: type[BaseModel], loc: list[str]) -> list[str]:

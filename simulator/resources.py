@@ -9,7 +9,10 @@ profile is picked up without reinstalling.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+
+from simulator.errors import ServesimError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _REPO_ROOT = _PACKAGE_DIR.parent
@@ -38,3 +41,21 @@ def model_configs_dir() -> Path:
 
 def configs_dir() -> Path:
     return builtin_dir("configs")
+
+
+def find_builtin(text: str, folders: list[Path], field: str, kind: str,
+                 is_kind: Callable[[Path], bool] = lambda _: True) -> Path:
+    """``text`` as a path, or as the name of a built-in YAML (``quickstart`` ->
+    configs/quickstart.yaml) in the first of ``folders`` holding one that ``is_kind`` accepts (an
+    experiment and a sweep share configs/); else a one-line error listing the built-ins."""
+    path = Path(text)
+    if path.is_file():
+        return path
+    if path.parent == Path("."):
+        name = f"{text.removesuffix('.yaml')}.yaml"
+        for folder in folders:
+            if (folder / name).is_file() and is_kind(folder / name):
+                return folder / name
+    known = sorted({p.stem for folder in folders for p in folder.glob("*.yaml") if is_kind(p)})
+    raise ServesimError(field, f"{text} not found",
+                        f"give a YAML path or a built-in {kind} ({', '.join(known)})")

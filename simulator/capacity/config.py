@@ -50,9 +50,9 @@ from simulator.config import (
     PolicyConfig,
     PrecisionConfig,
     RouterConfig,
-    allowed_keys,
     apply_overrides,
     read_yaml_document,
+    user_error,
 )
 from simulator.errors import ServesimError
 from workloads import WorkloadConfig, parse_workload_config
@@ -199,22 +199,17 @@ def load_capacity_document(path: str | Path | None, overrides: list[str] | None 
     return apply_overrides(document, overrides or [])
 
 
+_MISSING_HINTS = {"model": "--model NAME", "candidates": "--hardware NAME",
+                  "candidates.hardware": "--hardware NAME", "slo": "--ttft/--tpot/--e2e SECONDS",
+                  "workload": "a workload: section"}
+"""A missing key names the flag that gives it (flags and YAML share this schema)."""
+
+
+def _missing_fix(field: str, key: str) -> str:
+    hint = _MISSING_HINTS.get(field)
+    return f"give {hint}" if hint else f"add {key}: ..."
+
+
 def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
-    error = next((e for e in exc.errors() if e["type"] == "extra_forbidden"), exc.errors()[0])
-    loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
-    field = ".".join(loc) or source
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        allowed = allowed_keys(CapacityConfig, loc[:-1])
-        return ServesimError(field, "unknown key",
-                             f"remove it or use one of: {', '.join(allowed)}" if allowed else "remove it")
-    if kind == "missing":
-        hint = {"model": "--model NAME", "candidates": "--hardware NAME",
-                "candidates.hardware": "--hardware NAME", "slo": "--ttft/--tpot/--e2e SECONDS",
-                "workload": "a workload: section"}.get(field)
-        return ServesimError(field, "is required", f"give {hint}" if hint else f"add {loc[-1]}: ...")
-    got = error.get("input")
-    shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
-    message = error["msg"].removeprefix("Value error, ").rstrip(".")
-    return ServesimError(field, f"{message}{shown}", "fix the value")
+    return user_error(exc, CapacityConfig, source, _missing_fix, "fix the value", unknown_first=True)
 

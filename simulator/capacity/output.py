@@ -12,8 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from simulator.atomic_io import atomic_write_text
-from simulator.errors import ServesimError
+from simulator.atomic_io import atomic_write_text, make_output_dir
 
 CSV_COLUMNS = ("rank", "candidate", "hardware", "tp", "policy", "replicas", "feasible", "status",
                "max_rate", "max_rate_per_replica", "gpus", "replica_sets", "verified", "usd_per_gpu_hour",
@@ -66,11 +65,7 @@ def candidate_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_capacity(answer: dict[str, Any], out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServesimError("--out", f"cannot create {out_dir}: {exc.strerror}",
-                            "choose a writable folder") from None
+    make_output_dir(out_dir)
     atomic_write_text(out_dir / "capacity.json", json.dumps(json_safe(answer), indent=2) + "\n")
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")

@@ -14,13 +14,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from simulator.atomic_io import make_output_dir
 from simulator.capacity.config import load_capacity_document, validate_capacity
 from simulator.capacity.limits import describe_limits
 from simulator.capacity.output import candidate_row, json_safe, write_capacity
 from simulator.capacity.plan import decode_limits_only, plan_capacity
 from simulator.cli.console import console
 from simulator.errors import ServesimError
-from simulator.resources import configs_dir
+from simulator.resources import configs_dir, find_builtin
 
 Opt = typer.Option
 DEFAULT_WORKLOAD_REQUESTS = 1000
@@ -28,14 +29,7 @@ DEFAULT_WORKLOAD_REQUESTS = 1000
 
 def find_capacity_config(text: str) -> Path:
     """A path, or a built-in example's name (``llama3-8b-chat`` -> configs/capacity/...)."""
-    path = Path(text)
-    if path.is_file():
-        return path
-    builtin = configs_dir() / "capacity" / f"{text.removesuffix('.yaml')}.yaml"
-    if builtin.is_file() and path.parent == Path("."):
-        return builtin
-    known = ", ".join(sorted(p.stem for p in (configs_dir() / "capacity").glob("*.yaml")))
-    raise ServesimError("CONFIG", f"{text} not found", f"give a YAML path or a built-in example ({known})")
+    return find_builtin(text, [configs_dir() / "capacity"], "CONFIG", "example")
 
 
 def split_list(values: list[str] | None) -> list[str]:
@@ -154,11 +148,7 @@ def capacity_command(
         _print_limits(records)
         return
     out_dir = out or Path("runs") / f"capacity-{cfg.name}"
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServesimError("--out", f"cannot create {out_dir}: {exc.strerror}",
-                            "choose a writable folder") from None
+    make_output_dir(out_dir)
     if not as_json:
         console.print(f"[bold]{cfg.name}[/]: {cfg.model}, SLO {escape(cfg.slo.describe())}; "
                       f"{cfg.search.replications} replications x {cfg.requests_per_run} requests per rate, "

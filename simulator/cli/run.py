@@ -10,13 +10,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from simulator.atomic_io import make_output_dir
 from simulator.cli.console import console
 from simulator.config import ExperimentConfig, load_experiment
 from simulator.engine import resolve_deployment, simulate
 from simulator.engine.deployment import Deployment
 from simulator.errors import ServesimError
 from simulator.metrics import write_run
-from simulator.resources import configs_dir
+from simulator.resources import configs_dir, find_builtin
+from simulator.sweep.spec import is_sweep_file
 from workloads import build_workload
 from workloads.requests import RequestTable
 
@@ -25,14 +27,8 @@ GIB = 2**30
 
 def find_config(text: str) -> Path:
     """A path, or the name of a built-in experiment (``quickstart`` -> configs/quickstart.yaml)."""
-    path = Path(text)
-    if path.is_file():
-        return path
-    builtin = configs_dir() / f"{text.removesuffix('.yaml')}.yaml"
-    if builtin.is_file() and path.parent == Path("."):
-        return builtin
-    known = ", ".join(sorted(p.stem for p in configs_dir().glob("*.yaml")))
-    raise ServesimError("CONFIG", f"{text} not found", f"give a YAML path or a built-in experiment ({known})")
+    return find_builtin(text, [configs_dir()], "CONFIG", "experiment",
+                        lambda path: not is_sweep_file(path))
 
 
 SetOption = Annotated[list[str] | None, typer.Option(
@@ -114,11 +110,7 @@ def run_command(
     path, cfg, deployment, workload = _prepare(config, overrides, seed)
     _describe(cfg, deployment, workload)
     out_dir = out or Path("runs") / cfg.name
-    try:  # fail before a long run, not after it
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServesimError("--out", f"cannot create {out_dir}: {exc.strerror}",
-                            "choose a writable folder") from None
+    make_output_dir(out_dir)  # fail before a long run, not after it
     columns = (TextColumn("simulating"), BarColumn(),
                TextColumn("{task.completed:,}/{task.total:,} requests"),
                TextColumn("sim {task.fields[sim]:,.0f} s"), TimeElapsedColumn(), TimeRemainingColumn())

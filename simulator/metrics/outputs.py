@@ -17,9 +17,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from simulator.atomic_io import atomic_write, atomic_write_text
+from simulator.atomic_io import atomic_write, atomic_write_text, make_output_dir
 from simulator.engine.simulation import SimulationResult
-from simulator.errors import ServesimError
 from simulator.metrics.tables import itl_frame, request_frame, summarise
 
 
@@ -89,11 +88,7 @@ run beside the new summary."""
 
 def write_run(result: SimulationResult, out_dir: Path, report: bool = True) -> RunTables:
     """Write a run directory (see the module docstring); returns the tables written."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServesimError("--out", f"cannot create {out_dir}: {exc.strerror}",
-                            "choose a writable folder") from None
+    make_output_dir(out_dir)
     tables = tabulate(result)
     atomic_write_text(out_dir / "config.resolved.yaml", resolved_config_yaml(result))
     if result.config.output == "full":

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from simulator.atomic_io import atomic_write, atomic_write_text
-from simulator.errors import ServesimError
+from simulator.atomic_io import atomic_write, atomic_write_text, make_output_dir
 from simulator.sweep.aggregate import tables
 from simulator.sweep.backends import Backend, run_tasks
 from simulator.sweep.execute import RunFiles, is_finished, remove_stale_temps, store_run
@@ -85,11 +84,7 @@ def prepare(sweep: Sweep, out_dir: Path) -> PreparedSweep:
     """Check every point, create ``out_dir``, delete interrupted temp folders, find what is left."""
     plan = plan_sweep(sweep)
     points_dir = out_dir / "points"
-    try:
-        points_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ServesimError("--out", f"cannot create {out_dir}: {exc.strerror}",
-                            "choose a writable folder") from None
+    make_output_dir(points_dir, named=out_dir)
     stale = remove_stale_temps(points_dir)
     todo = [task for task in plan.runs if not is_finished(points_dir / task.run_id)]
     atomic_write_text(out_dir / "sweep.resolved.yaml", resolved_yaml(plan))

@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from simulator.config import parse_override, read_yaml_document
 from simulator.errors import ServesimError
-from simulator.resources import configs_dir
+from simulator.resources import configs_dir, find_builtin
 
 FORBIDDEN_AXES = {"seed": "vary seeds with replications: K", "output": "set output at the top of the sweep"}
 
@@ -113,17 +113,15 @@ class Sweep:
 def find_sweep(text: str) -> Path:
     """A sweep path, or the name of a built-in sweep: ``configs/sweeps/<name>.yaml``, or a sweep at
     the top of ``configs/`` (``compare-policies``, which the issue placed beside the experiments)."""
-    path = Path(text)
-    if path.is_file():
-        return path
-    name = f"{text.removesuffix('.yaml')}.yaml"
-    if path.parent == Path("."):
-        for builtin in (configs_dir() / "sweeps" / name, configs_dir() / name):
-            if builtin.is_file() and "base" in (read_yaml_document(builtin) or {}):
-                return builtin
-    known = sorted([p.stem for p in (configs_dir() / "sweeps").glob("*.yaml")] + ["compare-policies"])
-    raise ServesimError("SWEEP", f"{text} not found",
-                        f"give a sweep YAML path or a built-in sweep ({', '.join(known)})")
+    return find_builtin(text, [configs_dir() / "sweeps", configs_dir()], "SWEEP", "sweep", is_sweep_file)
+
+
+def is_sweep_file(path: Path) -> bool:
+    """A sweep names a ``base`` experiment; an experiment never has that key."""
+    try:
+        return "base" in read_yaml_document(path)
+    except ServesimError:
+        return False
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
