@@ -90,28 +90,23 @@ class ChunkedPrefill(Policy):
 
     def _admit_waiting(self, now: float, budget: int) -> tuple[np.ndarray, np.ndarray]:
         """Admit waiting requests FCFS with their first chunk; returns (ids, chunk tokens)."""
-        replica, lim = self.replica, self.replica.limits
-        waiting, pool = replica.waiting, replica.pool
-        seats = lim.max_num_seqs - int(replica.running.size)
-        free = pool.free
-        reserve = lim.watermark_blocks if replica.running.size else 0
+        replica = self.replica
+        waiting = replica.waiting
+        room = replica.admission_room(budget)
         admitted: list[int] = []
         chunks: list[int] = []
         blocks: list[int] = []
         for request in waiting:
-            if seats <= 0 or budget <= 0:
+            if room.seats <= 0 or room.budget <= 0:
                 break
             # With prefix caching the chunk starts after the replica's cached prefix.
-            chunk, need = replica.prefill_need(request, max_new=budget)
-            if need > free - reserve:
+            chunk, need = replica.prefill_need(request, max_new=room.budget)
+            if not room.blocks_fit(need):
                 break
             admitted.append(request)
             chunks.append(chunk)
             blocks.append(need)
-            budget -= chunk
-            free -= need
-            seats -= 1
-            reserve = lim.watermark_blocks
+            room.take(chunk, need)
         if not admitted:
             empty = np.empty(0, dtype=np.int64)
             return empty, empty

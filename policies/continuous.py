@@ -86,32 +86,24 @@ class ContinuousBatching(Policy):
         return admissible < int(running * self.options.waiting_served_ratio)
 
     def _admit_prefills(self, now: float) -> Batch | None:
-        replica, lim = self.replica, self.replica.limits
-        waiting, pool = replica.waiting, replica.pool
+        replica = self.replica
+        waiting = replica.waiting
         if not waiting:
             return None
-        seats = lim.max_num_seqs - int(replica.running.size)
-        budget = lim.max_num_batched_tokens
-        free = pool.free
-        # The watermark keeps blocks for the running requests to grow into; with none running
-        # there is nothing to protect, so a long preempted request can always come back.
-        reserve = lim.watermark_blocks if replica.running.size else 0
+        room = replica.admission_room()
         admitted: list[int] = []
         new_tokens: list[int] = []
         blocks: list[int] = []
         for request in waiting:
-            if seats <= 0:
+            if room.seats <= 0:
                 break
             new, need = replica.prefill_need(request)
-            if new > budget or need > free - reserve:
+            if not room.fits(new, need):
                 break
             admitted.append(request)
             new_tokens.append(new)
             blocks.append(need)
-            budget -= new
-            free -= need
-            seats -= 1
-            reserve = lim.watermark_blocks
+            room.take(new, need)
         if not admitted or self._held_back(len(admitted)):
             return None
         for _ in admitted:

@@ -176,19 +176,22 @@ class KvReceiver(Policy):
         return self.replica.pool.blocks_for(int(self.replica.requests.prompt[request]))
 
     def _reserve(self, now: float) -> None:
-        replica, lim, pool = self.replica, self.replica.limits, self.replica.pool
-        seats = lim.max_num_seqs - int(replica.running.size) - self.in_flight
-        while self.incoming and seats > 0:
+        replica, pool = self.replica, self.replica.pool
+        # Transfers in flight hold seats and blocks like running requests (the watermark applies).
+        room = replica.admission_room()
+        room.seats -= self.in_flight
+        if self.in_flight:
+            room.reserve = room.watermark
+        while self.incoming and room.seats > 0:
             request = self.incoming[0]
             need = self._need(request)
-            busy = replica.running.size or self.in_flight
-            if need > pool.free - (lim.watermark_blocks if busy else 0):
+            if not room.blocks_fit(need):
                 return
             self.incoming.popleft()
             self.incoming_blocks -= need
             pool.grow(request, need)
             self.in_flight += 1
-            seats -= 1
+            room.take(0, need)
             self.start_transfer(request, now)
 
 

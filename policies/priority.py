@@ -92,14 +92,11 @@ class PriorityScheduling(ContinuousBatching):
         return batch
 
     def _admit_prefills(self, now: float) -> Batch | None:
-        replica, lim = self.replica, self.replica.limits
+        replica = self.replica
         waiting, pool, swap = replica.waiting, replica.pool, replica.swap
         if not waiting:
             return None
-        seats = lim.max_num_seqs - int(replica.running.size)
-        budget = lim.max_num_batched_tokens
-        free = pool.free
-        reserve = lim.watermark_blocks if replica.running.size else 0
+        room = replica.admission_room()
         admitted: list[int] = []
         blocks: list[int] = []
         prefills: list[int] = []
@@ -114,15 +111,15 @@ class PriorityScheduling(ContinuousBatching):
                 new, need = 0, int(swap.pool.held[request])
             else:
                 new, need = replica.prefill_need(request)
-            if new > budget:
+            if new > room.budget:
                 break
-            if need > free - reserve or seats < 1:
-                preempted = self._preempt_lower(request, need - (free - reserve), 1 - seats)
+            if not room.blocks_fit(need) or room.seats < 1:
+                preempted = self._preempt_lower(request, need - (room.free - room.reserve), 1 - room.seats)
                 if preempted.size == 0:
                     break
                 victims.update(preempted.tolist())
-                free = pool.free - sum(blocks)
-                seats += int(preempted.size)
+                room.free = pool.free - sum(blocks)
+                room.seats += int(preempted.size)
             waiting.popleft()
             admitted.append(request)
             blocks.append(need)
@@ -131,10 +128,7 @@ class PriorityScheduling(ContinuousBatching):
                 new_tokens.append(new)
             else:
                 swapped_in.append(request)
-            budget -= new
-            free -= need
-            seats -= 1
-            reserve = lim.watermark_blocks
+            room.take(new, need)
         if not admitted:
             return None
         if swapped_in:

@@ -48,6 +48,34 @@ class EngineLimits:
     enable_prefix_caching: bool = False
 
 
+@dataclass(slots=True)
+class AdmissionRoom:
+    """What one step may still admit: seats, prompt tokens and KV blocks above the watermark.
+
+    Every admitting policy counts the same way (vLLM v0's rule): a request fits while a seat is
+    free, its new tokens fit the step's budget and its blocks leave the watermark free. The
+    watermark protects running requests' growth, so it is waived while nothing runs (a long
+    preempted request can always come back) and applies from the first admission on."""
+
+    seats: int
+    budget: int
+    free: int
+    reserve: int
+    watermark: int
+
+    def blocks_fit(self, need: int) -> bool:
+        return need <= self.free - self.reserve
+
+    def fits(self, new: int, need: int) -> bool:
+        return self.seats > 0 and new <= self.budget and need <= self.free - self.reserve
+
+    def take(self, new: int, need: int) -> None:
+        self.budget -= new
+        self.free -= need
+        self.seats -= 1
+        self.reserve = self.watermark
+
+
 class ReplicaState:
     """One replica's queues and KV pool over the shared :class:`RequestState`."""
 
@@ -121,6 +149,13 @@ class ReplicaState:
         r.status[request] = WAITING
         self.waiting.append(request)
         return True
+
+    def admission_room(self, budget: int | None = None) -> AdmissionRoom:
+        """This step's room for new admissions (``budget`` defaults to the full token budget)."""
+        lim, running = self.limits, int(self.running.size)
+        return AdmissionRoom(lim.max_num_seqs - running,
+                             lim.max_num_batched_tokens if budget is None else budget,
+                             self.pool.free, lim.watermark_blocks if running else 0, lim.watermark_blocks)
 
     # ------------------------------------------------------------------ decisions carried out
     def admit(self, admitted: list[int], blocks: list[int], now: float) -> None:
