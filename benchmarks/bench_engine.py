@@ -15,9 +15,9 @@ import resource
 import time
 from pathlib import Path
 
-from simulator.config import validate_document
-from simulator.engine import simulate
-from simulator.metrics import tabulate
+from servesim.config import validate_document
+from servesim.engine import simulate
+from servesim.metrics import tabulate
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 AZURE_CONV = SHARED_TRACES / "azure2023_AzureLLMInferenceTrace_conv.csv"

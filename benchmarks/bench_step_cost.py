@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from simulator import BatchShape, CostModel, load_hardware, load_model
+from servesim import BatchShape, CostModel, load_hardware, load_model
 
 CASES = (("llama-3-8b", "h100-sxm-80gb", 1), ("mixtral-8x7b", "h100-sxm-80gb", 2),
          ("deepseek-v3", "h200-sxm-141gb", 8))

@@ -13,11 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from simulator.config import validate_document
-from simulator.engine import simulate
-from simulator.metrics import write_run
-from simulator.sweep import parse_sweep, run_sweep
-from simulator.sweep.backends import default_workers
+from servesim.config import validate_document
+from servesim.engine import simulate
+from servesim.metrics import write_run
+from servesim.sweep import parse_sweep, run_sweep
+from servesim.sweep.backends import default_workers
 
 
 def sweep_document(points: int, replications: int, requests: int) -> dict:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from calibration.schema import METADATA, write_family
-from calibration.timing import import_torch
-from simulator.errors import ServesimError
+from servesim.calibration.schema import METADATA, write_family
+from servesim.calibration.timing import import_torch
+from servesim.errors import ServesimError
 
 FAMILY_ORDER = ("memory", "gemm", "attention_prefill", "attention_decode", "allreduce")
 
@@ -79,10 +79,10 @@ def run_bench(device: str, out: Path, quick: bool = False,
     if device == "cuda" and not torch.cuda.is_available():
         raise ServesimError("--device", "cuda requested but torch sees no GPU",
                             "use --device cpu, or a CUDA build of torch on a GPU machine")
-    from calibration.bench_allreduce import bench_allreduce
-    from calibration.bench_attention import bench_decode, bench_prefill
-    from calibration.bench_gemm import bench_gemm
-    from calibration.bench_memory import bench_memory
+    from servesim.calibration.bench_allreduce import bench_allreduce
+    from servesim.calibration.bench_attention import bench_decode, bench_prefill
+    from servesim.calibration.bench_gemm import bench_gemm
+    from servesim.calibration.bench_memory import bench_memory
 
     runners = {"memory": lambda: bench_memory(device, quick), "gemm": lambda: bench_gemm(device, quick),
                "attention_prefill": lambda: bench_prefill(device, quick),

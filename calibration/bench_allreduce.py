@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from calibration.timing import Timing, import_torch
+from servesim.calibration.timing import Timing, import_torch
 
 SIZES = tuple(2**p for p in range(12, 29, 2))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from calibration.shapes import (
+from servesim.calibration.shapes import (
     DECODE_BATCH,
     DECODE_CONTEXT,
     FLOP_CAP,
@@ -21,7 +21,7 @@ from calibration.shapes import (
     PREFILL_SEQ,
     attention_layouts,
 )
-from calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
+from servesim.calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
 
 
 def bench_prefill(device: str, quick: bool) -> pd.DataFrame:

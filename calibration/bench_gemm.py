@@ -1,7 +1,7 @@
 """GEMM microbenchmark: ``(m x k) @ (k x n)`` in bf16 (and fp8 where the GPU has it).
 
 Each repetition multiplies by the next of a pool of weight copies (at least ``ROTATE_BYTES`` in
-all, at most ``MAX_COPIES``; see :mod:`calibration.timing`), because a serving step runs every
+all, at most ``MAX_COPIES``; see :mod:`servesim.calibration.timing`), because a serving step runs every
 layer's different weights once:
 re-reading one small matrix from cache would time a kernel no step runs (on this CPU it is 1.5-2x
 faster than with rotating weights).
@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from calibration.shapes import FLOP_CAP, gemm_shapes
-from calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
+from servesim.calibration.shapes import FLOP_CAP, gemm_shapes
+from servesim.calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
 
 
 def has_fp8(device: str) -> bool:

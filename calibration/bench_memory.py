@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from calibration.shapes import COPY_BYTES
-from calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
+from servesim.calibration.shapes import COPY_BYTES
+from servesim.calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
 
 HIDDEN = 512
 

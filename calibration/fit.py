@@ -8,7 +8,7 @@ ridge point), set each curve's knot (one per octave of its axis) to the median i
 of the rows bound by it near that knot, and repeat until the classification is stable. ``fixed``
 is chosen from a grid below the fastest measurement by the mean absolute log error.
 
-The curves are held to :class:`simulator.hardware.Curve`'s rule (time may not fall as work grows,
+The curves are held to :class:`servesim.hardware.Curve`'s rule (time may not fall as work grows,
 ``d ln eff / d ln x <= 1``): the knots are made isotonic in ``ln x - ln eff`` (pool-adjacent-
 violators, weighted by the rows behind each knot), then any remaining step steeper than the
 validator allows is clipped. A curve with no row bound by it keeps the profile's previous curve.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from calibration.work import Work, fast_predict
-from simulator.hardware import Axis, Curve, Link, OperatorEfficiency
+from servesim.calibration.work import Work, fast_predict
+from servesim.hardware import Axis, Curve, Link, OperatorEfficiency
 
 MIN_EFF = 1e-4
 RIDGE_LOCK = 2.0

@@ -3,7 +3,7 @@
 Each kernel family fits one part of the profile (GEMMs -> ``efficiency.gemm``, attention prefill
 and decode -> their classes, memory copies -> ``efficiency.elementwise``, all-reduce -> the
 interconnect's latency and achieved fraction). Every other distinct value of the family's main
-shape axis is held out (:func:`calibration.schema.holdout_mask`), so the error written into the
+shape axis is held out (:func:`servesim.calibration.schema.holdout_mask`), so the error written into the
 profile's provenance is measured both in sample and out of sample.
 """
 
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from calibration.fit import MIN_ROWS_FULL_FIT, fit_link, fit_operator
-from calibration.schema import holdout_mask
-from calibration.work import OPERATOR_OF, ape, predict, usable, work
-from simulator.hardware import HardwareProfile
-from simulator.hardware_io import hardware_from_dict
+from servesim.calibration.fit import MIN_ROWS_FULL_FIT, fit_link, fit_operator
+from servesim.calibration.schema import holdout_mask
+from servesim.calibration.work import OPERATOR_OF, ape, predict, usable, work
+from servesim.hardware import HardwareProfile
+from servesim.hardware_io import hardware_from_dict
 
 PROVENANCE_KEY = {"gemm": "efficiency.gemm", "attention_prefill": "efficiency.attention_prefill",
                   "attention_decode": "efficiency.attention_decode",

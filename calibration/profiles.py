@@ -1,6 +1,6 @@
 """Writing fitted profiles, the CPU base profile, and the Vidur import that refits A100/H100.
 
-A fitted profile is written in the shipped layout (:func:`simulator.hardware_io.profile_to_yaml`)
+A fitted profile is written in the shipped layout (:func:`servesim.hardware_io.profile_to_yaml`)
 under the original file's header comment, so a diff shows only the numbers that changed and
 their provenance.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 import pandas as pd
 
-from calibration.profile_fit import FitReport, fit_profile
-from calibration.vidur import PROFILE_OF, vidur_tables
-from simulator.hardware import HardwareProfile
-from simulator.hardware_io import builtin_hardware_names, hardware_from_dict, load_hardware, profile_to_yaml
-from simulator.resources import hardware_profiles_dir
+from servesim.calibration.profile_fit import FitReport, fit_profile
+from servesim.calibration.vidur import PROFILE_OF, vidur_tables
+from servesim.hardware import HardwareProfile
+from servesim.hardware_io import builtin_hardware_names, hardware_from_dict, load_hardware, profile_to_yaml
+from servesim.resources import hardware_profiles_dir
 
 VIDUR_SOURCE = "public Vidur per-operator profiles (microsoft/vidur data/profiling, {gpu})"
 
@@ -84,7 +84,7 @@ def cpu_base_profile(tables: dict[str, pd.DataFrame], metadata: dict[str, Any],
     gemm = tables.get("gemm")
     memory = tables.get("memory")
     if gemm is None or memory is None:
-        from simulator.errors import ServesimError
+        from servesim.errors import ServesimError
         raise ServesimError("measurements", "a CPU profile needs gemm.csv and memory.csv",
                             "run `servesim calibrate bench --device cpu` without --skip")
     bf16 = gemm[gemm["dtype"] == "bf16"]
@@ -119,8 +119,8 @@ def fit_directory(directory: Path, profile_path: Path, out: Path | None = None,
                   ) -> tuple[HardwareProfile, pd.DataFrame]:
     """``servesim calibrate fit``: fit ``profile_path`` (created from the measurements' own peaks
     when it does not exist yet, e.g. ``cpu-local.yaml``) and write it to ``out`` (default: in place)."""
-    from calibration.schema import read_measurements, read_metadata
-    from simulator.errors import ServesimError
+    from servesim.calibration.schema import read_measurements, read_metadata
+    from servesim.errors import ServesimError
 
     tables = read_measurements(directory)
     metadata = read_metadata(directory)

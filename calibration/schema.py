@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "dtype"),

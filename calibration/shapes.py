@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.model_config import load_model, model_from_hf_config
-from simulator.model_spec import ModelSpec
+from servesim.model_config import load_model, model_from_hf_config
+from servesim.model_spec import ModelSpec
 
 E2E_MODEL_CONFIG = {
     "model_type": "llama", "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 
 def import_torch() -> Any:

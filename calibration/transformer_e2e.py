@@ -1,7 +1,7 @@
 """End-to-end check: a real small transformer, run with torch under continuous batching, against
 ``servesim step`` on the same batch shapes.
 
-The model is :data:`calibration.shapes.E2E_MODEL_CONFIG` (Llama-style, GQA, random bf16 weights)
+The model is :data:`servesim.calibration.shapes.E2E_MODEL_CONFIG` (Llama-style, GQA, random bf16 weights)
 laid out the way serving engines run it: every scheduled token of the step is packed into one
 ``[tokens, hidden]`` activation, so each projection is one GEMM with M = tokens; prefills run
 causal SDPA per prompt; decodes run one batched SDPA over their contiguous KV slots (gathered with
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibration.shapes import e2e_model
-from calibration.timing import import_torch
-from simulator.cost import BatchShape, CostModel
-from simulator.hardware import HardwareProfile
+from servesim.calibration.shapes import e2e_model
+from servesim.calibration.timing import import_torch
+from servesim.cost import BatchShape, CostModel
+from servesim.hardware import HardwareProfile
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibration.profile_fit import error_stats
-from calibration.schema import holdout_mask, read_measurements
-from calibration.vidur import gpu_of, vidur_tables
-from calibration.work import ape, predict, usable
-from simulator.hardware import HardwareProfile
+from servesim.calibration.profile_fit import error_stats
+from servesim.calibration.schema import holdout_mask, read_measurements
+from servesim.calibration.vidur import gpu_of, vidur_tables
+from servesim.calibration.work import ape, predict, usable
+from servesim.hardware import HardwareProfile
 
 
 def load_tables(source: Path, profile: HardwareProfile) -> dict[str, pd.DataFrame]:

@@ -8,7 +8,7 @@ profile (paged FlashAttention, Llama-2-70B heads at TP2). No public H100 attenti
 exist, so H100 prefill rests on the FlashAttention-3 forward throughput read off the
 flash-attention README figures, and H100 decode keeps the A100 decode fit (the same kernel
 family, as a fraction of each GPU's HBM bandwidth). The tables are built in memory in the
-:mod:`calibration.schema` format; nothing from the shared data is copied into the repository.
+:mod:`servesim.calibration.schema` format; nothing from the shared data is copied into the repository.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 PROFILE_OF = {"a100": "a100-sxm-80gb", "h100": "h100-sxm-80gb"}

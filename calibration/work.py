@@ -1,7 +1,7 @@
 """What each measured kernel costs in the simulator's terms: FLOPs, bytes and curve positions.
 
 The numbers come from the simulator's own cost functions (``roofline`` for GEMMs and
-elementwise kernels, :mod:`simulator.cost.attention` for attention, the ring model for
+elementwise kernels, :mod:`servesim.cost.attention` for attention, the ring model for
 all-reduce), evaluated on a perfect-efficiency profile, so a fitted curve means exactly what the
 cost model will read from it. :func:`predict` prices the same rows with a real profile through
 those same functions; that is the number ``validate`` compares with the measurement.
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.cost.attention import AttentionShape, causal_pairs, decode_attention, prefill_attention
-from simulator.cost.batch import BatchShape
-from simulator.cost.communication import ring_allreduce_s
-from simulator.cost.roofline import OpCost, roofline
-from simulator.dtypes import DType
-from simulator.hardware import Efficiency, HardwareProfile, OperatorEfficiency
+from servesim.cost.attention import AttentionShape, causal_pairs, decode_attention, prefill_attention
+from servesim.cost.batch import BatchShape
+from servesim.cost.communication import ring_allreduce_s
+from servesim.cost.roofline import OpCost, roofline
+from servesim.dtypes import DType
+from servesim.hardware import Efficiency, HardwareProfile, OperatorEfficiency
 
 OPERATOR_OF = {"gemm": "gemm", "attention_prefill": "attention_prefill",
                "attention_decode": "attention_decode", "memory": "elementwise"}
@@ -128,7 +128,7 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile) -> Work:
     """FLOPs, bytes, peak and curve positions of every row (not for all-reduce).
 
     GEMM and memory rows use the cost model's formulas in vectorised form; attention rows go
-    through :mod:`simulator.cost.attention` one by one (``tests/test_calibration_fit.py`` checks
+    through :mod:`servesim.cost.attention` one by one (``tests/test_calibration_fit.py`` checks
     that both agree with :func:`operator_cost`)."""
     time_s = table["time_s"].to_numpy(float)
     n = len(table)
@@ -156,7 +156,7 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile) -> Work:
 
 def fast_predict(w: Work, eff: OperatorEfficiency, bandwidth: float) -> np.ndarray:
     """The roofline of :class:`Work` rows, vectorised; the same arithmetic as
-    :func:`simulator.cost.roofline.roofline` (what the fit optimises and validate reports)."""
+    :func:`servesim.cost.roofline.roofline` (what the fit optimises and validate reports)."""
     x_memory = w.x_memory if eff.memory.axis == "bytes" else w.tokens
     with np.errstate(divide="ignore", invalid="ignore"):
         compute = np.where(w.flops > 0, w.flops / (w.peak * eff.compute(w.x_compute)), 0.0)

@@ -1,9 +1,9 @@
-"""Scheduling policies and routers over one shared token-budget core (see :mod:`policies.base`).
+"""Scheduling policies and routers over one shared token-budget core (see :mod:`servesim.policies.base`).
 
 Importing this package registers the built-in policies and routers by name.
 """
 
-from policies import (  # noqa: F401
+from servesim.policies import (  # noqa: F401
     chunked_prefill,
     continuous,
     disaggregated,
@@ -12,7 +12,7 @@ from policies import (  # noqa: F401
     sjf,
     static,
 )
-from policies.base import POLICIES, Batch, Policy, make_policy
-from policies.routers import ROUTERS, Router, make_router
+from servesim.policies.base import POLICIES, Batch, Policy, make_policy
+from servesim.policies.routers import ROUTERS, Router, make_router
 
 __all__ = ["POLICIES", "ROUTERS", "Batch", "Policy", "Router", "make_policy", "make_router"]

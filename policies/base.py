@@ -3,9 +3,9 @@
 Each iteration the replica asks its policy for a :class:`Batch`: which requests run and how many
 new tokens each computes (DESIGN.md's unified token-budget view). The policy makes every
 decision (admission, token budget, KV allocation, preemption) through
-:class:`~simulator.engine.replica_state.ReplicaState`, which carries them out identically for all
+:class:`~servesim.engine.replica_state.ReplicaState`, which carries them out identically for all
 policies; the replica then prices the batch with the cost model, advances the clock by one SimPy
-event, and credits the step (:meth:`~simulator.engine.state.RequestState.complete_step`).
+event, and credits the step (:meth:`~servesim.engine.state.RequestState.complete_step`).
 
 A policy is registered under a name (``policy: {name: continuous}`` in the YAML) and declares
 its knobs as a pydantic model, so an unknown or misspelt knob is an error naming it.
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from simulator.cost.batch import BatchShape
-from simulator.errors import ServesimError
+from servesim.cost.batch import BatchShape
+from servesim.errors import ServesimError
 
 if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
-    from simulator.engine.replica_state import EngineLimits, ReplicaState
+    from servesim.engine.replica_state import EngineLimits, ReplicaState
 
 _ONES = np.ones(1 << 16, dtype=np.int64)
 _ONES.flags.writeable = False
@@ -136,7 +136,7 @@ def check_policy(name: str, options: dict[str, Any]) -> tuple[type[Policy], Poli
 
 POOL_POLICIES = ("disaggregated",)
 """Policies over pools of replicas rather than one replica's batches: the engine resolves them
-(:mod:`policies.disaggregated`, :mod:`simulator.engine.disaggregated`)."""
+(:mod:`servesim.policies.disaggregated`, :mod:`servesim.engine.disaggregated`)."""
 
 
 def make_policy(name: str, options: dict[str, Any], replica: ReplicaState) -> Policy:

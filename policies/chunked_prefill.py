@@ -16,14 +16,14 @@ prompt at admission). When the pool cannot give the running requests the blocks 
 tokens, the most recently admitted ones are preempted by recompute until it can (vLLM's
 ``running.pop()``), as in ``continuous``, and that step admits no new request. A chunk attends
 to every earlier chunk of its prompt: the cost model prices it over ``computed + new`` context
-(``simulator.cost.attention``).
+(``servesim.cost.attention``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from policies.base import Batch, Policy, register_policy
+from servesim.policies.base import Batch, Policy, register_policy
 
 
 @register_policy

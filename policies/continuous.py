@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field
 
-from policies.base import Batch, Policy, PolicyOptions, register_policy
-from policies.waiting import KeyedQueue
+from servesim.policies.base import Batch, Policy, PolicyOptions, register_policy
+from servesim.policies.waiting import KeyedQueue
 
 if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
-    from simulator.engine.replica_state import ReplicaState
+    from servesim.engine.replica_state import ReplicaState
 
 
 class ContinuousOptions(PolicyOptions):

@@ -9,7 +9,7 @@ decode instances pull; vLLM's decode scheduler allocates the blocks of a request
 ``WAITING_FOR_REMOTE_KVS`` before the connector loads into them): blocks are reserved on the decode
 side first, then the copy goes over the link, then the request joins the decode replica's running
 set with no prefill compute and decodes the rest under that pool's policy. The engine side (the
-link, the landing) is :mod:`simulator.engine.disaggregated`.
+link, the landing) is :mod:`servesim.engine.disaggregated`.
 
 This module holds the decisions: the YAML schema of the pools and the link
 (:class:`DisaggregatedOptions`), which decode replica gets a request (:class:`LeastKvLoad`), and
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from policies.base import Batch, Policy, check_policy
-from policies.routers import ROUTERS
-from simulator.errors import ServesimError
+from servesim.policies.base import Batch, Policy, check_policy
+from servesim.policies.routers import ROUTERS
+from servesim.errors import ServesimError
 
 if TYPE_CHECKING:
-    from simulator.engine.replica_state import ReplicaState
+    from servesim.engine.replica_state import ReplicaState
 
 DISAGGREGATED = "disaggregated"
 
@@ -75,7 +75,7 @@ LinkKind = Literal["nvlink", "pcie", "infiniband", "ethernet"]
 
 class LinkOptions(_Strict):
     """The KV path between the pools; ``kind`` picks a preset (see
-    :func:`simulator.engine.kv_link.resolve_link`), the other keys override it."""
+    :func:`servesim.engine.kv_link.resolve_link`), the other keys override it."""
 
     kind: LinkKind = "infiniband"
     bandwidth_Bps: float | None = Field(None, gt=0, description="per GPU, one direction")

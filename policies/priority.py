@@ -12,14 +12,14 @@ orders everything:
   victims with lower priority than its own; unlike vLLM v0, it preempts nobody when preempting
   all of them would still not make room (v0 would preempt them and then admit nothing).
 
-Everything else is :class:`~policies.continuous.ContinuousBatching`: whole prompts, prefill
+Everything else is :class:`~servesim.policies.continuous.ContinuousBatching`: whole prompts, prefill
 steps apart from decode steps, the same budgets and watermark.
 
 Preemption mode (``preemption_mode:``), vLLM v0's two: ``recompute`` forgets a victim's KV and
 later recomputes its context as one prefill; ``swap`` copies its blocks to host memory
 (``swap_space_gib`` per GPU, vLLM's ``--swap-space``, default 4) and back before it decodes
 again, the copy time (bytes over the profile's ``host_link``: PCIe) added to those steps
-(:mod:`simulator.engine.swap`). A victim that does not fit in the host space is recomputed. A
+(:mod:`servesim.engine.swap`). A victim that does not fit in the host space is recomputed. A
 swapped-out request waits in the same queue as the others and, when its turn comes, is swapped
 in instead of prefilled: it takes a seat and its blocks, but no prefill tokens, and decodes in
 the next decode step.
@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field
 
-from policies.base import Batch, PolicyOptions, register_policy
-from policies.continuous import ContinuousBatching
-from simulator.engine.swap import HostSwap
-from simulator.errors import ServesimError
+from servesim.policies.base import Batch, PolicyOptions, register_policy
+from servesim.policies.continuous import ContinuousBatching
+from servesim.engine.swap import HostSwap
+from servesim.errors import ServesimError
 
 if TYPE_CHECKING:
-    from simulator.engine.replica_state import ReplicaState
+    from servesim.engine.replica_state import ReplicaState
 
 
 class PriorityOptions(PolicyOptions):

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field
 
-from policies.base import PolicyOptions, lookup
+from servesim.policies.base import PolicyOptions, lookup
 
 if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
-    from simulator.engine.replica_state import ReplicaState
+    from servesim.engine.replica_state import ReplicaState
 
 
 class Router(ABC):

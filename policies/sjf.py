@@ -4,7 +4,7 @@ Serving short requests first cuts mean latency when requests queue (the classic 
 LLMs with *predicted* lengths: Qiu et al., "Efficient Interactive LLM Serving with Proxy
 Model-based Sequence Length Prediction", 2024; Fu et al., "Efficient LLM Scheduling by Learning to
 Rank", NeurIPS 2024). Everything but the order of the waiting queue is
-:class:`~policies.continuous.ContinuousBatching` (whole prompts, prefill-first steps, the same
+:class:`~servesim.policies.continuous.ContinuousBatching` (whole prompts, prefill-first steps, the same
 token/seat/KV budgets, preemption by recompute of the latest admitted).
 
 Predictors (``predictor:``), each fixed per request for its life:
@@ -17,7 +17,7 @@ Predictors (``predictor:``), each fixed per request for its life:
 Aging: a request's score is ``predicted - aging_tokens_per_s * waited_s`` and the lowest score is
 admitted first. Because every waiting request ages at the same rate, the order of two scores
 never changes with time, so the queue is keyed once, on ``predicted + rate * arrival_s``, and kept
-in a heap (:class:`~policies.waiting.KeyedQueue`): O(log n) per arrival and admission.
+in a heap (:class:`~servesim.policies.waiting.KeyedQueue`): O(log n) per arrival and admission.
 
 Starvation bound (proved from the key): request ``j`` is admitted before every request ``i``
 that arrives more than ``(p_j - p_min) / rate`` seconds after it, where ``p_min`` is the smallest
@@ -35,8 +35,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from policies.base import register_policy
-from policies.continuous import ContinuousBatching, ContinuousOptions
+from servesim.policies.base import register_policy
+from servesim.policies.continuous import ContinuousBatching, ContinuousOptions
 
 NOISE_STREAM = 0x5_1F
 """Mixed into the experiment seed so that the predictor's draws are their own stream."""

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from pydantic import Field
 
-from policies.base import Batch, Policy, PolicyOptions, register_policy
-from simulator.cost.batch import BatchShape
-from simulator.errors import ServesimError
+from servesim.policies.base import Batch, Policy, PolicyOptions, register_policy
+from servesim.cost.batch import BatchShape
+from servesim.errors import ServesimError
 
 if TYPE_CHECKING:  # the engine imports policies, so only the types are imported here
-    from simulator.engine.replica_state import EngineLimits, ReplicaState
+    from servesim.engine.replica_state import EngineLimits, ReplicaState
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

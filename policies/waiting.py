@@ -2,11 +2,11 @@
 
 It offers the few deque methods the engine and the policies use (``append``, ``extendleft``,
 ``popleft``, ``[0]``, ``len``), so a policy installs it in place of the replica's FCFS deque and
-the admission loop of :class:`~policies.continuous.ContinuousBatching` runs unchanged. It is a
+the admission loop of :class:`~servesim.policies.continuous.ContinuousBatching` runs unchanged. It is a
 binary heap of ``(key, request id)``: O(log n) per arrival and per admission, however many
 requests wait, and ties go to the lower id, i.e. the earlier arrival (tables are sorted by
 arrival). Keys are fixed per request (an aging term that grows with waiting time is folded into
-the key; see :mod:`policies.sjf`), so the heap never needs re-sorting. A preempted request goes
+the key; see :mod:`servesim.policies.sjf`), so the heap never needs re-sorting. A preempted request goes
 back in under its own key, as in vLLM's priority scheduler, rather than to the front.
 """
 

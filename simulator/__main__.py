@@ -1,6 +1,6 @@
-"""``python -m simulator`` runs the ``servesim`` CLI."""
+"""``python -m servesim`` runs the ``servesim`` CLI."""
 
-from simulator.cli.app import main
+from servesim.cli.app import main
 
 if __name__ == "__main__":  # not again in sweep worker processes, which re-import this module
     main()

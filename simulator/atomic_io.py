@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 
 def _current_umask() -> int:

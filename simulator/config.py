@@ -34,8 +34,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from simulator.errors import ServesimError
-from workloads import WorkloadConfig, parse_workload_config
+from servesim.errors import ServesimError
+from servesim.workloads import WorkloadConfig, parse_workload_config
 
 
 class _Strict(BaseModel):

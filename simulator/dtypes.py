@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 SCALE_BYTES = 2.0
 """Bytes of one group scale (an fp16 number)."""

@@ -12,7 +12,7 @@ one *axis* (``tokens`` for GEMMs and prefill attention, ``bytes`` for decode att
 elementwise kernels) interpolated linearly in log(axis) and held flat beyond its ends. The
 shipped defaults are hand-set from public measurements; ``servesim calibrate`` replaces them with
 fitted tables and records the fit error in ``provenance``. Reading and writing the YAML files
-is :mod:`simulator.hardware_io`'s job.
+is :mod:`servesim.hardware_io`'s job.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from simulator.dtypes import DType
-from simulator.errors import ServesimError
+from servesim.dtypes import DType
+from servesim.errors import ServesimError
 
 Axis = Literal["tokens", "bytes"]
 

@@ -13,9 +13,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from simulator.errors import ServesimError
-from simulator.hardware import HardwareProfile
-from simulator.resources import hardware_profiles_dir
+from servesim.errors import ServesimError
+from servesim.hardware import HardwareProfile
+from servesim.resources import hardware_profiles_dir
 
 
 def builtin_hardware_names() -> list[str]:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.dtypes import Precision
-from simulator.errors import ServesimError
-from simulator.hardware import HardwareProfile
-from simulator.model_spec import ModelSpec, ceil_div
+from servesim.dtypes import Precision
+from servesim.errors import ServesimError
+from servesim.hardware import HardwareProfile
+from servesim.model_spec import ModelSpec, ceil_div
 
 ACTIVATION_BYTES = 2.0
 """Intermediate activations are 16-bit even under FP8 GEMMs (outputs are written in bf16)."""

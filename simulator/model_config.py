@@ -3,7 +3,7 @@
 The catalogue is ``configs/models/<name>.json``, written from each model's published
 architecture in the Hugging Face format, so a user's own fine-tune loads the same way. Keys that
 do not affect serving cost are ignored; missing or malformed ones raise a one-line
-:class:`~simulator.errors.ServesimError` naming the key.
+:class:`~servesim.errors.ServesimError` naming the key.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import ServesimError
-from simulator.model_spec import MLASpec, ModelSpec, MoESpec
-from simulator.resources import model_configs_dir
+from servesim.errors import ServesimError
+from servesim.model_spec import MLASpec, ModelSpec, MoESpec
+from servesim.resources import model_configs_dir
 
 NON_GATED_FAMILIES = frozenset(
     {"gpt2", "gpt_neox", "opt", "falcon", "gpt_bigcode", "bloom", "phi", "gptj", "starcoder2"})

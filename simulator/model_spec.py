@@ -14,7 +14,7 @@ Conventions:
 - DeepSeek-V3's multi-token-prediction layer is not counted: serving without speculative
   decoding does not run it.
 
-Reading ``config.json`` files and the built-in catalogue is :mod:`simulator.model_config`'s job.
+Reading ``config.json`` files and the built-in catalogue is :mod:`servesim.model_config`'s job.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from simulator.dtypes import DType
-from simulator.errors import ServesimError
+from servesim.dtypes import DType
+from servesim.errors import ServesimError
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 In a checkout (and an editable install) they are the top-level ``hardware_profiles/`` and
 ``configs/`` folders of the repository. A wheel installs the same files inside the package as
-``simulator/_builtin_profiles`` and ``simulator/_builtin_configs`` (see ``pyproject.toml``), so
+``servesim/hardware_profiles`` and ``servesim/configs`` (see ``pyproject.toml``), so
 ``pip install .`` works from any directory. We look in the checkout first so that an edited
 profile is picked up without reinstalling.
 """
@@ -12,23 +12,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _REPO_ROOT = _PACKAGE_DIR.parent
-_LAYOUT = {
-    "hardware_profiles": ("hardware_profiles", "_builtin_profiles"),
-    "configs": ("configs", "_builtin_configs"),
-}
+_LAYOUT = {"hardware_profiles": "hardware_profiles", "configs": "configs"}
 
 
 def builtin_dir(kind: str) -> Path:
     """The folder holding the built-in files of ``kind`` (``hardware_profiles`` or ``configs``)."""
-    checkout_name, installed_name = _LAYOUT[kind]
-    checkout = _REPO_ROOT / checkout_name
+    folder = _LAYOUT[kind]
+    checkout = _REPO_ROOT / folder
     if checkout.is_dir() and (_REPO_ROOT / "pyproject.toml").is_file():
         return checkout
-    return _PACKAGE_DIR / installed_name
+    return _PACKAGE_DIR / folder
 
 
 def hardware_profiles_dir() -> Path:

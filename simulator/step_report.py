@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.cost import BatchShape, CostModel, StepCost
-from simulator.dtypes import Precision
-from simulator.errors import ServesimError
-from simulator.hardware import HardwareProfile
-from simulator.memory import MemoryPlan, plan_memory
-from simulator.model_spec import ModelSpec
+from servesim.cost import BatchShape, CostModel, StepCost
+from servesim.dtypes import Precision
+from servesim.errors import ServesimError
+from servesim.hardware import HardwareProfile
+from servesim.memory import MemoryPlan, plan_memory
+from servesim.model_spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator import HardwareProfile, ModelSpec, load_hardware, load_model
-from simulator.hardware import Memory
+from servesim import HardwareProfile, ModelSpec, load_hardware, load_model
+from servesim.hardware import Memory
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from simulator.config import ExperimentConfig, validate_document
-from simulator.engine import SimulationResult, simulate
-from workloads.requests import RequestTable
+from servesim.config import ExperimentConfig, validate_document
+from servesim.engine import SimulationResult, simulate
+from servesim.workloads.requests import RequestTable
 
 PLACEHOLDER_WORKLOAD = {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 1,
                         "lengths": {"preset": "azure-conversation"}}

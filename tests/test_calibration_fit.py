@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.fit import fit_link, fit_operator, monotone_knots
-from calibration.profile_fit import fit_profile
-from calibration.profiles import write_profile
-from calibration.schema import holdout_mask, read_measurements
-from calibration.work import ape, fast_predict, operator_cost, predict, work
-from simulator import load_hardware
-from simulator.errors import ServesimError
-from simulator.hardware import Curve, Link, OperatorEfficiency
+from servesim.calibration.fit import fit_link, fit_operator, monotone_knots
+from servesim.calibration.profile_fit import fit_profile
+from servesim.calibration.profiles import write_profile
+from servesim.calibration.schema import holdout_mask, read_measurements
+from servesim.calibration.work import ape, fast_predict, operator_cost, predict, work
+from servesim import load_hardware
+from servesim.errors import ServesimError
+from servesim.hardware import Curve, Link, OperatorEfficiency
 
 TRUTH = OperatorEfficiency(
     compute=Curve(axis="tokens", x=(16, 128, 1024, 8192), y=(0.2, 0.45, 0.7, 0.75)),
@@ -127,7 +127,7 @@ def test_missing_measurements_are_one_line_errors(tmp_path: Path) -> None:
 def test_calibrate_cli_errors_are_one_line(args: list[str], message: str) -> None:
     pytest.importorskip("torch", reason="bench's device check runs after importing torch") if (
         args[0] == "bench") else None
-    run = subprocess.run([sys.executable, "-m", "simulator", "calibrate", *args],
+    run = subprocess.run([sys.executable, "-m", "servesim", "calibrate", *args],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert message in run.stderr
@@ -136,16 +136,16 @@ def test_calibrate_cli_errors_are_one_line(args: list[str], message: str) -> Non
 
 def test_missing_torch_says_how_to_install_it() -> None:
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from calibration.timing import import_torch\n"
-            "from simulator.errors import ServesimError\n"
+            "from servesim.calibration.timing import import_torch\n"
+            "from servesim.errors import ServesimError\n"
             "try:\n    import_torch()\nexcept ServesimError as e:\n    print(e)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "pip install torch==2.13.0" in run.stdout
 
 
 def test_fit_and_validate_never_import_torch() -> None:
-    code = ("import sys, calibration.fit, calibration.profile_fit, calibration.validate, "
-            "calibration.vidur, calibration.profiles, simulator.cli.calibrate; "
+    code = ("import sys, servesim.calibration.fit, servesim.calibration.profile_fit, servesim.calibration.validate, "
+            "servesim.calibration.vidur, servesim.calibration.profiles, servesim.cli.calibrate; "
             "assert 'torch' not in sys.modules")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr

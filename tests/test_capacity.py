@@ -13,15 +13,15 @@ import pytest
 from test_cli import servesim
 from typer.testing import CliRunner
 
-from simulator import BatchShape, CostModel, load_hardware, load_model
-from simulator.capacity import decode_batch_limits, plan_capacity, validate_capacity
-from simulator.capacity.candidate import Candidate, experiment_for
-from simulator.capacity.plan import decode_limits_only
-from simulator.capacity.search import search_rate
-from simulator.cli.app import app
-from simulator.config import PolicyConfig
-from simulator.engine import resolve_deployment
-from simulator.errors import ServesimError
+from servesim import BatchShape, CostModel, load_hardware, load_model
+from servesim.capacity import decode_batch_limits, plan_capacity, validate_capacity
+from servesim.capacity.candidate import Candidate, experiment_for
+from servesim.capacity.plan import decode_limits_only
+from servesim.capacity.search import search_rate
+from servesim.cli.app import app
+from servesim.config import PolicyConfig
+from servesim.engine import resolve_deployment
+from servesim.errors import ServesimError
 
 PROMPT = 512
 SERVICE_S = CostModel(load_model("llama-3-8b"), load_hardware("h100-sxm-80gb")).step_time(

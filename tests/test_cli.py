@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from simulator import BatchShape, CostModel, load_hardware, load_model
+from servesim import BatchShape, CostModel, load_hardware, load_model
 
 
 def servesim(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "simulator", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "servesim", *args], capture_output=True,
                           text=True, timeout=120)
 
 
@@ -75,7 +75,7 @@ def test_models_and_hardware_listings() -> None:
 
 
 def test_core_never_imports_torch() -> None:
-    code = ("import sys, simulator, simulator.cli.app, workloads, policies; "
+    code = ("import sys, simulator, servesim.cli.app, workloads, policies; "
             "from simulator import CostModel; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

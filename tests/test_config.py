@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from engine_helpers import experiment
 
-from simulator.config import apply_overrides, parse_override
-from simulator.engine import resolve_deployment
-from simulator.errors import ServesimError
+from servesim.config import apply_overrides, parse_override
+from servesim.engine import resolve_deployment
+from servesim.errors import ServesimError
 
 
 def test_overrides_parse_values_as_yaml_and_create_sections() -> None:

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import BatchShape, CostModel, HardwareProfile, Precision, load_hardware, load_model
-from simulator.cost import BOUNDS, OP_CLASS_OF, OP_CLASSES
-from simulator.model_config import model_from_hf_config
+from servesim import BatchShape, CostModel, HardwareProfile, Precision, load_hardware, load_model
+from servesim.cost import BOUNDS, OP_CLASS_OF, OP_CLASSES
+from servesim.model_config import model_from_hf_config
 
 MODELS = {name: load_model(name) for name in ("llama-3-8b", "mixtral-8x7b", "deepseek-v3", "mistral-7b")}
 TP = {"llama-3-8b": 2, "mixtral-8x7b": 2, "deepseek-v3": 8, "mistral-7b": 1}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator import (
+from servesim import (
     BatchShape,
     CostModel,
     HardwareProfile,
@@ -18,8 +18,8 @@ from simulator import (
     ServesimError,
     load_hardware,
 )
-from simulator.cost import causal_pairs, ring_allgather_s, ring_allreduce_s
-from simulator.model_config import load_model, model_from_hf_config
+from servesim.cost import causal_pairs, ring_allgather_s, ring_allreduce_s
+from servesim.model_config import load_model, model_from_hf_config
 
 
 def seven_billion_model() -> ModelSpec:

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import BatchShape, CostModel, load_hardware, load_model
-from simulator.cost import causal_pairs
+from servesim import BatchShape, CostModel, load_hardware, load_model
+from servesim.cost import causal_pairs
 
 MODELS = {name: load_model(name) for name in ("llama-3-8b", "mixtral-8x7b", "deepseek-v3", "mistral-7b")}
 TP = {"llama-3-8b": 2, "mixtral-8x7b": 2, "deepseek-v3": 8, "mistral-7b": 1}

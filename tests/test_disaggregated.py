@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cli import servesim
 
-from simulator import BatchShape, CostModel, load_hardware, load_model
-from simulator.engine import resolve_deployment
-from simulator.engine.state import DECODE_KV_NEVER_FITS, DONE, REJECT_REASONS, REJECTED
-from simulator.errors import ServesimError
-from simulator.memory import plan_memory
-from simulator.metrics import tabulate
+from servesim import BatchShape, CostModel, load_hardware, load_model
+from servesim.engine import resolve_deployment
+from servesim.engine.state import DECODE_KV_NEVER_FITS, DONE, REJECT_REASONS, REJECTED
+from servesim.errors import ServesimError
+from servesim.memory import plan_memory
+from servesim.metrics import tabulate
 
 H100 = load_hardware("h100-sxm-80gb")
 LLAMA = load_model("llama-3-8b")

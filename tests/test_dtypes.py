@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator import DType, Precision, ServesimError
+from servesim import DType, Precision, ServesimError
 
 
 @pytest.mark.parametrize(("dtype", "expected"), [

@@ -9,9 +9,9 @@ from engine_helpers import assert_conserved, experiment, run, table
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from simulator.engine.kv_cache import BlockPool
-from simulator.engine.state import KV_NEVER_FITS, REJECT_REASONS, TOO_LONG
-from simulator.metrics import tabulate
+from servesim.engine.kv_cache import BlockPool
+from servesim.engine.state import KV_NEVER_FITS, REJECT_REASONS, TOO_LONG
+from servesim.metrics import tabulate
 
 
 def test_block_pool_counts_blocks_per_request() -> None:

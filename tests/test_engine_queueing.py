@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from engine_helpers import experiment, run, table
 
-from simulator import BatchShape, CostModel, load_hardware, load_model
-from simulator.metrics import tabulate
+from servesim import BatchShape, CostModel, load_hardware, load_model
+from servesim.metrics import tabulate
 
 
 def test_md1_mean_wait_matches_pollaczek_khinchine() -> None:
@@ -96,7 +96,7 @@ def test_round_robin_spreads_requests_over_replicas() -> None:
 def test_progress_reporting_does_not_change_results() -> None:
     """The progress monitor only reads state: results are identical with and without it, and
     its last report counts every request."""
-    from simulator.engine import simulate
+    from servesim.engine import simulate
 
     config = experiment()
     rng = np.random.default_rng(7)

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator import DType, ServesimError, load_hardware
-from simulator.hardware import Curve
-from simulator.hardware_io import builtin_hardware_names, profile_to_yaml
+from servesim import DType, ServesimError, load_hardware
+from servesim.hardware import Curve
+from servesim.hardware_io import builtin_hardware_names, profile_to_yaml
 
 REQUIRED = {"a100-sxm-80gb", "a100-pcie-80gb", "h100-sxm-80gb", "h100-pcie-80gb",
             "h200-sxm-141gb", "l40s", "b200", "mi300x"}

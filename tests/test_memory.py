@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from simulator import Precision, ServesimError, load_hardware, load_model, plan_memory
+from servesim import Precision, ServesimError, load_hardware, load_model, plan_memory
 
 
 def test_llama3_8b_on_one_h100_by_hand() -> None:
@@ -59,7 +59,7 @@ def test_bad_utilisation_is_rejected() -> None:
 
 
 def test_logits_workspace_holds_the_full_vocabulary_on_every_gpu() -> None:
-    from simulator.memory import activation_workspace_bytes
+    from servesim.memory import activation_workspace_bytes
     model = load_model("llama-3-8b")
     one = activation_workspace_bytes(model, 1, max_num_batched_tokens=1, max_num_seqs=256)
     eight = activation_workspace_bytes(model, 8, max_num_batched_tokens=1, max_num_seqs=256)

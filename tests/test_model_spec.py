@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator import ModelSpec, ServesimError, load_model
-from simulator.model_config import builtin_model_names, model_from_hf_config
-from simulator.resources import model_configs_dir
+from servesim import ModelSpec, ServesimError, load_model
+from servesim.model_config import builtin_model_names, model_from_hf_config
+from servesim.resources import model_configs_dir
 
 ISSUE_CATALOGUE = {"llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b",
                    "mistral-7b", "yi-34b", "codellama-34b", "mixtral-8x7b", "qwen2.5-72b",

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from engine_helpers import experiment, run, table
 
-from simulator.cost import BatchShape, CostModel
-from simulator.hardware_io import load_hardware
-from simulator.metrics import tabulate
-from simulator.model_config import load_model
+from servesim.cost import BatchShape, CostModel
+from servesim.hardware_io import load_hardware
+from servesim.metrics import tabulate
+from servesim.model_config import load_model
 
 
 def test_decodes_first_then_the_prompt_in_chunks_that_fill_the_budget() -> None:

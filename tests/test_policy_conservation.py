@@ -13,7 +13,7 @@ from engine_helpers import assert_conserved, experiment, run, table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.metrics import tabulate
+from servesim.metrics import tabulate
 
 workloads = st.integers(min_value=1, max_value=30).flatmap(lambda n: st.tuples(
     st.lists(st.floats(0, 2.0), min_size=n, max_size=n),

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from engine_helpers import experiment, run, table
 
-from simulator.metrics import tabulate
+from servesim.metrics import tabulate
 
 QUICKSTART_TRAFFIC = {"arrival": {"process": "poisson", "rate": 12.0}, "num_requests": 1000,
                       "lengths": {"preset": "azure-conversation"}}

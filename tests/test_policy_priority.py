@@ -10,13 +10,13 @@ from engine_helpers import assert_conserved, experiment, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.cost import BatchShape
-from simulator.engine import resolve_deployment
-from simulator.errors import ServesimError
-from simulator.metrics import tabulate
-from workloads.build import build_workload
-from workloads.config import parse_workload_config
-from workloads.requests import RequestTable
+from servesim.cost import BatchShape
+from servesim.engine import resolve_deployment
+from servesim.errors import ServesimError
+from servesim.metrics import tabulate
+from servesim.workloads.build import build_workload
+from servesim.workloads.config import parse_workload_config
+from servesim.workloads.requests import RequestTable
 
 MIX = {"arrival": {"process": "poisson", "rate": 12.0}, "num_requests": 800,
        "lengths": {"preset": "azure-conversation"}, "priority": {"classes": [0, 1], "weights": [0.2, 0.8]}}

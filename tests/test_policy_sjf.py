@@ -10,12 +10,12 @@ from engine_helpers import assert_conserved, experiment, run, table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.sjf import ShortestJobFirst
-from simulator.cost import BatchShape
-from simulator.engine import resolve_deployment
-from simulator.metrics import tabulate
-from workloads.build import build_workload
-from workloads.config import parse_workload_config
+from servesim.policies.sjf import ShortestJobFirst
+from servesim.cost import BatchShape
+from servesim.engine import resolve_deployment
+from servesim.metrics import tabulate
+from servesim.workloads.build import build_workload
+from servesim.workloads.config import parse_workload_config
 
 
 def service_s(config, prompt: int, output: int) -> float:  # type: ignore[no-untyped-def]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from engine_helpers import experiment, run, table
 
-from simulator.engine.deployment import resolve_deployment
-from simulator.errors import ServesimError
-from simulator.metrics import tabulate
+from servesim.engine.deployment import resolve_deployment
+from servesim.errors import ServesimError
+from servesim.metrics import tabulate
 
 
 def test_a_batch_runs_padded_until_its_longest_member_ends() -> None:

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cli import servesim
 
-from simulator.engine.prefix_index import PrefixIndex
-from simulator.engine.prefix_pool import PrefixBlockPool
-from simulator.metrics import tabulate
-from workloads.requests import RequestTable
-from workloads.traces import read_trace
+from servesim.engine.prefix_index import PrefixIndex
+from servesim.engine.prefix_pool import PrefixBlockPool
+from servesim.metrics import tabulate
+from servesim.workloads.requests import RequestTable
+from servesim.workloads.traces import read_trace
 
 
 def write_mooncake(path: Path, rows: list[tuple[float, int, int, list[int]]]) -> Path:
@@ -162,7 +162,7 @@ def test_shared_system_prompts_are_hit_after_the_first_of_each_group() -> None:
         "arrival": {"process": "constant", "rate": 0.5}, "num_requests": 30,
         "prompt": {"dist": "uniform", "low": 10, "high": 200}, "output": {"dist": "fixed", "value": 3},
         "shared_prefix": {"tokens": 1000, "groups": 4}})
-    from simulator.engine import simulate
+    from servesim.engine import simulate
     result = simulate(config)
     requests = tabulate(result).requests
     groups = result.workload.prefix_block_ids

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from sweep_fixtures import fabricate_sweep
 
-from simulator.report.sweep_report import write_sweep_report
+from servesim.report.sweep_report import write_sweep_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -74,10 +74,10 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def run_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from simulator.config import load_experiment
-    from simulator.engine import simulate
-    from simulator.metrics import write_run
-    from simulator.resources import configs_dir
+    from servesim.config import load_experiment
+    from servesim.engine import simulate
+    from servesim.metrics import write_run
+    from servesim.resources import configs_dir
 
     run_dir = tmp_path_factory.mktemp("run")
     config = load_experiment(configs_dir() / "quickstart.yaml", ["workload.num_requests=400"])

@@ -17,13 +17,13 @@ import pandas as pd
 import plotly.offline
 import pytest
 
-from simulator.errors import ServesimError
-from simulator.metrics.stats import weighted_percentile
-from simulator.report import write_run_report
-from simulator.report.format import METRICS
-from simulator.report.run_data import load_run
-from simulator.report.run_report import build_run_charts
-from simulator.report.series import (
+from servesim.errors import ServesimError
+from servesim.metrics.stats import weighted_percentile
+from servesim.report import write_run_report
+from servesim.report.format import METRICS
+from servesim.report.run_data import load_run
+from servesim.report.run_report import build_run_charts
+from servesim.report.series import (
     bin_edges,
     bin_max,
     event_rate,
@@ -36,7 +36,7 @@ from simulator.report.series import (
     thin_cdf,
     weighted_cdf,
 )
-from simulator.report.verdict import SloCheck
+from servesim.report.verdict import SloCheck
 
 NUM_CHARTS = 7
 LATENCY_KEYS = ("ttft_s", "tpot_s", "e2e_s", "queueing_s")

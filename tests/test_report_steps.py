@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 from test_report_run import _plot_data, fabricate_run
 
-from simulator import load_hardware
-from simulator.dtypes import DType
-from simulator.engine.step_log import OP_COLUMNS as ENGINE_OP_COLUMNS
-from simulator.report import write_run_report
-from simulator.report.hardware_roof import Roof, roof_from_config
-from simulator.report.run_data import OP_COLUMNS, load_run
-from simulator.report.run_report import build_run_charts
-from simulator.report.step_figures import op_totals, roofline_chart, roofline_points, step_kinds
+from servesim import load_hardware
+from servesim.dtypes import DType
+from servesim.engine.step_log import OP_COLUMNS as ENGINE_OP_COLUMNS
+from servesim.report import write_run_report
+from servesim.report.hardware_roof import Roof, roof_from_config
+from servesim.report.run_data import OP_COLUMNS, load_run
+from servesim.report.run_report import build_run_charts
+from servesim.report.step_figures import op_totals, roofline_chart, roofline_points, step_kinds
 
 H100_CONFIG = "model: llama-3-8b\nhardware: h100-sxm-80gb\ndeployment:\n  tp: 2\n"
 
@@ -108,10 +108,10 @@ def test_a_run_from_before_the_operator_columns_still_renders(tmp_path: Path) ->
 def test_engine_run_records_operator_time_that_adds_up(tmp_path: Path) -> None:
     """A real simulation: per step the six classes sum to the step time, and the report shows
     the roofline with every step at or under the H100 roof."""
-    from simulator.config import load_experiment
-    from simulator.engine import simulate
-    from simulator.metrics import write_run
-    from simulator.resources import configs_dir
+    from servesim.config import load_experiment
+    from servesim.engine import simulate
+    from servesim.metrics import write_run
+    from servesim.resources import configs_dir
 
     config = load_experiment(configs_dir() / "quickstart.yaml",
                              ["workload.num_requests=200", "deployment.tp=2"])

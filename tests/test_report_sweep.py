@@ -14,10 +14,10 @@ import pytest
 from sweep_fixtures import fabricate_sweep
 from test_report_run import _has_points, _plot_data, fabricate_run
 
-from simulator.errors import ServesimError
-from simulator.report.sweep_data import find_axes, load_sweep
-from simulator.report.sweep_figures import build_sweep_charts, heatmap_pairs, pareto_front
-from simulator.report.sweep_report import best_points, write_sweep_report
+from servesim.errors import ServesimError
+from servesim.report.sweep_data import find_axes, load_sweep
+from servesim.report.sweep_figures import build_sweep_charts, heatmap_pairs, pareto_front
+from servesim.report.sweep_report import best_points, write_sweep_report
 
 AXES = ["hardware", "deployment.tp", "workload.arrival.rate"]
 # By hand (sweep_fixtures): p99 TTFT = ln(100) / (mu - lambda) <= 1 s and p99 TPOT <= 50 ms:
@@ -154,7 +154,7 @@ def test_missing_results_is_a_user_error(tmp_path: Path) -> None:
 
 
 def servesim(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "simulator", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "servesim", *args], capture_output=True, text=True,
                           timeout=300)
 
 

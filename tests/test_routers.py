@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from engine_helpers import experiment, run, table
 
-from policies.routers import make_router
-from simulator.engine import simulate
-from simulator.engine.prefix_index import PrefixIndex
-from simulator.engine.replica_state import EngineLimits, ReplicaState
-from simulator.engine.state import RequestState
-from simulator.errors import ServesimError
-from simulator.metrics import tabulate
-from workloads.requests import RequestTable
+from servesim.policies.routers import make_router
+from servesim.engine import simulate
+from servesim.engine.prefix_index import PrefixIndex
+from servesim.engine.replica_state import EngineLimits, ReplicaState
+from servesim.engine.state import RequestState
+from servesim.errors import ServesimError
+from servesim.metrics import tabulate
+from servesim.workloads.requests import RequestTable
 
 
 def limits(prefix: bool = False) -> EngineLimits:

@@ -18,12 +18,12 @@ import pytest
 import yaml
 from test_cli import servesim
 
-from simulator.config import validate_document
-from simulator.errors import ServesimError
-from simulator.hardware_io import load_hardware
-from simulator.model_config import load_model
-from simulator.resources import configs_dir
-from simulator.sweep import (
+from servesim.config import validate_document
+from servesim.errors import ServesimError
+from servesim.hardware_io import load_hardware
+from servesim.model_config import load_model
+from servesim.resources import configs_dir
+from servesim.sweep import (
     ci95_halfwidth,
     expand,
     find_sweep,
@@ -33,9 +33,9 @@ from simulator.sweep import (
     run_sweep,
     t_quantile,
 )
-from simulator.sweep.aggregate import flatten_metrics, t_two_sided
-from simulator.sweep.hashing import canonical_json, digest, identity, point_hash, run_hash
-from simulator.sweep.spec import SweepSpec
+from servesim.sweep.aggregate import flatten_metrics, t_two_sided
+from servesim.sweep.hashing import canonical_json, digest, identity, point_hash, run_hash
+from servesim.sweep.spec import SweepSpec
 
 BASE = {
     "name": "tiny", "seed": 5, "model": "llama-3-8b", "hardware": "h100-sxm-80gb",
@@ -166,7 +166,7 @@ def test_run_names_follow_what_decides_the_result() -> None:
 def test_run_names_are_the_same_in_another_process(tmp_path: Path) -> None:
     path = write_sweep(tmp_path, sweep_of(grid={"deployment.max_num_seqs": [64, 128]}, replications=2))
     here = [r.run_id for r in plan_sweep(load_sweep(path)).runs]
-    code = ("import sys; from simulator.sweep import load_sweep, plan_sweep; "
+    code = ("import sys; from servesim.sweep import load_sweep, plan_sweep; "
             "print(' '.join(r.run_id for r in plan_sweep(load_sweep(sys.argv[1])).runs))")
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     there = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from simulator.errors import ServesimError
-from workloads import RequestTable, WorkloadConfig, build_workload, parse_workload_config
+from servesim.errors import ServesimError
+from servesim.workloads import RequestTable, WorkloadConfig, build_workload, parse_workload_config
 
 
 def config(text: str) -> WorkloadConfig:

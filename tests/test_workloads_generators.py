@@ -14,16 +14,16 @@ import time
 import numpy as np
 import pytest
 
-from simulator.errors import ServesimError
-from workloads.arrivals import arrival_times, interarrival_gaps
-from workloads.lengths import (
+from servesim.errors import ServesimError
+from servesim.workloads.arrivals import arrival_times, interarrival_gaps
+from servesim.workloads.lengths import (
     clipped_lognormal_mean,
     fixed_lengths,
     lognormal_lengths,
     resample_pairs,
     uniform_lengths,
 )
-from workloads.presets import PRESETS, fit_lognormal, get_preset
+from servesim.workloads.presets import PRESETS, fit_lognormal, get_preset
 
 Z = 6.0
 N = 200_000

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workloads import read_lengths, read_trace
-from workloads.presets import PRESETS, fit_lognormal
+from servesim.workloads import read_lengths, read_trace
+from servesim.workloads.presets import PRESETS, fit_lognormal
 
 TRACES = {  # file: (format, rows in the file == rows kept: none of these has a 0-length row)
     "azure2023_AzureLLMInferenceTrace_code.csv": ("azure", 8_819),

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.errors import ServesimError
-from workloads import read_lengths, read_trace
-from workloads.traces import TRACE_FORMATS
+from servesim.errors import ServesimError
+from servesim.workloads import read_lengths, read_trace
+from servesim.workloads.traces import TRACE_FORMATS
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

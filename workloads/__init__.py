@@ -10,11 +10,11 @@ so realistic traffic needs no data files). The experiment YAML's ``workload:`` s
 for the same seed. Everything is vectorised NumPy/pandas: 100k requests take milliseconds.
 """
 
-from workloads.build import build_workload
-from workloads.config import WorkloadConfig, parse_workload_config
-from workloads.presets import PRESETS
-from workloads.requests import RequestTable
-from workloads.traces import TRACE_FORMATS, LengthSample, read_lengths, read_trace
+from servesim.workloads.build import build_workload
+from servesim.workloads.config import WorkloadConfig, parse_workload_config
+from servesim.workloads.presets import PRESETS
+from servesim.workloads.requests import RequestTable
+from servesim.workloads.traces import TRACE_FORMATS, LengthSample, read_lengths, read_trace
 
 __all__ = [
     "PRESETS",

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")
 

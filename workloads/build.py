@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.arrivals import arrival_times
-from workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
-from workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths
-from workloads.presets import get_preset
-from workloads.requests import RequestTable
-from workloads.traces import read_lengths, read_trace
+from servesim.workloads.arrivals import arrival_times
+from servesim.workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
+from servesim.workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths
+from servesim.workloads.presets import get_preset
+from servesim.workloads.requests import RequestTable
+from servesim.workloads.traces import read_lengths, read_trace
 
 
 def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = None) -> RequestTable:

@@ -47,8 +47,8 @@ from pydantic import (
     model_validator,
 )
 
-from simulator.errors import ServesimError
-from workloads.presets import PRESETS
+from servesim.errors import ServesimError
+from servesim.workloads.presets import PRESETS
 
 TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "sharegpt", "arxiv"]
 
@@ -58,7 +58,7 @@ class _Strict(BaseModel):
 
 
 class TraceConfig(_Strict):
-    """Replay of a trace file with arrival times (see ``workloads.traces`` for the formats)."""
+    """Replay of a trace file with arrival times (see ``servesim.workloads.traces`` for the formats)."""
 
     path: Path
     format: TraceFormat
@@ -83,7 +83,7 @@ class TraceConfig(_Strict):
 
 
 class ArrivalConfig(_Strict):
-    """A renewal arrival process (see ``workloads.arrivals``)."""
+    """A renewal arrival process (see ``servesim.workloads.arrivals``)."""
 
     process: Literal["poisson", "gamma", "constant"]
     rate: PositiveFloat

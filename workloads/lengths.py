@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 
 def fixed_lengths(value: int, n: int) -> np.ndarray:

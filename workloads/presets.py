@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.errors import ServesimError
-from workloads.lengths import clipped_lognormal_mean, lognormal_lengths
+from servesim.errors import ServesimError
+from servesim.workloads.lengths import clipped_lognormal_mean, lognormal_lengths
 
 
 @dataclass(frozen=True)

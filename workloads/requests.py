@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 
 @dataclass(frozen=True, eq=False)

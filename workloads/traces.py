@@ -48,8 +48,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.errors import ServesimError
-from workloads.requests import RequestTable
+from servesim.errors import ServesimError
+from servesim.workloads.requests import RequestTable
 
 log = logging.getLogger(__name__)
 

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.capacity.config import CapacityConfig
-from simulator.capacity.evaluate import WorkloadSample, judge, run_once, sample_workload
-from simulator.capacity.limits import decode_batch_limits
-from simulator.capacity.search import SearchResult, saturation_rate, search_rate
-from simulator.config import ExperimentConfig, PolicyConfig, validate_document
-from simulator.engine import resolve_deployment
-from simulator.engine.deployment import Deployment
-from simulator.errors import ServesimError
-from workloads import build_workload
+from servesim.capacity.config import CapacityConfig
+from servesim.capacity.evaluate import WorkloadSample, judge, run_once, sample_workload
+from servesim.capacity.limits import decode_batch_limits
+from servesim.capacity.search import SearchResult, saturation_rate, search_rate
+from servesim.config import ExperimentConfig, PolicyConfig, validate_document
+from servesim.engine import resolve_deployment
+from servesim.engine.deployment import Deployment
+from servesim.errors import ServesimError
+from servesim.workloads import build_workload
 
 VERIFY_ATTEMPTS = 3
 """Fleet sizes tried at the target rate: the computed one, then one and two more replica sets."""

@@ -46,7 +46,7 @@ from pydantic import (
     model_validator,
 )
 
-from simulator.config import (
+from servesim.config import (
     PolicyConfig,
     PrecisionConfig,
     RouterConfig,
@@ -54,8 +54,8 @@ from simulator.config import (
     read_yaml_document,
     user_error,
 )
-from simulator.errors import ServesimError
-from workloads import WorkloadConfig, parse_workload_config
+from servesim.errors import ServesimError
+from servesim.workloads import WorkloadConfig, parse_workload_config
 
 
 class _Strict(BaseModel):
@@ -140,7 +140,7 @@ class SharedDeployment(_Strict):
 
 
 class SearchConfig(_Strict):
-    """How the highest sustainable rate is searched (see :mod:`simulator.capacity.search`)."""
+    """How the highest sustainable rate is searched (see :mod:`servesim.capacity.search`)."""
 
     replications: int = Field(3, ge=1, le=50, description="seeds simulated per rate")
     precision: float = Field(0.05, gt=0, lt=1, description="stop when (fail - pass) / pass <= this")

@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from simulator.capacity.config import CapacityConfig
-from simulator.config import ExperimentConfig
-from simulator.cost import BOUNDS
-from simulator.engine import simulate
-from simulator.engine.state import DONE
-from workloads import build_workload
-from workloads.requests import RequestTable
+from servesim.capacity.config import CapacityConfig
+from servesim.config import ExperimentConfig
+from servesim.cost import BOUNDS
+from servesim.engine import simulate
+from servesim.engine.state import DONE
+from servesim.workloads import build_workload
+from servesim.workloads.requests import RequestTable
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 _BIG = 1e300
@@ -84,7 +84,7 @@ def sample_workload(config: CapacityConfig, base_dir: Path | None) -> WorkloadSa
     if len(table) > n:
         table = table.take(np.arange(n))
     if table.mean_rate <= 0:
-        from simulator.errors import ServesimError
+        from servesim.errors import ServesimError
 
         raise ServesimError("workload.trace", "needs at least two requests at distinct times",
                             "widen the trace window")

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from simulator.cost import BatchShape
-from simulator.engine.deployment import Deployment
+from servesim.cost import BatchShape
+from servesim.engine.deployment import Deployment
 
 _MAX_BATCH = 1 << 20
 

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from simulator.atomic_io import atomic_write_text, make_output_dir
+from servesim.atomic_io import atomic_write_text, make_output_dir
 
 CSV_COLUMNS = ("rank", "candidate", "hardware", "tp", "policy", "replicas", "feasible", "status",
                "max_rate", "max_rate_per_replica", "gpus", "replica_sets", "verified", "usd_per_gpu_hour",

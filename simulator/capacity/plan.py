@@ -1,7 +1,7 @@
 """``servesim capacity`` as a Python API: search every candidate, then rank them by cost.
 
 :func:`plan_capacity` checks everything a user can get wrong up front (model, hardware names,
-policy and router knobs, price keys), runs :func:`~simulator.capacity.candidate.analyse_candidate`
+policy and router knobs, price keys), runs :func:`~servesim.capacity.candidate.analyse_candidate`
 for every candidate in a process pool, and puts the answers together:
 
 - **cost**: USD per GPU-hour from ``prices`` (``--price``) or the hardware profile's
@@ -26,16 +26,16 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import policies  # noqa: F401  (registers the built-in policies and routers)
-from policies.base import check_policy
-from policies.routers import check_router
-from simulator.capacity.candidate import Candidate, analyse_candidate, expand_candidates
-from simulator.capacity.config import CapacityConfig
-from simulator.dtypes import Precision
-from simulator.engine.deployment import policy_knobs
-from simulator.errors import ServesimError
-from simulator.hardware_io import load_hardware
-from simulator.model_config import load_model
+import servesim.policies  # noqa: F401  (registers the built-in policies and routers)
+from servesim.policies.base import check_policy
+from servesim.policies.routers import check_router
+from servesim.capacity.candidate import Candidate, analyse_candidate, expand_candidates
+from servesim.capacity.config import CapacityConfig
+from servesim.dtypes import Precision
+from servesim.engine.deployment import policy_knobs
+from servesim.errors import ServesimError
+from servesim.hardware_io import load_hardware
+from servesim.model_config import load_model
 
 MILLION = 1e6
 
@@ -201,10 +201,10 @@ def _cost_comparison(record: dict[str, Any], best: dict[str, Any] | None, config
 def decode_limits_only(config: CapacityConfig, base_dir: Path | None = None) -> list[dict[str, Any]]:
     """Each candidate's decode-batch limits, without simulating (``--limits-only``): seconds,
     not minutes, for the textbook question."""
-    from simulator.capacity.candidate import experiment_for
-    from simulator.capacity.evaluate import sample_workload
-    from simulator.capacity.limits import decode_batch_limits
-    from simulator.engine import resolve_deployment
+    from servesim.capacity.candidate import experiment_for
+    from servesim.capacity.evaluate import sample_workload
+    from servesim.capacity.limits import decode_batch_limits
+    from servesim.engine import resolve_deployment
 
     check_inputs(config)
     context = config.decode_context or sample_workload(config, base_dir).decode_context()

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.cost import BatchShape
-from simulator.engine.deployment import Deployment
+from servesim.cost import BatchShape
+from servesim.engine.deployment import Deployment
 
 Evaluate = Callable[[float], dict[str, Any]]
-"""Judges one rate: returns :func:`simulator.capacity.evaluate.judge`'s record."""
+"""Judges one rate: returns :func:`servesim.capacity.evaluate.judge`'s record."""
 
 
 def saturation_rate(deployment: Deployment, mean_prompt: float, mean_output: float) -> float:

@@ -1,1 +1,1 @@
-"""Command-line interface (``servesim``); see :mod:`simulator.cli.app`."""
+"""Command-line interface (``servesim``); see :mod:`servesim.cli.app`."""

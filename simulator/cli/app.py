@@ -1,7 +1,7 @@
 """The ``servesim`` command: a thin shell over the Python API.
 
 Each sub-command lives in its own module and only parses flags, calls the API and prints. A user
-mistake (:class:`~simulator.errors.ServesimError`) is printed as one ``error:`` line on stderr
+mistake (:class:`~servesim.errors.ServesimError`) is printed as one ``error:`` line on stderr
 with exit status 2, never as a traceback.
 """
 
@@ -12,15 +12,15 @@ import sys
 import typer
 from rich.markup import escape
 
-from simulator.cli.calibrate import calibrate_app
-from simulator.cli.capacity import capacity_command
-from simulator.cli.catalog import hardware_command, models_command
-from simulator.cli.console import error_console
-from simulator.cli.report import report_command
-from simulator.cli.run import run_command, validate_command
-from simulator.cli.step import step_command
-from simulator.cli.sweep import sweep_command
-from simulator.errors import ServesimError
+from servesim.cli.calibrate import calibrate_app
+from servesim.cli.capacity import capacity_command
+from servesim.cli.catalog import hardware_command, models_command
+from servesim.cli.console import error_console
+from servesim.cli.report import report_command
+from servesim.cli.run import run_command, validate_command
+from servesim.cli.step import step_command
+from servesim.cli.sweep import sweep_command
+from servesim.errors import ServesimError
 
 app = typer.Typer(
     name="servesim",

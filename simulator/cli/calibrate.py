@@ -14,8 +14,8 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from simulator.cli.console import console as _console
-from simulator.hardware_io import load_hardware
+from servesim.cli.console import console as _console
+from servesim.hardware_io import load_hardware
 
 calibrate_app = typer.Typer(help="Microbenchmark kernels, fit hardware profiles, validate the cost model.",
                             no_args_is_help=True)
@@ -35,7 +35,7 @@ def bench_command(
     threads: Annotated[int, Opt(help="CPU threads (default 1, see calibration/bench.py)")] = 1,
 ) -> None:
     """Time GEMMs, attention prefill/decode, memory kernels (and all-reduce with several GPUs)."""
-    from calibration.bench import run_bench
+    from servesim.calibration.bench import run_bench
 
     meta = run_bench(device, out, quick=quick, threads=threads)
     families = ", ".join(k for k in meta["seconds"] if k != "total")
@@ -49,7 +49,7 @@ def fit_command(
     out: Annotated[Path | None, Opt(help="Write here instead of over --profile")] = None,
 ) -> None:
     """Fit the profile's efficiency curves and fixed costs; write them with provenance."""
-    from calibration.profiles import fit_directory
+    from servesim.calibration.profiles import fit_directory
 
     fitted, report = fit_directory(directory, profile, out)
     _print(report, f"{fitted.name}: APE % (spec roofline and fit on held-out rows)")
@@ -63,7 +63,7 @@ def import_vidur_command(
     out_dir: Annotated[Path | None, Opt(help="Write profiles here (default: the built-in ones)")] = None,
 ) -> None:
     """Fit a100-sxm-80gb and h100-sxm-80gb from the public Vidur profiles."""
-    from calibration.profiles import import_vidur
+    from servesim.calibration.profiles import import_vidur
 
     _, report = import_vidur(path, out_dir)
     _print(report, "APE % on held-out rows: spec = spec-sheet roofline, prior = previous profile")
@@ -77,7 +77,7 @@ def validate_command(
     as_json: Annotated[bool, Opt("--json", help="Print the summary as JSON")] = False,
 ) -> None:
     """Predicted vs measured kernel time per family: median and p90 absolute % error."""
-    from calibration.validate import validate
+    from servesim.calibration.validate import validate
 
     summary, _ = validate(directory, load_hardware(profile, "--profile"), out)
     if as_json:
@@ -96,7 +96,7 @@ def e2e_command(
 ) -> None:
     """Run a small transformer with torch under continuous batching; compare each step with the
     cost model."""
-    from calibration.transformer_e2e import run_e2e
+    from servesim.calibration.transformer_e2e import run_e2e
 
     steps = run_e2e(load_hardware(profile, "--profile"), threads=threads)
     if out:

@@ -1,7 +1,7 @@
 """``servesim capacity``: the cheapest deployment that meets the SLOs, and why the others lose.
 
 Flags and a YAML file (``configs/capacity/*.yaml``) both build one
-:class:`~simulator.capacity.config.CapacityConfig`; flags beat the file.
+:class:`~servesim.capacity.config.CapacityConfig`; flags beat the file.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from simulator.atomic_io import make_output_dir
-from simulator.capacity.config import load_capacity_document, validate_capacity
-from simulator.capacity.limits import describe_limits
-from simulator.capacity.output import candidate_row, json_safe, write_capacity
-from simulator.capacity.plan import decode_limits_only, plan_capacity
-from simulator.cli.console import console
-from simulator.errors import ServesimError
-from simulator.resources import configs_dir, find_builtin
+from servesim.atomic_io import make_output_dir
+from servesim.capacity.config import load_capacity_document, validate_capacity
+from servesim.capacity.limits import describe_limits
+from servesim.capacity.output import candidate_row, json_safe, write_capacity
+from servesim.capacity.plan import decode_limits_only, plan_capacity
+from servesim.cli.console import console
+from servesim.errors import ServesimError
+from servesim.resources import configs_dir, find_builtin
 
 Opt = typer.Option
 DEFAULT_WORKLOAD_REQUESTS = 1000

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from simulator.cli.console import console as _console
-from simulator.hardware_io import builtin_hardware_names, load_hardware
-from simulator.model_config import builtin_model_names, load_model
+from servesim.cli.console import console as _console
+from servesim.hardware_io import builtin_hardware_names, load_hardware
+from servesim.model_config import builtin_model_names, load_model
 
 
 def _print_table(title: str, rows: list[dict[str, object]]) -> None:

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from simulator.cli.console import console
-from simulator.errors import ServesimError
-from simulator.report import write_run_report
-from simulator.report.sweep_report import RESULTS_FILE, write_sweep_report
+from servesim.cli.console import console
+from servesim.errors import ServesimError
+from servesim.report import write_run_report
+from servesim.report.sweep_report import RESULTS_FILE, write_sweep_report
 
 RUN_MARKER = "summary.json"
 

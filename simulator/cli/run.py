@@ -10,17 +10,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from simulator.atomic_io import make_output_dir
-from simulator.cli.console import console
-from simulator.config import ExperimentConfig, load_experiment
-from simulator.engine import resolve_deployment, simulate
-from simulator.engine.deployment import Deployment
-from simulator.errors import ServesimError
-from simulator.metrics import write_run
-from simulator.resources import configs_dir, find_builtin
-from simulator.sweep.spec import is_sweep_file
-from workloads import build_workload
-from workloads.requests import RequestTable
+from servesim.atomic_io import make_output_dir
+from servesim.cli.console import console
+from servesim.config import ExperimentConfig, load_experiment
+from servesim.engine import resolve_deployment, simulate
+from servesim.engine.deployment import Deployment
+from servesim.errors import ServesimError
+from servesim.metrics import write_run
+from servesim.resources import configs_dir, find_builtin
+from servesim.sweep.spec import is_sweep_file
+from servesim.workloads import build_workload
+from servesim.workloads.requests import RequestTable
 
 GIB = 2**30
 

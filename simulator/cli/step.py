@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from simulator.cli.console import console as _console
-from simulator.cost import BatchShape
-from simulator.dtypes import Precision
-from simulator.errors import ServesimError
-from simulator.hardware_io import load_hardware
-from simulator.model_config import load_model
-from simulator.step_report import StepReport, analyse_step
+from servesim.cli.console import console as _console
+from servesim.cost import BatchShape
+from servesim.dtypes import Precision
+from servesim.errors import ServesimError
+from servesim.hardware_io import load_hardware
+from servesim.model_config import load_model
+from servesim.step_report import StepReport, analyse_step
 
 GIB = 2**30
 

@@ -19,11 +19,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from simulator.cli.console import console
-from simulator.sweep import find_sweep, load_sweep
-from simulator.sweep.axes import point_label
-from simulator.sweep.backends import Backend, check_backend, default_workers
-from simulator.sweep.runner import prepare
+from servesim.cli.console import console
+from servesim.sweep import find_sweep, load_sweep
+from servesim.sweep.axes import point_label
+from servesim.sweep.backends import Backend, check_backend, default_workers
+from servesim.sweep.runner import prepare
 
 SHOWN_METRICS = (("ttft_s.p99", "p99 TTFT", "s"), ("tpot_s.p50", "p50 TPOT", "s"),
                  ("throughput.requests_per_s", "req/s", ""), ("goodput_requests_per_s", "goodput", ""),
@@ -52,7 +52,7 @@ def sweep_command(
     sweep = load_sweep(find_sweep(sweep_file), overrides)
     out_dir = out or Path("sweeps") / sweep.name
     if dry_run:
-        from simulator.sweep.plan import plan_sweep
+        from servesim.sweep.plan import plan_sweep
 
         plan = plan_sweep(sweep)
         for point in plan.points:
@@ -106,7 +106,7 @@ def _where(backend: Backend | str, workers: int | None, address: str | None) -> 
 
 
 def _write_report(out_dir: Path) -> None:
-    from simulator.report.sweep_report import write_sweep_report
+    from servesim.report.sweep_report import write_sweep_report
 
     path = write_sweep_report(out_dir)
     console.print(f"wrote {path}")

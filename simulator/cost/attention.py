@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.cost.batch import BatchShape
-from simulator.cost.roofline import OpCost, memory_efficiency
-from simulator.hardware import HardwareProfile
+from servesim.cost.batch import BatchShape
+from servesim.cost.roofline import OpCost, memory_efficiency
+from servesim.hardware import HardwareProfile
 
 ATTENTION_IO_BYTES = 2.0
 """Q and O are 16-bit activations whatever the GEMM precision."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 _INT = np.int64
 _NO_TOKENS = np.empty(0, dtype=_INT)

@@ -9,7 +9,7 @@ against NCCL measurements.
 
 from __future__ import annotations
 
-from simulator.hardware import Link
+from servesim.hardware import Link
 
 
 def ring_allreduce_s(message_bytes: float, world: int, link: Link) -> float:

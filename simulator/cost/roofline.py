@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.hardware import OperatorEfficiency
+from servesim.hardware import OperatorEfficiency
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,13 @@ calibration and notebooks all call the same code.
 
 One step on one GPU of the TP group runs, per layer: the attention projections (QKV, or MLA's
 low-rank projections), attention (a prefill kernel and a decode kernel, see
-:mod:`simulator.cost.attention`), the output projection, the MLP (dense, or router + routed
+:mod:`servesim.cost.attention`), the output projection, the MLP (dense, or router + routed
 experts + shared experts), the elementwise kernels (two fused residual-add + RMSNorm, RoPE, the
 activation) and, with TP > 1, two all-reduces of the residual stream. Around the layers: the
 embedding gather (plus its all-reduce under TP), the final norm, the LM head for the sequences
 that sample a token, the logits all-gather, and a fixed per-step framework overhead.
 
-Every operator is charged by :func:`simulator.cost.roofline.roofline`. Nothing overlaps:
+Every operator is charged by :func:`servesim.cost.roofline.roofline`. Nothing overlaps:
 vLLM-style engines run TP all-reduces between the layer's kernels, not under them.
 
 Sharding (Megatron-style, as vLLM does it): QKV/gate/up are split by output columns, O/down by
@@ -33,13 +33,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simulator.cost.attention import AttentionShape, decode_attention, prefill_attention
-from simulator.cost.batch import BatchShape
-from simulator.cost.communication import ring_allgather_s, ring_allreduce_s
-from simulator.cost.roofline import OpCost, roofline
-from simulator.dtypes import DType, Precision
-from simulator.hardware import HardwareProfile
-from simulator.model_spec import ModelSpec, ceil_div
+from servesim.cost.attention import AttentionShape, decode_attention, prefill_attention
+from servesim.cost.batch import BatchShape
+from servesim.cost.communication import ring_allgather_s, ring_allreduce_s
+from servesim.cost.roofline import OpCost, roofline
+from servesim.dtypes import DType, Precision
+from servesim.hardware import HardwareProfile
+from servesim.model_spec import ModelSpec, ceil_div
 
 BREAKDOWN_KEYS = ("embedding", "qkv_proj", "attn_prefill", "attn_decode", "o_proj", "mlp", "moe",
                   "elementwise", "lm_head", "communication", "overhead")

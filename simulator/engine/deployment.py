@@ -6,20 +6,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import policies  # noqa: F401  (registers the built-in policies and routers)
-from policies.base import check_policy
-from policies.routers import check_router
-from simulator.config import ExperimentConfig, PolicyConfig, RouterConfig
-from simulator.cost import CostModel
-from simulator.dtypes import Precision
-from simulator.engine.replica_state import EngineLimits
-from simulator.engine.swap import SwapPath
-from simulator.errors import ServesimError
-from simulator.hardware import HardwareProfile
-from simulator.hardware_io import load_hardware
-from simulator.memory import MemoryPlan, plan_memory
-from simulator.model_config import load_model
-from simulator.model_spec import ModelSpec
+import servesim.policies  # noqa: F401  (registers the built-in policies and routers)
+from servesim.policies.base import check_policy
+from servesim.policies.routers import check_router
+from servesim.config import ExperimentConfig, PolicyConfig, RouterConfig
+from servesim.cost import CostModel
+from servesim.dtypes import Precision
+from servesim.engine.replica_state import EngineLimits
+from servesim.engine.swap import SwapPath
+from servesim.errors import ServesimError
+from servesim.hardware import HardwareProfile
+from servesim.hardware_io import load_hardware
+from servesim.memory import MemoryPlan, plan_memory
+from servesim.model_config import load_model
+from servesim.model_spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,14 @@ class Deployment:
 def resolve_deployment(config: ExperimentConfig) -> Deployment:
     """Everything a run needs before the first event, checked: a bad policy knob or a model that
     does not fit fails here, in ``servesim validate`` as in ``servesim run``. A disaggregated
-    experiment gets a :class:`~simulator.engine.pools.DisaggregatedDeployment` (two pools)."""
+    experiment gets a :class:`~servesim.engine.pools.DisaggregatedDeployment` (two pools)."""
     if config.policy.name in NO_PREFIX_CACHING_POLICIES and config.deployment.enable_prefix_caching:
         raise ServesimError("deployment.enable_prefix_caching",
                             f"is not modelled for policy {config.policy.name!r} "
                             f"({NO_PREFIX_CACHING_POLICIES[config.policy.name]})",
                             "remove it or use continuous, chunked_prefill, sjf or priority")
     if config.policy.name == "disaggregated":
-        from simulator.engine.pools import resolve_disaggregated  # it builds on this function
+        from servesim.engine.pools import resolve_disaggregated  # it builds on this function
 
         return resolve_disaggregated(config)  # type: ignore[return-value]
     d, p = config.deployment, config.precision

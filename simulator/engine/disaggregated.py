@@ -1,16 +1,16 @@
 """The disaggregated run: prefill replicas, decode replicas and the KV link on one SimPy clock.
 
-Both pools are ordinary :class:`~simulator.engine.replica.Replica` loops over
-:class:`~simulator.engine.replica_state.ReplicaState`, each with its pool's policy, hardware and
+Both pools are ordinary :class:`~servesim.engine.replica.Replica` loops over
+:class:`~servesim.engine.replica_state.ReplicaState`, each with its pool's policy, hardware and
 cost model; replica indices run over the prefill pool first, then the decode pool, so the steps
 table keeps one replica column (plus a ``pool`` label). What differs:
 
 - a prefill replica is built with a ``handoff``: a request whose prompt is computed emits nothing
   there; it leaves ``running`` with its KV blocks still held (:meth:`Handoff.prefilled`);
-- the decode router (:mod:`policies.disaggregated`) picks a decode replica, whose
-  :class:`~policies.disaggregated.KvReceiver` reserves the blocks for the prompt's KV when it has
+- the decode router (:mod:`servesim.policies.disaggregated`) picks a decode replica, whose
+  :class:`~servesim.policies.disaggregated.KvReceiver` reserves the blocks for the prompt's KV when it has
   room and then starts the copy;
-- the copy is a SimPy process on the :class:`~simulator.engine.kv_link.KvLink` (queueing for a
+- the copy is a SimPy process on the :class:`~servesim.engine.kv_link.KvLink` (queueing for a
   channel, then ``latency + bytes / bandwidth``). When it lands, the prefill replica frees the
   blocks, and the request emits its first token on the decode replica and joins its running set.
 
@@ -32,19 +32,19 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from policies.base import make_policy
-from policies.disaggregated import KvReceiver, LeastKvLoad
-from policies.routers import make_router
-from simulator.config import ExperimentConfig
-from simulator.engine.deployment import policy_knobs
-from simulator.engine.kv_link import KvLink
-from simulator.engine.pools import DisaggregatedDeployment
-from simulator.engine.replica import Replica
-from simulator.engine.replica_state import EngineLimits, ReplicaState
-from simulator.engine.simulation import Progress, SimulationResult, _arrivals, _run
-from simulator.engine.state import DECODE_KV_NEVER_FITS, KV_NEVER_FITS, TOO_LONG, RequestState
-from simulator.engine.step_log import StepLog
-from workloads.requests import RequestTable
+from servesim.policies.base import make_policy
+from servesim.policies.disaggregated import KvReceiver, LeastKvLoad
+from servesim.policies.routers import make_router
+from servesim.config import ExperimentConfig
+from servesim.engine.deployment import policy_knobs
+from servesim.engine.kv_link import KvLink
+from servesim.engine.pools import DisaggregatedDeployment
+from servesim.engine.replica import Replica
+from servesim.engine.replica_state import EngineLimits, ReplicaState
+from servesim.engine.simulation import Progress, SimulationResult, _arrivals, _run
+from servesim.engine.state import DECODE_KV_NEVER_FITS, KV_NEVER_FITS, TOO_LONG, RequestState
+from servesim.engine.step_log import StepLog
+from servesim.workloads.requests import RequestTable
 
 
 class PrefillReplicaState(ReplicaState):

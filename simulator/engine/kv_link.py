@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import simpy
 
-from simulator.errors import ServesimError
-from simulator.hardware import HardwareProfile, Link
+from servesim.errors import ServesimError
+from servesim.hardware import HardwareProfile, Link
 
 NETWORK_PRESETS = {
     "infiniband": Link(kind="infiniband-ndr", bandwidth_Bps=50e9, latency_s=2e-6, efficiency=1.0),

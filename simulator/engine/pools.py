@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from policies.disaggregated import DisaggregatedOptions, PoolOptions, check_disaggregated
-from simulator.config import DeploymentConfig, ExperimentConfig, PolicyConfig
-from simulator.cost import CostModel
-from simulator.dtypes import Precision
-from simulator.engine.deployment import Deployment, policy_knobs, resolve_deployment
-from simulator.engine.kv_link import KvLinkSpec, resolve_link
-from simulator.errors import ServesimError
-from simulator.model_spec import ModelSpec
+from servesim.policies.disaggregated import DisaggregatedOptions, PoolOptions, check_disaggregated
+from servesim.config import DeploymentConfig, ExperimentConfig, PolicyConfig
+from servesim.cost import CostModel
+from servesim.dtypes import Precision
+from servesim.engine.deployment import Deployment, policy_knobs, resolve_deployment
+from servesim.engine.kv_link import KvLinkSpec, resolve_link
+from servesim.errors import ServesimError
+from servesim.model_spec import ModelSpec
 
 POOLS = ("prefill", "decode")
 ENGINE_KEYS = ("tp", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "watermark",

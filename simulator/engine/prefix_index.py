@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workloads.requests import RequestTable
+from servesim.workloads.requests import RequestTable
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Generator
 import numpy as np
 import simpy
 
-from policies.base import Policy
-from simulator.cost import CostModel
-from simulator.engine.replica_state import ReplicaState
-from simulator.engine.step_log import StepLog
+from servesim.policies.base import Policy
+from servesim.cost import CostModel
+from servesim.engine.replica_state import ReplicaState
+from servesim.engine.step_log import StepLog
 
 Handoff = Callable[[np.ndarray, float], None]
 """Disaggregated prefill: called with the requests whose prompt KV is complete and the time."""
@@ -26,7 +26,7 @@ class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
                  cost: CostModel, steps: StepLog, handoff: Handoff | None = None) -> None:
         """``handoff`` makes this a prefill-only replica: a request whose prompt is computed emits
-        nothing here and goes to ``handoff`` instead (see :mod:`simulator.engine.disaggregated`)."""
+        nothing here and goes to ``handoff`` instead (see :mod:`servesim.engine.disaggregated`)."""
         self.env = env
         self.state = state
         self.policy = policy

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.engine.kv_cache import BlockPool
-from simulator.engine.prefix_index import PrefixIndex
-from simulator.engine.prefix_pool import PrefixBlockPool
-from simulator.engine.state import (
+from servesim.engine.kv_cache import BlockPool
+from servesim.engine.prefix_index import PrefixIndex
+from servesim.engine.prefix_pool import PrefixBlockPool
+from servesim.engine.state import (
     KV_NEVER_FITS,
     REJECTED,
     RUNNING,
@@ -28,7 +28,7 @@ from simulator.engine.state import (
     WAITING,
     RequestState,
 )
-from simulator.engine.swap import HostSwap, SwapPath
+from servesim.engine.swap import HostSwap, SwapPath
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

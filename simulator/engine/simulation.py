@@ -1,7 +1,7 @@
 """Build and run one simulation: arrivals -> router -> replicas, on one SimPy clock.
 
 The arrival process walks the request table in order, one SimPy timeout per arrival, and hands
-each request to the router; each replica runs its iteration loop (:mod:`simulator.engine.replica`).
+each request to the router; each replica runs its iteration loop (:mod:`servesim.engine.replica`).
 The run ends when every request has completed or been rejected: the event queue then empties.
 Nothing here is random: the workload's seed fixes the table, and the same table and config give
 the same results, bit for bit.
@@ -19,17 +19,17 @@ from typing import Any
 import numpy as np
 import simpy
 
-from policies.base import make_policy
-from policies.routers import make_router
-from simulator.config import ExperimentConfig
-from simulator.engine.deployment import Deployment, policy_knobs, resolve_deployment
-from simulator.engine.prefix_index import PrefixIndex
-from simulator.engine.replica import Replica
-from simulator.engine.replica_state import ReplicaState
-from simulator.engine.state import DONE, REJECTED, RequestState
-from simulator.engine.step_log import StepLog
-from workloads import build_workload
-from workloads.requests import RequestTable
+from servesim.policies.base import make_policy
+from servesim.policies.routers import make_router
+from servesim.config import ExperimentConfig
+from servesim.engine.deployment import Deployment, policy_knobs, resolve_deployment
+from servesim.engine.prefix_index import PrefixIndex
+from servesim.engine.replica import Replica
+from servesim.engine.replica_state import ReplicaState
+from servesim.engine.state import DONE, REJECTED, RequestState
+from servesim.engine.step_log import StepLog
+from servesim.workloads import build_workload
+from servesim.workloads.requests import RequestTable
 
 Progress = Callable[[int, int, float], None]
 """Called now and then with (requests finished or rejected, total requests, simulated time)."""
@@ -51,7 +51,7 @@ class SimulationResult:
     pools: list[str] | None = None
     """Disaggregated runs: each replica's pool ("prefill" or "decode"), by replica index."""
     link: Any = None
-    """Disaggregated runs: the KV link (:class:`~simulator.engine.kv_link.KvLink`), for its stats."""
+    """Disaggregated runs: the KV link (:class:`~servesim.engine.kv_link.KvLink`), for its stats."""
 
 
 def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
@@ -61,7 +61,7 @@ def simulate(config: ExperimentConfig, workload: RequestTable | None = None,
     if workload is None:
         workload = build_workload(config.workload, config.seed, base_dir)
     if config.policy.name == "disaggregated":
-        from simulator.engine.disaggregated import simulate_disaggregated
+        from servesim.engine.disaggregated import simulate_disaggregated
 
         return simulate_disaggregated(config, deployment, workload, base_dir, progress)  # type: ignore[arg-type]
     started = time.perf_counter()

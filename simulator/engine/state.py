@@ -13,7 +13,7 @@ from array import array
 
 import numpy as np
 
-from workloads.requests import RequestTable
+from servesim.workloads.requests import RequestTable
 
 # Life cycle of a request (``status``).
 PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from simulator.cost import BOUNDS, OP_CLASSES
+from servesim.cost import BOUNDS, OP_CLASSES
 
 OP_COLUMNS = tuple(f"op_{name}_s" for name in OP_CLASSES)
 """Seconds of each operator class in a step (``op_gemm_s``, ``op_attn_prefill_s``, ...); they sum

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.engine.kv_cache import BlockPool
+from servesim.engine.kv_cache import BlockPool
 
 GIB = float(1 << 30)
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.engine.simulation import SimulationResult
-from simulator.metrics.stats import describe
+from servesim.engine.simulation import SimulationResult
+from servesim.metrics.stats import describe
 
 REQUEST_COLUMNS = ("decode_replica", "prefill_end_s", "transfer_queued_s", "transfer_start_s",
                    "transfer_end_s")

@@ -17,9 +17,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from simulator.atomic_io import atomic_write, atomic_write_text, make_output_dir
-from simulator.engine.simulation import SimulationResult
-from simulator.metrics.tables import itl_frame, request_frame, summarise
+from servesim.atomic_io import atomic_write, atomic_write_text, make_output_dir
+from servesim.engine.simulation import SimulationResult
+from servesim.metrics.tables import itl_frame, request_frame, summarise
 
 
 @dataclass
@@ -98,7 +98,7 @@ def write_run(result: SimulationResult, out_dir: Path, report: bool = True) -> R
                          lambda tmp, frame=frame: frame.to_parquet(tmp, index=False))
     atomic_write_text(out_dir / "summary.json", json.dumps(tables.summary, indent=2) + "\n")
     if report and result.config.output == "full":
-        from simulator.report import write_run_report
+        from servesim.report import write_run_report
 
         write_run_report(out_dir)
     else:

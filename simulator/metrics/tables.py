@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.engine.simulation import SimulationResult
-from simulator.engine.state import DONE, REJECT_REASONS, REJECTED, STATUS_NAMES, UNFINISHED_NAME
-from simulator.metrics.disaggregation import add_request_columns, disaggregation_summary, pool_kv_summary
-from simulator.metrics.stats import describe, describe_weighted
+from servesim.engine.simulation import SimulationResult
+from servesim.engine.state import DONE, REJECT_REASONS, REJECTED, STATUS_NAMES, UNFINISHED_NAME
+from servesim.metrics.disaggregation import add_request_columns, disaggregation_summary, pool_kv_summary
+from servesim.metrics.stats import describe, describe_weighted
 
 SUMMARY_LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queueing_s")
 

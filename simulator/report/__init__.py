@@ -1,5 +1,5 @@
 """HTML reports built from saved run outputs (never from the live engine)."""
 
-from simulator.report.run_report import write_run_report
+from servesim.report.run_report import write_run_report
 
 __all__ = ["write_run_report"]

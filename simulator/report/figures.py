@@ -14,9 +14,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from simulator.report.format import METRICS, Metric, fmt_latency
-from simulator.report.run_data import RunData
-from simulator.report.series import (
+from servesim.report.format import METRICS, Metric, fmt_latency
+from servesim.report.run_data import RunData
+from servesim.report.series import (
     bin_centers,
     bin_edges,
     bin_max,
@@ -28,7 +28,7 @@ from simulator.report.series import (
     thin_cdf,
     weighted_cdf,
 )
-from simulator.report.verdict import SloCheck
+from servesim.report.verdict import SloCheck
 
 MAX_POINTS = 2000  # per trace
 MAX_SCATTER_POINTS = 3000  # step-time scatter, over all traces

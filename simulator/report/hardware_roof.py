@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from simulator.dtypes import DType, Precision
-from simulator.errors import ServesimError
-from simulator.hardware import HardwareProfile
-from simulator.hardware_io import load_hardware
+from servesim.dtypes import DType, Precision
+from servesim.errors import ServesimError
+from servesim.hardware import HardwareProfile
+from servesim.hardware_io import load_hardware
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from html import escape
 import plotly.io as pio
 import plotly.offline
 
-from simulator.report.figures import Chart
+from servesim.report.figures import Chart
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from simulator.errors import ServesimError
+from servesim.errors import ServesimError
 
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
@@ -34,7 +34,7 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
 OP_COLUMNS = ("op_gemm_s", "op_attn_prefill_s", "op_attn_decode_s", "op_elementwise_s", "op_communication_s",
               "op_overhead_s")
-"""Seconds per operator class per step (simulator.engine.step_log.OP_COLUMNS; runs written before
+"""Seconds per operator class per step (servesim.engine.step_log.OP_COLUMNS; runs written before
 they existed get NaN, and the report leaves their chart out)."""
 STEP_OPTIONAL = {"bound": "unknown", "preempted": 0, "flops": np.nan, "hbm_bytes": np.nan,
                  "pool": "", **dict.fromkeys(OP_COLUMNS, np.nan)}

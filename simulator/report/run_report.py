@@ -2,7 +2,7 @@
 
 Usable from the CLI and from a notebook alike::
 
-    from simulator.report import write_run_report
+    from servesim.report import write_run_report
     write_run_report(Path("runs/llama8b-h100"))   # -> runs/llama8b-h100/report.html
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulator.atomic_io import atomic_write_text
-from simulator.report.figures import Chart, build_charts
-from simulator.report.hardware_roof import roof_from_config
-from simulator.report.page import render_page
-from simulator.report.run_data import RunData, load_run
-from simulator.report.step_figures import has_op_columns, op_breakdown_chart, roofline_chart
-from simulator.report.verdict import SloCheck, render_header, slo_checks
+from servesim.atomic_io import atomic_write_text
+from servesim.report.figures import Chart, build_charts
+from servesim.report.hardware_roof import roof_from_config
+from servesim.report.page import render_page
+from servesim.report.run_data import RunData, load_run
+from servesim.report.step_figures import has_op_columns, op_breakdown_chart, roofline_chart
+from servesim.report.verdict import SloCheck, render_header, slo_checks
 
 REPORT_FILE = "report.html"
 

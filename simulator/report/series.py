@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from simulator.metrics.stats import merge_weighted
+from servesim.metrics.stats import merge_weighted
 
 FloatArray = np.ndarray
 

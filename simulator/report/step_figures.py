@@ -12,9 +12,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from simulator.report.figures import MAX_SCATTER_POINTS, TEMPLATE, Chart, f32, sample_steps
-from simulator.report.hardware_roof import Roof
-from simulator.report.run_data import OP_COLUMNS, RunData
+from servesim.report.figures import MAX_SCATTER_POINTS, TEMPLATE, Chart, f32, sample_steps
+from servesim.report.hardware_roof import Roof
+from servesim.report.run_data import OP_COLUMNS, RunData
 
 STEP_KINDS = ("prefill only", "decode only", "mixed")
 KIND_COLORS = {"prefill only": "#d62728", "decode only": "#1f77b4", "mixed": "#9467bd"}

@@ -22,8 +22,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from simulator.errors import ServesimError
-from simulator.report.format import METRICS
+from servesim.errors import ServesimError
+from servesim.report.format import METRICS
 
 RESULTS_FILE = "results.parquet"
 RESOLVED_FILE = "sweep.resolved.yaml"

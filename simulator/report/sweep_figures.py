@@ -16,9 +16,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from simulator.report.figures import TEMPLATE, Chart
-from simulator.report.format import METRICS
-from simulator.report.sweep_data import SweepData, format_value
+from servesim.report.figures import TEMPLATE, Chart
+from servesim.report.format import METRICS
+from servesim.report.sweep_data import SweepData, format_value
 
 COLORS = TEMPLATE.layout.colorway
 

@@ -3,7 +3,7 @@ then the load curves, heatmaps and the cost/latency frontier.
 
 Usable from the CLI (``servesim report SWEEP_DIR``) and from a notebook::
 
-    from simulator.report.sweep_report import write_sweep_report
+    from servesim.report.sweep_report import write_sweep_report
     write_sweep_report(Path("sweeps/rates-h100"))   # -> sweeps/rates-h100/report.html
 
 It reads only ``results.parquet`` (and ``sweep.resolved.yaml`` when present), so it can be rebuilt
@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.atomic_io import atomic_write_text
-from simulator.report.format import METRICS, fmt_count, fmt_latency, fmt_pct, fmt_sig
-from simulator.report.page import render_page
-from simulator.report.sweep_data import RESOLVED_FILE, RESULTS_FILE, SweepData, format_value, load_sweep
-from simulator.report.sweep_figures import build_sweep_charts
+from servesim.atomic_io import atomic_write_text
+from servesim.report.format import METRICS, fmt_count, fmt_latency, fmt_pct, fmt_sig
+from servesim.report.page import render_page
+from servesim.report.sweep_data import RESOLVED_FILE, RESULTS_FILE, SweepData, format_value, load_sweep
+from servesim.report.sweep_figures import build_sweep_charts
 
 REPORT_FILE = "report.html"
 __all__ = ["RESULTS_FILE", "render_sweep_report", "write_sweep_report"]

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from simulator.metrics.stats import weighted_percentile
-from simulator.report.format import (
+from servesim.metrics.stats import weighted_percentile
+from servesim.report.format import (
     METRICS,
     MISSING,
     Metric,
@@ -28,7 +28,7 @@ from simulator.report.format import (
     fmt_rate,
     fmt_sig,
 )
-from simulator.report.run_data import RunData
+from servesim.report.run_data import RunData
 
 TABLE_STATS = (("mean", "mean"), ("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("max", "max"))
 

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.sweep.execute import RUN_RECORD
-from simulator.sweep.plan import SweepPlan
+from servesim.sweep.execute import RUN_RECORD
+from servesim.sweep.plan import SweepPlan
 
 FIXED_COLUMNS = ("gpus", "hardware", "model", "policy.name", "cost_per_hour")
 SKIPPED_SECTIONS = ("deployment",)

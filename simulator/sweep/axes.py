@@ -1,4 +1,4 @@
-"""Expanding a sweep's axes into its points (see :mod:`simulator.sweep.spec` for the rules).
+"""Expanding a sweep's axes into its points (see :mod:`servesim.sweep.spec` for the rules).
 
 A point is an ordered mapping ``dotted key -> value``. Axes are built in file order (grid keys,
 then zip groups, then the random block) and combined with :func:`itertools.product`, so the last
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from simulator.errors import ServesimError
-from simulator.sweep.spec import SweepSpec
+from servesim.errors import ServesimError
+from servesim.sweep.spec import SweepSpec
 
 Point = dict[str, Any]
 Axis = list[Point]

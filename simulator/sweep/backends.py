@@ -1,6 +1,6 @@
 """Where a sweep's runs execute: a local process pool (default) or a Ray cluster.
 
-Both call the same :func:`~simulator.sweep.execute.execute_run` on each task and hand every
+Both call the same :func:`~servesim.sweep.execute.execute_run` on each task and hand every
 finished run to ``on_done`` in the driver process, which stores it (so the sweep folder needs to be
 on the driver's disk only, and a Ray cluster needs no shared filesystem). Results do not depend on
 the backend or the number of workers: a run's output is a pure function of its task.
@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Literal
 
-from simulator.errors import ServesimError
-from simulator.sweep.execute import RunFiles, execute_run
-from simulator.sweep.plan import RunTask
+from servesim.errors import ServesimError
+from servesim.sweep.execute import RunFiles, execute_run
+from servesim.sweep.plan import RunTask
 
 Backend = Literal["local", "ray"]
 OnDone = Callable[[RunFiles], None]

@@ -1,6 +1,6 @@
 """Running one (point, seed) and storing its folder: the one code path every backend shares.
 
-:func:`execute_run` simulates a :class:`~simulator.sweep.plan.RunTask` and returns the run's
+:func:`execute_run` simulates a :class:`~servesim.sweep.plan.RunTask` and returns the run's
 files as bytes (the same files ``servesim run --no-report`` writes: ``summary.json``,
 ``config.resolved.yaml`` and, for ``output: full``, the parquet tables) plus ``run.json`` (status,
 point, replication, seed, wall time). It touches no shared disk, so it runs unchanged in a local
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.config import validate_document
-from simulator.engine import simulate
-from simulator.errors import ServesimError
-from simulator.metrics import write_run
-from simulator.sweep.plan import RunTask
+from servesim.config import validate_document
+from servesim.engine import simulate
+from servesim.errors import ServesimError
+from servesim.metrics import write_run
+from servesim.sweep.plan import RunTask
 
 RUN_RECORD = "run.json"
 TEMP_PREFIX = ".tmp-"

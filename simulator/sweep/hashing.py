@@ -17,9 +17,9 @@ import hashlib
 import json
 from typing import Any
 
-from simulator.config import ExperimentConfig
-from simulator.hardware import HardwareProfile
-from simulator.model_spec import ModelSpec
+from servesim.config import ExperimentConfig
+from servesim.hardware import HardwareProfile
+from servesim.model_spec import ModelSpec
 
 HASH_DIGITS = 16
 

@@ -20,20 +20,20 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies.base import POOL_POLICIES, check_policy, parse_options
-from policies.disaggregated import DisaggregatedOptions
-from policies.routers import check_router
-from simulator.config import ExperimentConfig, validate_document
-from simulator.dtypes import DType
-from simulator.engine.deployment import policy_knobs, resolve_deployment
-from simulator.errors import ServesimError
-from simulator.hardware import HardwareProfile
-from simulator.hardware_io import load_hardware
-from simulator.model_config import load_model
-from simulator.model_spec import ModelSpec
-from simulator.sweep.axes import Point, expand, point_label, varied_keys
-from simulator.sweep.hashing import identity, point_hash, run_hash
-from simulator.sweep.spec import Sweep, set_dotted
+from servesim.policies.base import POOL_POLICIES, check_policy, parse_options
+from servesim.policies.disaggregated import DisaggregatedOptions
+from servesim.policies.routers import check_router
+from servesim.config import ExperimentConfig, validate_document
+from servesim.dtypes import DType
+from servesim.engine.deployment import policy_knobs, resolve_deployment
+from servesim.errors import ServesimError
+from servesim.hardware import HardwareProfile
+from servesim.hardware_io import load_hardware
+from servesim.model_config import load_model
+from servesim.model_spec import ModelSpec
+from servesim.sweep.axes import Point, expand, point_label, varied_keys
+from servesim.sweep.hashing import identity, point_hash, run_hash
+from servesim.sweep.spec import Sweep, set_dotted
 
 Status = Literal["ok", "infeasible"]
 

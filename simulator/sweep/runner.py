@@ -4,7 +4,7 @@
 
     sweep.resolved.yaml     the sweep with its base experiment expanded inline, and its points
     points/<run>/           one folder per (point, replication), named by the run's hash
-                            (:mod:`simulator.sweep.hashing`): run.json, summary.json,
+                            (:mod:`servesim.sweep.hashing`): run.json, summary.json,
                             config.resolved.yaml (+ requests/steps/itl parquet for output: full)
     points.parquet          one row per run
     results.parquet         one row per point, replications aggregated (:mod:`.aggregate`)
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import yaml
 
-from simulator.atomic_io import atomic_write, atomic_write_text, make_output_dir
-from simulator.sweep.aggregate import tables
-from simulator.sweep.backends import Backend, run_tasks
-from simulator.sweep.execute import RunFiles, is_finished, remove_stale_temps, store_run
-from simulator.sweep.plan import RunTask, SweepPlan, plan_sweep
-from simulator.sweep.spec import Sweep, sweep_document
+from servesim.atomic_io import atomic_write, atomic_write_text, make_output_dir
+from servesim.sweep.aggregate import tables
+from servesim.sweep.backends import Backend, run_tasks
+from servesim.sweep.execute import RunFiles, is_finished, remove_stale_temps, store_run
+from servesim.sweep.plan import RunTask, SweepPlan, plan_sweep
+from servesim.sweep.spec import Sweep, sweep_document
 
 Listener = Callable[[RunFiles], None]
 

@@ -47,9 +47,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from simulator.config import parse_override, read_yaml_document
-from simulator.errors import ServesimError
-from simulator.resources import configs_dir, find_builtin
+from servesim.config import parse_override, read_yaml_document
+from servesim.errors import ServesimError
+from servesim.resources import configs_dir, find_builtin
 
 FORBIDDEN_AXES = {"seed": "vary seeds with replications: K", "output": "set output at the top of the sweep"}
 
@@ -126,7 +126,7 @@ def is_sweep_file(path: Path) -> bool:
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     """Read and check a sweep file (its structure and its base; the points are checked by
-    :func:`simulator.sweep.plan.plan_sweep`). ``overrides`` (``key=value``, as ``--set``) join the
+    :func:`servesim.sweep.plan.plan_sweep`). ``overrides`` (``key=value``, as ``--set``) join the
     file's ``set:`` section."""
     path = Path(path)
     document = read_yaml_document(path)
@@ -221,7 +221,7 @@ def set_dotted(document: dict[str, Any], key: str, value: Any, field: str) -> No
 def sweep_document(sweep: Sweep) -> dict[str, Any]:
     """The sweep with its base expanded inline (``set`` applied, trace paths made absolute), so
     the written ``sweep.resolved.yaml`` runs as is from any folder."""
-    from simulator.metrics.outputs import _absolute_paths
+    from servesim.metrics.outputs import _absolute_paths
 
     document = sweep.spec.model_dump(mode="json", exclude_none=True)
     document["name"] = sweep.name
