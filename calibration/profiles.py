@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
 from servesim.calibration.profile_fit import FitReport, fit_profile
 from servesim.calibration.vidur import PROFILE_OF, vidur_tables
 from servesim.hardware import HardwareProfile

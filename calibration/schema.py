@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from servesim.errors import ServesimError
 
 FAMILIES: dict[str, tuple[str, ...]] = {

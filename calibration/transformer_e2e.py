@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from servesim.calibration.shapes import e2e_model
 from servesim.calibration.timing import import_torch
 from servesim.cost import BatchShape, CostModel

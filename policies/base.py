@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
-
 from servesim.cost.batch import BatchShape
 from servesim.errors import ServesimError
 

@@ -22,7 +22,6 @@ to every earlier chunk of its prompt: the cost model prices it over ``computed +
 from __future__ import annotations
 
 import numpy as np
-
 from servesim.policies.base import Batch, Policy, register_policy
 
 

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
-
 from servesim.policies.base import Batch, Policy, PolicyOptions, register_policy
 from servesim.policies.waiting import KeyedQueue
 

@@ -27,10 +27,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
+from servesim.errors import ServesimError
 from servesim.policies.base import Batch, Policy, check_policy
 from servesim.policies.routers import ROUTERS
-from servesim.errors import ServesimError
 
 if TYPE_CHECKING:
     from servesim.engine.replica_state import ReplicaState

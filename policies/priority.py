@@ -39,11 +39,10 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
-
-from servesim.policies.base import Batch, PolicyOptions, register_policy
-from servesim.policies.continuous import ContinuousBatching
 from servesim.engine.swap import HostSwap
 from servesim.errors import ServesimError
+from servesim.policies.base import Batch, PolicyOptions, register_policy
+from servesim.policies.continuous import ContinuousBatching
 
 if TYPE_CHECKING:
     from servesim.engine.replica_state import ReplicaState

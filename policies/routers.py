@@ -22,7 +22,6 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field
-
 from servesim.policies.base import PolicyOptions, lookup
 
 if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here

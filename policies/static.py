@@ -35,10 +35,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
-
-from servesim.policies.base import Batch, Policy, PolicyOptions, register_policy
 from servesim.cost.batch import BatchShape
 from servesim.errors import ServesimError
+from servesim.policies.base import Batch, Policy, PolicyOptions, register_policy
 
 if TYPE_CHECKING:  # the engine imports policies, so only the types are imported here
     from servesim.engine.replica_state import EngineLimits, ReplicaState

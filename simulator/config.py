@@ -33,7 +33,6 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
-
 from servesim.errors import ServesimError
 from servesim.workloads import WorkloadConfig, parse_workload_config
 

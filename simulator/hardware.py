@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
 from servesim.dtypes import DType
 from servesim.errors import ServesimError
 

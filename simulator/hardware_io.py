@@ -12,7 +12,6 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
-
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
 from servesim.resources import hardware_profiles_dir

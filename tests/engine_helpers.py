@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from servesim.config import ExperimentConfig, validate_document
 from servesim.engine import SimulationResult, simulate
 from servesim.workloads.requests import RequestTable

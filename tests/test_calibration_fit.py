@@ -10,13 +10,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
+from servesim import load_hardware
 from servesim.calibration.fit import fit_link, fit_operator, monotone_knots
 from servesim.calibration.profile_fit import fit_profile
 from servesim.calibration.profiles import write_profile
 from servesim.calibration.schema import holdout_mask, read_measurements
 from servesim.calibration.work import ape, fast_predict, operator_cost, predict, work
-from servesim import load_hardware
 from servesim.errors import ServesimError
 from servesim.hardware import Curve, Link, OperatorEfficiency
 
@@ -144,8 +143,9 @@ def test_missing_torch_says_how_to_install_it() -> None:
 
 
 def test_fit_and_validate_never_import_torch() -> None:
-    code = ("import sys, servesim.calibration.fit, servesim.calibration.profile_fit, servesim.calibration.validate, "
-            "servesim.calibration.vidur, servesim.calibration.profiles, servesim.cli.calibrate; "
+    code = ("import sys, servesim.calibration.fit, servesim.calibration.profile_fit, "
+            "servesim.calibration.validate, servesim.calibration.vidur, servesim.calibration.profiles, "
+            "servesim.cli.calibrate; "
             "assert 'torch' not in sys.modules")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr

@@ -29,11 +29,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="CPU calibration needs torch: pip install torch==2.13.0")
 
+from servesim import load_hardware  # noqa: E402
 from servesim.calibration.bench import run_bench  # noqa: E402
 from servesim.calibration.profiles import fit_directory  # noqa: E402
 from servesim.calibration.transformer_e2e import Workload, run_e2e  # noqa: E402
 from servesim.calibration.validate import validate  # noqa: E402
-from servesim import load_hardware  # noqa: E402
 
 
 @pytest.fixture(scope="module")

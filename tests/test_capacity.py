@@ -10,9 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import servesim
-from typer.testing import CliRunner
-
 from servesim import BatchShape, CostModel, load_hardware, load_model
 from servesim.capacity import decode_batch_limits, plan_capacity, validate_capacity
 from servesim.capacity.candidate import Candidate, experiment_for
@@ -22,6 +19,8 @@ from servesim.cli.app import app
 from servesim.config import PolicyConfig
 from servesim.engine import resolve_deployment
 from servesim.errors import ServesimError
+from test_cli import servesim
+from typer.testing import CliRunner
 
 PROMPT = 512
 SERVICE_S = CostModel(load_model("llama-3-8b"), load_hardware("h100-sxm-80gb")).step_time(

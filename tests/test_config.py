@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from engine_helpers import experiment
-
 from servesim.config import apply_overrides, parse_override
 from servesim.engine import resolve_deployment
 from servesim.errors import ServesimError

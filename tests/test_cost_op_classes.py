@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from servesim import BatchShape, CostModel, HardwareProfile, Precision, load_hardware, load_model
 from servesim.cost import BOUNDS, OP_CLASS_OF, OP_CLASSES
 from servesim.model_config import model_from_hf_config

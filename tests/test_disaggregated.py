@@ -11,14 +11,13 @@ import pytest
 from engine_helpers import experiment, run, table
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cli import servesim
-
 from servesim import BatchShape, CostModel, load_hardware, load_model
 from servesim.engine import resolve_deployment
 from servesim.engine.state import DECODE_KV_NEVER_FITS, DONE, REJECT_REASONS, REJECTED
 from servesim.errors import ServesimError
 from servesim.memory import plan_memory
 from servesim.metrics import tabulate
+from test_cli import servesim
 
 H100 = load_hardware("h100-sxm-80gb")
 LLAMA = load_model("llama-3-8b")

@@ -1,7 +1,6 @@
 """Bytes per element and the rules of mixing formats."""
 
 import pytest
-
 from servesim import DType, Precision, ServesimError
 
 

@@ -8,7 +8,6 @@ import pytest
 from engine_helpers import assert_conserved, experiment, run, table
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
 from servesim.engine.kv_cache import BlockPool
 from servesim.engine.state import KV_NEVER_FITS, REJECT_REASONS, TOO_LONG
 from servesim.metrics import tabulate

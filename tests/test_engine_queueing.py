@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_helpers import experiment, run, table
-
 from servesim import BatchShape, CostModel, load_hardware, load_model
 from servesim.metrics import tabulate
 

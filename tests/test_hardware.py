@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from servesim import DType, ServesimError, load_hardware
 from servesim.hardware import Curve
 from servesim.hardware_io import builtin_hardware_names, profile_to_yaml

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from servesim import Precision, ServesimError, load_hardware, load_model, plan_memory
 
 

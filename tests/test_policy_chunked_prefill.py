@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pytest
 from engine_helpers import experiment, run, table
-
 from servesim.cost import BatchShape, CostModel
 from servesim.hardware_io import load_hardware
 from servesim.metrics import tabulate

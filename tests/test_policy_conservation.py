@@ -12,7 +12,6 @@ import pandas as pd
 from engine_helpers import assert_conserved, experiment, run, table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from servesim.metrics import tabulate
 
 workloads = st.integers(min_value=1, max_value=30).flatmap(lambda n: st.tuples(

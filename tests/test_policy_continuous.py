@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 from engine_helpers import experiment, run, table
-
 from servesim.metrics import tabulate
 
 QUICKSTART_TRAFFIC = {"arrival": {"process": "poisson", "rate": 12.0}, "num_requests": 1000,

@@ -9,7 +9,6 @@ import pytest
 from engine_helpers import assert_conserved, experiment, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from servesim.cost import BatchShape
 from servesim.engine import resolve_deployment
 from servesim.errors import ServesimError

@@ -9,11 +9,10 @@ import pytest
 from engine_helpers import assert_conserved, experiment, run, table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from servesim.policies.sjf import ShortestJobFirst
 from servesim.cost import BatchShape
 from servesim.engine import resolve_deployment
 from servesim.metrics import tabulate
+from servesim.policies.sjf import ShortestJobFirst
 from servesim.workloads.build import build_workload
 from servesim.workloads.config import parse_workload_config
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_helpers import experiment, run, table
-
 from servesim.engine.deployment import resolve_deployment
 from servesim.errors import ServesimError
 from servesim.metrics import tabulate

@@ -15,13 +15,12 @@ import pytest
 from engine_helpers import experiment, run, table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cli import servesim
-
 from servesim.engine.prefix_index import PrefixIndex
 from servesim.engine.prefix_pool import PrefixBlockPool
 from servesim.metrics import tabulate
 from servesim.workloads.requests import RequestTable
 from servesim.workloads.traces import read_trace
+from test_cli import servesim
 
 
 def write_mooncake(path: Path, rows: list[tuple[float, int, int, list[int]]]) -> Path:

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
+from servesim import load_hardware
 from servesim.calibration.validate import predictions
 from servesim.calibration.vidur import vidur_tables
-from servesim import load_hardware
 
 # Measured (2026-11-22): held-out median / p90 APE in %, spec roofline -> fitted profile.
 MEASURED = {

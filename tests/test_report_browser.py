@@ -18,9 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sweep_fixtures import fabricate_sweep
-
 from servesim.report.sweep_report import write_sweep_report
+from sweep_fixtures import fabricate_sweep
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

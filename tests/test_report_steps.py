@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_report_run import _plot_data, fabricate_run
-
 from servesim import load_hardware
 from servesim.dtypes import DType
 from servesim.engine.step_log import OP_COLUMNS as ENGINE_OP_COLUMNS
@@ -19,6 +17,7 @@ from servesim.report.hardware_roof import Roof, roof_from_config
 from servesim.report.run_data import OP_COLUMNS, load_run
 from servesim.report.run_report import build_run_charts
 from servesim.report.step_figures import op_totals, roofline_chart, roofline_points, step_kinds
+from test_report_run import _plot_data, fabricate_run
 
 H100_CONFIG = "model: llama-3-8b\nhardware: h100-sxm-80gb\ndeployment:\n  tp: 2\n"
 

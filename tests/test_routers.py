@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_helpers import experiment, run, table
-
-from servesim.policies.routers import make_router
 from servesim.engine import simulate
 from servesim.engine.prefix_index import PrefixIndex
 from servesim.engine.replica_state import EngineLimits, ReplicaState
 from servesim.engine.state import RequestState
 from servesim.errors import ServesimError
 from servesim.metrics import tabulate
+from servesim.policies.routers import make_router
 from servesim.workloads.requests import RequestTable
 
 

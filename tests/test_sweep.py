@@ -16,8 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from test_cli import servesim
-
 from servesim.config import validate_document
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
@@ -36,6 +34,7 @@ from servesim.sweep import (
 from servesim.sweep.aggregate import flatten_metrics, t_two_sided
 from servesim.sweep.hashing import canonical_json, digest, identity, point_hash, run_hash
 from servesim.sweep.spec import SweepSpec
+from test_cli import servesim
 
 BASE = {
     "name": "tiny", "seed": 5, "model": "llama-3-8b", "hardware": "h100-sxm-80gb",

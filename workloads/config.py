@@ -46,7 +46,6 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-
 from servesim.errors import ServesimError
 from servesim.workloads.presets import PRESETS
 

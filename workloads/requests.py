@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
-
 from servesim.errors import ServesimError
 
 

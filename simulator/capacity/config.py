@@ -45,7 +45,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
 from servesim.config import (
     PolicyConfig,
     PrecisionConfig,

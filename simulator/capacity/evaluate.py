@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from servesim.capacity.config import CapacityConfig
 from servesim.config import ExperimentConfig
 from servesim.cost import BOUNDS

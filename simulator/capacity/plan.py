@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import servesim.policies  # noqa: F401  (registers the built-in policies and routers)
-from servesim.policies.base import check_policy
-from servesim.policies.routers import check_router
 from servesim.capacity.candidate import Candidate, analyse_candidate, expand_candidates
 from servesim.capacity.config import CapacityConfig
 from servesim.dtypes import Precision
@@ -36,6 +34,8 @@ from servesim.engine.deployment import policy_knobs
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.model_config import load_model
+from servesim.policies.base import check_policy
+from servesim.policies.routers import check_router
 
 MILLION = 1e6
 

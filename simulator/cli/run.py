@@ -9,7 +9,6 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
-
 from servesim.atomic_io import make_output_dir
 from servesim.cli.console import console
 from servesim.config import ExperimentConfig, load_experiment

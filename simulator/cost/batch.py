@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from servesim.errors import ServesimError
 
 _INT = np.int64

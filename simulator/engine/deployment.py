@@ -7,8 +7,6 @@ import math
 from dataclasses import dataclass
 
 import servesim.policies  # noqa: F401  (registers the built-in policies and routers)
-from servesim.policies.base import check_policy
-from servesim.policies.routers import check_router
 from servesim.config import ExperimentConfig, PolicyConfig, RouterConfig
 from servesim.cost import CostModel
 from servesim.dtypes import Precision
@@ -20,6 +18,8 @@ from servesim.hardware_io import load_hardware
 from servesim.memory import MemoryPlan, plan_memory
 from servesim.model_config import load_model
 from servesim.model_spec import ModelSpec
+from servesim.policies.base import check_policy
+from servesim.policies.routers import check_router
 
 
 @dataclass(frozen=True)

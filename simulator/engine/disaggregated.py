@@ -31,10 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import simpy
-
-from servesim.policies.base import make_policy
-from servesim.policies.disaggregated import KvReceiver, LeastKvLoad
-from servesim.policies.routers import make_router
 from servesim.config import ExperimentConfig
 from servesim.engine.deployment import policy_knobs
 from servesim.engine.kv_link import KvLink
@@ -44,6 +40,9 @@ from servesim.engine.replica_state import EngineLimits, ReplicaState
 from servesim.engine.simulation import Progress, SimulationResult, _arrivals, _run
 from servesim.engine.state import DECODE_KV_NEVER_FITS, KV_NEVER_FITS, TOO_LONG, RequestState
 from servesim.engine.step_log import StepLog
+from servesim.policies.base import make_policy
+from servesim.policies.disaggregated import KvReceiver, LeastKvLoad
+from servesim.policies.routers import make_router
 from servesim.workloads.requests import RequestTable
 
 

@@ -30,7 +30,6 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 import simpy
-
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile, Link
 

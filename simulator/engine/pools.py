@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servesim.policies.disaggregated import DisaggregatedOptions, PoolOptions, check_disaggregated
 from servesim.config import DeploymentConfig, ExperimentConfig, PolicyConfig
 from servesim.cost import CostModel
 from servesim.dtypes import Precision
@@ -19,6 +18,7 @@ from servesim.engine.deployment import Deployment, policy_knobs, resolve_deploym
 from servesim.engine.kv_link import KvLinkSpec, resolve_link
 from servesim.errors import ServesimError
 from servesim.model_spec import ModelSpec
+from servesim.policies.disaggregated import DisaggregatedOptions, PoolOptions, check_disaggregated
 
 POOLS = ("prefill", "decode")
 ENGINE_KEYS = ("tp", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "watermark",

@@ -36,7 +36,6 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-
 from servesim.engine.kv_cache import BlockPool
 from servesim.engine.prefix_index import PrefixIndex
 

@@ -12,11 +12,10 @@ from collections.abc import Callable, Generator
 
 import numpy as np
 import simpy
-
-from servesim.policies.base import Policy
 from servesim.cost import CostModel
 from servesim.engine.replica_state import ReplicaState
 from servesim.engine.step_log import StepLog
+from servesim.policies.base import Policy
 
 Handoff = Callable[[np.ndarray, float], None]
 """Disaggregated prefill: called with the requests whose prompt KV is complete and the time."""

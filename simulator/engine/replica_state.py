@@ -15,7 +15,6 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-
 from servesim.engine.kv_cache import BlockPool
 from servesim.engine.prefix_index import PrefixIndex
 from servesim.engine.prefix_pool import PrefixBlockPool

@@ -18,9 +18,6 @@ from typing import Any
 
 import numpy as np
 import simpy
-
-from servesim.policies.base import make_policy
-from servesim.policies.routers import make_router
 from servesim.config import ExperimentConfig
 from servesim.engine.deployment import Deployment, policy_knobs, resolve_deployment
 from servesim.engine.prefix_index import PrefixIndex
@@ -28,6 +25,8 @@ from servesim.engine.replica import Replica
 from servesim.engine.replica_state import ReplicaState
 from servesim.engine.state import DONE, REJECTED, RequestState
 from servesim.engine.step_log import StepLog
+from servesim.policies.base import make_policy
+from servesim.policies.routers import make_router
 from servesim.workloads import build_workload
 from servesim.workloads.requests import RequestTable
 

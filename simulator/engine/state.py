@@ -12,7 +12,6 @@ from __future__ import annotations
 from array import array
 
 import numpy as np
-
 from servesim.workloads.requests import RequestTable
 
 # Life cycle of a request (``status``).

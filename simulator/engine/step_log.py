@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-
 from servesim.cost import BOUNDS, OP_CLASSES
 
 OP_COLUMNS = tuple(f"op_{name}_s" for name in OP_CLASSES)

@@ -19,7 +19,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
 from servesim.engine.kv_cache import BlockPool
 
 GIB = float(1 << 30)

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from servesim.engine.simulation import SimulationResult
 from servesim.metrics.stats import describe
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pandas as pd
 import yaml
-
 from servesim.atomic_io import atomic_write, atomic_write_text, make_output_dir
 from servesim.engine.simulation import SimulationResult
 from servesim.metrics.tables import itl_frame, request_frame, summarise

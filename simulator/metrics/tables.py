@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
 from servesim.engine.simulation import SimulationResult
 from servesim.engine.state import DONE, REJECT_REASONS, REJECTED, STATUS_NAMES, UNFINISHED_NAME
 from servesim.metrics.disaggregation import add_request_columns, disaggregation_summary, pool_kv_summary

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
 from servesim.dtypes import DType, Precision
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-
 from servesim.errors import ServesimError
 
 REQUESTS_FILE = "requests.parquet"

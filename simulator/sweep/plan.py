@@ -20,9 +20,6 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servesim.policies.base import POOL_POLICIES, check_policy, parse_options
-from servesim.policies.disaggregated import DisaggregatedOptions
-from servesim.policies.routers import check_router
 from servesim.config import ExperimentConfig, validate_document
 from servesim.dtypes import DType
 from servesim.engine.deployment import policy_knobs, resolve_deployment
@@ -31,6 +28,9 @@ from servesim.hardware import HardwareProfile
 from servesim.hardware_io import load_hardware
 from servesim.model_config import load_model
 from servesim.model_spec import ModelSpec
+from servesim.policies.base import POOL_POLICIES, check_policy, parse_options
+from servesim.policies.disaggregated import DisaggregatedOptions
+from servesim.policies.routers import check_router
 from servesim.sweep.axes import Point, expand, point_label, varied_keys
 from servesim.sweep.hashing import identity, point_hash, run_hash
 from servesim.sweep.spec import Sweep, set_dotted

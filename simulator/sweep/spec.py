@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
 from servesim.config import parse_override, read_yaml_document
 from servesim.errors import ServesimError
 from servesim.resources import configs_dir, find_builtin
