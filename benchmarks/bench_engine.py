@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 from servesim.config import validate_document
-from servesim.engine import simulate
-from servesim.metrics import tabulate
+from servesim.pipeline import prepare, simulate
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 AZURE_CONV = SHARED_TRACES / "azure2023_AzureLLMInferenceTrace_conv.csv"
@@ -38,26 +37,28 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.8, help="fraction of saturated throughput")
     args = parser.parse_args()
 
-    saturated = simulate(validate_document(experiment(1000.0, 3000)))
-    capacity = tabulate(saturated).summary["throughput"]["requests_per_s"]
+    saturated = simulate(prepare(validate_document(experiment(1000.0, 3000))))
+    capacity = saturated.summary.throughput.requests_per_s
     rate = args.load * capacity
     source = "Azure conv trace lengths" if AZURE_CONV.is_file() else "azure-conversation preset"
     print(f"saturated throughput {capacity:.2f} requests/s ({source}); offering {rate:.2f} requests/s")
 
-    config = validate_document(experiment(rate, args.requests))
+    plan = prepare(validate_document(experiment(rate, args.requests)))
     started = time.perf_counter()
-    result = simulate(config)
+    result = simulate(plan)
     simulated = time.perf_counter() - started
-    summary = tabulate(result).summary
+    summary = result.summary
     total = time.perf_counter() - started
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    steps = len(result.steps)
+    steps = len(result.step_log)
     print(f"{args.requests:,} requests, {steps:,} steps, {result.sim_time_s:,.0f} simulated s")
     print(f"engine wall {simulated:.2f} s ({args.requests / simulated:,.0f} requests/s, "
           f"{simulated / steps * 1e6:.1f} us/step); with metrics {total:.2f} s; peak RSS {peak_mib:,.0f} MiB")
-    print(f"p50/p99 TTFT {summary['ttft_s']['p50'] * 1e3:.0f}/{summary['ttft_s']['p99'] * 1e3:.0f} ms, "
-          f"p50/p99 TPOT {summary['tpot_s']['p50'] * 1e3:.1f}/{summary['tpot_s']['p99'] * 1e3:.1f} ms, "
-          f"mean batch {summary['batch']['mean_size']:.1f}, preemptions {summary['preemptions']}")
+    ttft, tpot = summary.ttft_s, summary.tpot_s
+    assert ttft.p50 is not None and ttft.p99 is not None and tpot.p50 is not None and tpot.p99 is not None
+    print(f"p50/p99 TTFT {ttft.p50 * 1e3:.0f}/{ttft.p99 * 1e3:.0f} ms, "
+          f"p50/p99 TPOT {tpot.p50 * 1e3:.1f}/{tpot.p99 * 1e3:.1f} ms, "
+          f"mean batch {summary.batch.mean_size:.1f}, preemptions {summary.preemptions}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import argparse
 import time
 
 import numpy as np
+
 from servesim import BatchShape, CostModel, load_hardware, load_model
 
 CASES = (("llama-3-8b", "h100-sxm-80gb", 1), ("mixtral-8x7b", "h100-sxm-80gb", 2),

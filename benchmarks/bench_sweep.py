@@ -1,5 +1,5 @@
 """What does a sweep cost beyond its simulations? Runs the same small runs directly with
-``simulate`` + ``write_run`` and as a sweep (in-process, a local pool, and Ray when installed),
+``prepare`` + ``simulate`` + ``render`` and as a sweep (in-process, a local pool, and Ray when installed),
 and prints wall time per run and the overhead. Run by hand or with ``make bench-sweep``.
 
 The runs: Llama-3-8B on one H100, conversation traffic, ``--requests`` requests per run, the
@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 from servesim.config import validate_document
-from servesim.engine import simulate
-from servesim.metrics import write_run
+from servesim.pipeline import prepare, render, simulate
 from servesim.sweep import parse_sweep, run_sweep
 from servesim.sweep.backends import default_workers
 
@@ -37,8 +36,8 @@ def direct(document: dict, out: Path) -> float:
             config = {**document["base"], "seed": replication, "output": "summary",
                       "workload": {**document["base"]["workload"],
                                    "arrival": {"process": "poisson", "rate": rate}}}
-            result = simulate(validate_document(config))
-            write_run(result, out / f"{rate}-{replication}", report=False)
+            result = simulate(prepare(validate_document(config)))
+            render(result, out / f"{rate}-{replication}", report=False)
     return time.perf_counter() - started
 
 
@@ -54,7 +53,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         base_s = direct(document, root / "direct")
-        print(f"{runs} runs of {args.requests} requests; direct simulate + write_run: {base_s:.2f} s "
+        print(f"{runs} runs of {args.requests} requests; direct prepare + simulate + render: {base_s:.2f} s "
               f"({base_s / runs * 1e3:.0f} ms per run)")
         cases = [("sweep, 1 worker (in process)", "local", 1),
                  (f"sweep, local pool of {args.workers}", "local", args.workers)]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from servesim.calibration.schema import METADATA, write_family
 from servesim.calibration.timing import import_torch
 from servesim.errors import ServesimError

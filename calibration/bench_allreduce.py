@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from servesim.calibration.timing import Timing, import_torch
 
 SIZES = tuple(2**p for p in range(12, 29, 2))

@@ -12,6 +12,7 @@ natively (``enable_gqa``), with ``heads / kv_heads`` query heads per KV head.
 from __future__ import annotations
 
 import pandas as pd
+
 from servesim.calibration.shapes import (
     DECODE_BATCH,
     DECODE_CONTEXT,

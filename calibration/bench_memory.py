@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+
 from servesim.calibration.shapes import COPY_BYTES
 from servesim.calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
 

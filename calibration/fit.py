@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+
 from servesim.calibration.work import Work, fast_predict
 from servesim.hardware import Axis, Curve, Link, OperatorEfficiency
 

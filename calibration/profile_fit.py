@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from servesim.calibration.fit import MIN_ROWS_FULL_FIT, fit_link, fit_operator
 from servesim.calibration.schema import holdout_mask
 from servesim.calibration.work import OPERATOR_OF, ape, predict, usable, work

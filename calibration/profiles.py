@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from servesim.calibration.profile_fit import FitReport, fit_profile
 from servesim.calibration.vidur import PROFILE_OF, vidur_tables
 from servesim.hardware import HardwareProfile
@@ -101,13 +102,11 @@ def cpu_base_profile(tables: dict[str, pd.DataFrame], metadata: dict[str, Any],
                    "reserved_bytes": 0.0},
         "interconnect": link, "host_link": link,
         "efficiency": {k: one for k in ("gemm", "attention_prefill", "attention_decode", "elementwise")},
-        "overhead": {"step_s": 0.0},
         "provenance": {
             "peak_flops": "fastest bf16 GEMM of the benchmark run (MAMF-style), not a spec sheet",
             "memory.bandwidth_Bps": "fastest copy of the benchmark run (may be cache-resident)",
             "memory.capacity_bytes": "physical memory reported by the OS",
             "interconnect": "none: one host", "host_link": "none: one host",
-            "overhead.step_s": "0: the end-to-end check times the model forward only",
             "calibration": "spec-only: peaks from the benchmark, efficiencies not yet fitted",
         },
     }

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from servesim.errors import ServesimError
 
 FAMILIES: dict[str, tuple[str, ...]] = {

@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from servesim.calibration.shapes import e2e_model
 from servesim.calibration.timing import import_torch
 from servesim.cost import BatchShape, CostModel
+from servesim.engines import RuntimeCosts
 from servesim.hardware import HardwareProfile
 
 
@@ -179,7 +181,8 @@ def run_e2e(profile: HardwareProfile, workload: Workload | None = None, threads:
     torch.set_num_threads(threads)
     workload = workload or Workload()
     model = SmallDecoder(workload.max_slots, workload.prompt_max + workload.output_max + 1, workload.seed)
-    cost = CostModel(model.spec, profile, tp=1)
+    # The loop times the model's forward passes only: no serving engine's step cost is added.
+    cost = CostModel(model.spec, profile, tp=1, runtime=RuntimeCosts.none())
     with torch.inference_mode():
         _serve(model, workload)  # warm-up pass
         runs = [_serve(model, workload) for _ in range(passes)]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from servesim.calibration.profile_fit import error_stats
 from servesim.calibration.schema import holdout_mask, read_measurements
 from servesim.calibration.vidur import gpu_of, vidur_tables

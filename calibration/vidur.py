@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+
 from servesim.errors import ServesimError
 
 GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from servesim.cost.attention import AttentionShape, causal_pairs, decode_attention, prefill_attention
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allreduce_s

@@ -1,29 +1,32 @@
 """The policy interface: one small class per scheduling policy over a shared core.
 
 Each iteration the replica asks its policy for a :class:`Batch`: which requests run and how many
-new tokens each computes (DESIGN.md's unified token-budget view). The policy makes every
-decision (admission, token budget, KV allocation, preemption) through
-:class:`~servesim.engine.replica_state.ReplicaState`, which carries them out identically for all
-policies; the replica then prices the batch with the cost model, advances the clock by one SimPy
-event, and credits the step (:meth:`~servesim.engine.state.RequestState.complete_step`).
+new tokens each computes (the unified token-budget view, ``docs/architecture.md``). The policy
+makes every decision (admission, token budget, KV allocation, preemption) through
+:class:`~servesim.core.replica_state.ReplicaState`, which carries them out identically for all
+policies (``try_admit`` / ``commit``, ``preempt_tail_until``); the replica then prices the batch
+with the cost model, advances the clock by one SimPy event, and credits the step.
 
-A policy is registered under a name (``policy: {name: continuous}`` in the YAML) and declares
-its knobs as a pydantic model, so an unknown or misspelt knob is an error naming it.
+A policy registers under a name (``policy: {name: continuous}`` in the YAML), declares its knobs
+as a pydantic model (an unknown or misspelt knob is an error naming it), and states what it can
+do as class attributes (:attr:`Policy.chunks_prefills`, :attr:`Policy.supports_prefix_caching`),
+so the rest of servesim asks the class instead of keeping lists of names.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+
 from servesim.cost.batch import BatchShape
 from servesim.errors import ServesimError
+from servesim.inputs.schema import FrozenModel, parse_model
 
-if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
-    from servesim.engine.replica_state import EngineLimits, ReplicaState
+if TYPE_CHECKING:  # the core runs policies; policies only name its types
+    from servesim.core.replica_state import EngineLimits, ReplicaState
 
 _ONES = np.ones(1 << 16, dtype=np.int64)
 _ONES.flags.writeable = False
@@ -60,24 +63,33 @@ class Batch:
         return cls(ids, new_tokens, BatchShape.from_requests(new_tokens, computed, total), preempted)
 
 
-class PolicyOptions(BaseModel):
-    """A policy's knobs (none by default); subclasses add fields."""
+class Knobs(FrozenModel):
+    """A policy's or router's knobs (none by default); subclasses add fields."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+PolicyOptions = Knobs
+"""The knobs of a policy (the name policies subclass)."""
 
 
 class Policy(ABC):
     """Decides each iteration's batch on one replica."""
 
     name: ClassVar[str]
-    Options: ClassVar[type[PolicyOptions]] = PolicyOptions
+    Options: ClassVar[type[Knobs]] = Knobs
+    chunks_prefills: ClassVar[bool] = False
+    """Splits prompts across steps, so its token budget may be below ``max_model_len`` (and the
+    engine's chunked default budget applies)."""
+    supports_prefix_caching: ClassVar[bool] = True
+    """Admits through :meth:`ReplicaState.prefill_need` / ``admit``, so prefix-cache hits count."""
+    prefix_caching_note: ClassVar[str] = ""
+    """Why not, when it does not (shown in the error)."""
 
-    def __init__(self, replica: ReplicaState, options: PolicyOptions) -> None:
+    def __init__(self, replica: ReplicaState, options: Knobs) -> None:
         self.replica = replica
         self.options = options
 
     @classmethod
-    def check_limits(cls, options: PolicyOptions, limits: EngineLimits) -> None:
+    def check_limits(cls, options: Any, limits: EngineLimits) -> None:
         """Raise a one-line ServesimError when a knob contradicts the deployment's engine limits
         (called by ``servesim validate`` and ``run`` once the limits are known)."""
         return None
@@ -96,46 +108,39 @@ class Policy(ABC):
 
 POLICIES: dict[str, type[Policy]] = {}
 
+P = TypeVar("P", bound=type[Policy])
 
-def register_policy(cls: type[Policy]) -> type[Policy]:
+
+def register_policy(cls: P) -> P:
     POLICIES[cls.name] = cls
     return cls
 
 
-def parse_options(options_model: type[BaseModel], options: dict[str, Any], where: str) -> Any:
-    """Validate a component's knobs; the first problem becomes a one-line error naming the key."""
-    try:
-        return options_model.model_validate(options)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        key = ".".join(str(p) for p in error["loc"])
-        field = f"{where}.{key}" if key else where
-        if error["type"] == "extra_forbidden":
-            known = ", ".join(options_model.model_fields) or "none"
-            raise ServesimError(field, "unknown option", f"remove it (options: {known})") from None
-        raise ServesimError(field, error["msg"], "fix the value") from None
+TOPOLOGY_NOT_POLICY = "disaggregated"
+"""Was a policy name in servesim 0.1; it is a deployment topology now (``deployment.kind``)."""
 
 
-def lookup(registry: dict[str, Any], kind: str, name: str, options: dict[str, Any],
-           also: tuple[str, ...] = ()) -> tuple[Any, Any]:
+def lookup(registry: dict[str, Any], kind: str, name: str, options: dict[str, Any]) -> tuple[Any, Any]:
     """The class registered as ``name`` and its validated knobs; a one-line error naming
-    ``<kind>.name`` or ``<kind>.<knob>`` otherwise. Shared by policies and routers; ``also``
-    names valid choices resolved elsewhere, listed in the error."""
+    ``<kind>.name`` or ``<kind>.<knob>`` otherwise. Shared by policies and routers."""
     cls = registry.get(name)
     if cls is None:
+        hint = ""
+        if kind == "policy":
+            hint = " (prefill and decode on separate replicas is a deployment, not a policy: " \
+                   "set deployment.kind: disaggregated)"
+        if name == TOPOLOGY_NOT_POLICY:
+            raise ServesimError(kind, f"{name} is a deployment topology, not a per-replica "
+                                f"{kind}", "set deployment.kind: disaggregated and give each group a "
+                                "per-replica policy such as continuous")
         raise ServesimError(f"{kind}.name", f"unknown {kind} {name!r}",
-                            f"use one of: {', '.join(sorted({*registry, *also}))}")
-    return cls, parse_options(cls.Options, options, kind)
+                            f"use one of: {', '.join(sorted(registry))}{hint}")
+    return cls, parse_model(cls.Options, options, at=kind)
 
 
-def check_policy(name: str, options: dict[str, Any]) -> tuple[type[Policy], PolicyOptions]:
+def check_policy(name: str, options: dict[str, Any]) -> tuple[type[Policy], Knobs]:
     """The policy class and its validated knobs; a one-line error for an unknown name or knob."""
-    return lookup(POLICIES, "policy", name, options, also=POOL_POLICIES)
-
-
-POOL_POLICIES = ("disaggregated",)
-"""Policies over pools of replicas rather than one replica's batches: the engine resolves them
-(:mod:`servesim.policies.disaggregated`, :mod:`servesim.engine.disaggregated`)."""
+    return lookup(POLICIES, "policy", name, options)
 
 
 def make_policy(name: str, options: dict[str, Any], replica: ReplicaState) -> Policy:

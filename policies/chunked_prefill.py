@@ -22,12 +22,15 @@ to every earlier chunk of its prompt: the cost model prices it over ``computed +
 from __future__ import annotations
 
 import numpy as np
+
+from servesim.core.kv_cache import blocks_for
 from servesim.policies.base import Batch, Policy, register_policy
 
 
 @register_policy
 class ChunkedPrefill(Policy):
     name = "chunked_prefill"
+    chunks_prefills = True
 
     def schedule(self, now: float) -> Batch | None:
         replica = self.replica
@@ -37,14 +40,19 @@ class ChunkedPrefill(Policy):
             shortfall = int(need.sum()) - replica.pool.free
             if shortfall <= 0:
                 break
-            preempted += self._preempt_for(ids, need, shortfall)
+            # Preempt from the tail until the plan could fit, then plan again (the freed budget
+            # may lengthen an earlier chunk).
+            planned = np.zeros(replica.running.size, dtype=np.int64)
+            planned[np.isin(replica.running, ids, assume_unique=True)] = need
+            preempted += replica.preempt_tail_until(shortfall, planned)
         replica.pool.grow_many(ids, need, int(need.sum()))
         # As vLLM v1: a step that had to preempt admits nobody new.
-        budget = replica.limits.max_num_batched_tokens - int(new.sum())
-        admitted, chunks = self._admit_waiting(now, budget) if not preempted else (ids[:0], ids[:0])
-        if admitted.size:
-            ids = np.concatenate((ids, admitted))
-            new = np.concatenate((new, chunks))
+        if not preempted:
+            budget = replica.limits.max_num_batched_tokens - int(new.sum())
+            admitted, chunks = self._admit_waiting(now, budget)
+            if admitted.size:
+                ids = np.concatenate((ids, admitted))
+                new = np.concatenate((new, chunks))
         if ids.size == 0:
             return None
         r = replica.requests
@@ -71,46 +79,15 @@ class ChunkedPrefill(Policy):
         scheduled = new > 0
         if not scheduled.all():
             running, computed, new = running[scheduled], computed[scheduled], new[scheduled]
-        block = pool.block_size
-        need = (computed + new + block - 1) // block - pool.held[running]
+        need = blocks_for(computed + new, pool.block_size) - pool.held[running]
         return running, new, np.maximum(need, 0)
 
-    def _preempt_for(self, ids: np.ndarray, need: np.ndarray, shortfall: int) -> int:
-        """Preempt from the tail of ``running`` until the remaining plan could fit; returns how
-        many. The caller plans again (the freed budget may lengthen an earlier chunk)."""
-        replica = self.replica
-        running = replica.running
-        planned = np.zeros(running.size, dtype=np.int64)
-        planned[np.isin(running, ids, assume_unique=True)] = need
-        relief = np.cumsum((replica.pool.held[running] + planned)[::-1])
-        count = min(int(np.searchsorted(relief, shortfall)) + 1, int(relief.size))
-        replica.preempt_tail(count)
-        return count
-
     def _admit_waiting(self, now: float, budget: int) -> tuple[np.ndarray, np.ndarray]:
-        """Admit waiting requests FCFS with their first chunk; returns (ids, chunk tokens)."""
+        """Admit waiting requests FCFS with their first chunk (with prefix caching it starts after
+        the replica's cached prefix); returns (ids, chunk tokens)."""
         replica = self.replica
-        waiting = replica.waiting
         room = replica.admission_room(budget)
-        admitted: list[int] = []
-        chunks: list[int] = []
-        blocks: list[int] = []
-        for request in waiting:
-            if room.seats <= 0 or room.budget <= 0:
+        for request in replica.waiting:
+            if replica.try_admit(room, request, max_new=room.budget) is None:
                 break
-            # With prefix caching the chunk starts after the replica's cached prefix.
-            chunk, need = replica.prefill_need(request, max_new=room.budget)
-            if not room.blocks_fit(need):
-                break
-            admitted.append(request)
-            chunks.append(chunk)
-            blocks.append(need)
-            room.take(chunk, need)
-        if not admitted:
-            empty = np.empty(0, dtype=np.int64)
-            return empty, empty
-        for _ in admitted:
-            waiting.popleft()
-        replica.admit(admitted, blocks, now)
-        return (np.fromiter(admitted, dtype=np.int64, count=len(admitted)),
-                np.fromiter(chunks, dtype=np.int64, count=len(chunks)))
+        return replica.commit(room, now)

@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
+
+from servesim.core.kv_cache import blocks_for
 from servesim.policies.base import Batch, Policy, PolicyOptions, register_policy
 from servesim.policies.waiting import KeyedQueue
 
-if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
-    from servesim.engine.replica_state import ReplicaState
+if TYPE_CHECKING:  # the core runs policies; policies only name its types
+    from servesim.core.replica_state import ReplicaState
 
 
 class ContinuousOptions(PolicyOptions):
@@ -61,7 +63,7 @@ class ContinuousBatching(Policy):
         self._steps_since_prefill = 0
         keys = self.admission_keys()
         if keys is not None:
-            replica.waiting = KeyedQueue(keys)  # type: ignore[assignment]  (deque-compatible)
+            replica.waiting = KeyedQueue(keys)
 
     def admission_keys(self) -> np.ndarray | None:
         """Per-request order of the waiting queue (smaller first, ties by arrival), or None for
@@ -86,32 +88,16 @@ class ContinuousBatching(Policy):
 
     def _admit_prefills(self, now: float) -> Batch | None:
         replica = self.replica
-        waiting = replica.waiting
-        if not waiting:
+        if not replica.waiting:
             return None
         room = replica.admission_room()
-        admitted: list[int] = []
-        new_tokens: list[int] = []
-        blocks: list[int] = []
-        for request in waiting:
-            if room.seats <= 0:
+        for request in replica.waiting:
+            if replica.try_admit(room, request) is None:
                 break
-            new, need = replica.prefill_need(request)
-            if not room.fits(new, need):
-                break
-            admitted.append(request)
-            new_tokens.append(new)
-            blocks.append(need)
-            room.take(new, need)
-        if not admitted or self._held_back(len(admitted)):
+        if not room.ids or self._held_back(len(room.ids)):
             return None
-        for _ in admitted:
-            waiting.popleft()
-        replica.admit(admitted, blocks, now)
-        ids = np.array(admitted, dtype=np.int64)
-        new = np.array(new_tokens, dtype=np.int64)
-        r = replica.requests
-        computed = r.computed[ids]
+        ids, new = replica.commit(room, now)
+        computed = replica.requests.computed[ids]
         return Batch.of(ids, new, computed, computed + new)
 
     def _decode_running(self) -> Batch | None:
@@ -122,23 +108,14 @@ class ContinuousBatching(Policy):
         r, pool = replica.requests, replica.pool
         context = r.computed[running]
         # The token computed this step needs a slot: ceil((context + 1) / block_size) blocks.
-        need = (context + pool.block_size) // pool.block_size - pool.held[running]
+        need = blocks_for(context + 1, pool.block_size) - pool.held[running]
         shortfall = int(need.sum()) - pool.free
         preempted = 0
         if shortfall > 0:
-            preempted = self._preempt_for(need, shortfall)
+            preempted = replica.preempt_tail_until(shortfall, need)
             running = replica.running
             if running.size == 0:
                 return None
             context, need = context[:running.size], need[:running.size]
         pool.grow_many(running, need, int(need.sum()))
         return Batch.decodes(running, context, preempted)
-
-    def _preempt_for(self, need: np.ndarray, shortfall: int) -> int:
-        """Preempt from the tail until the others' block needs fit; returns how many."""
-        held = self.replica.pool.held[self.replica.running]
-        # Preempting the last k frees their blocks and drops their needs.
-        relief = np.cumsum((held + need)[::-1])
-        count = min(int(np.searchsorted(relief, shortfall)) + 1, int(relief.size))
-        self.replica.preempt_tail(count)
-        return count

@@ -19,7 +19,7 @@ Preemption mode (``preemption_mode:``), vLLM v0's two: ``recompute`` forgets a v
 later recomputes its context as one prefill; ``swap`` copies its blocks to host memory
 (``swap_space_gib`` per GPU, vLLM's ``--swap-space``, default 4) and back before it decodes
 again, the copy time (bytes over the profile's ``host_link``: PCIe) added to those steps
-(:mod:`servesim.engine.swap`). A victim that does not fit in the host space is recomputed. A
+(:mod:`servesim.core.swap`). A victim that does not fit in the host space is recomputed. A
 swapped-out request waits in the same queue as the others and, when its turn comes, is swapped
 in instead of prefilled: it takes a seat and its blocks, but no prefill tokens, and decodes in
 the next decode step.
@@ -39,13 +39,14 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
-from servesim.engine.swap import HostSwap
+
+from servesim.core.swap import HostSwap
 from servesim.errors import ServesimError
 from servesim.policies.base import Batch, PolicyOptions, register_policy
 from servesim.policies.continuous import ContinuousBatching
 
-if TYPE_CHECKING:
-    from servesim.engine.replica_state import ReplicaState
+if TYPE_CHECKING:  # the core runs policies; policies only name its types
+    from servesim.core.replica_state import ReplicaState
 
 
 class PriorityOptions(PolicyOptions):
@@ -59,15 +60,16 @@ class PriorityScheduling(ContinuousBatching):
     Options = PriorityOptions
     options: PriorityOptions
 
-    def __init__(self, replica: ReplicaState, options: PolicyOptions) -> None:
+    def __init__(self, replica: ReplicaState, options: PriorityOptions) -> None:
         super().__init__(replica, options)
         self.priority = replica.requests.table.priority
         self._carried_s = 0.0
+        self._preempt_count = 0
         if self.options.preemption_mode == "swap":
             path = replica.limits.swap_path
             if path is None:
                 raise ServesimError("policy.preemption_mode", "swap needs the deployment's host link",
-                                    "build the engine limits with resolve_deployment")
+                                    "build the engine limits with servesim.topology (resolve_group)")
             replica.swap = HostSwap(path, self.options.swap_space_gib, len(replica.requests))
 
     def admission_keys(self) -> np.ndarray:
@@ -153,10 +155,9 @@ class PriorityScheduling(ContinuousBatching):
         lower = int(running.size - np.searchsorted(ranks, self.priority[request], side="right"))
         if lower == 0:
             return running[:0]
-        relief = np.cumsum(replica.pool.held[running[-lower:]][::-1])
         count = max(seats_short, 0)
         if blocks_short > 0:
-            count = max(count, int(np.searchsorted(relief, blocks_short)) + 1)
+            count = max(count, replica.tail_relief_count(blocks_short, among=lower))
         if count > lower:
             return running[:0]
         self._preempt_count += count

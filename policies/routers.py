@@ -19,20 +19,29 @@ deterministic and breaks ties by the lowest replica index.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field
-from servesim.policies.base import PolicyOptions, lookup
 
-if TYPE_CHECKING:  # the engine imports policies, so only the type is imported here
-    from servesim.engine.replica_state import ReplicaState
+from servesim.errors import ServesimError
+from servesim.policies.base import Knobs, lookup
+
+if TYPE_CHECKING:  # the core runs routers; routers only name its types
+    from servesim.core.replica_state import ReplicaState
+
+
+class RouterOptions(Knobs):
+    """A router's knobs (none by default); subclasses add fields."""
 
 
 class Router(ABC):
     name: ClassVar[str]
-    Options: ClassVar[type[PolicyOptions]] = PolicyOptions
+    Options: ClassVar[type[RouterOptions]] = RouterOptions
+    needs_prefix_cache: ClassVar[bool] = False
+    """Reads the replicas' prefix caches, so it needs prefix caching on."""
 
-    def __init__(self, replicas: list[ReplicaState], options: PolicyOptions) -> None:
+    def __init__(self, replicas: list[ReplicaState], options: RouterOptions) -> None:
         self.replicas = replicas
         self.options = options
 
@@ -43,8 +52,10 @@ class Router(ABC):
 
 ROUTERS: dict[str, type[Router]] = {}
 
+R = TypeVar("R", bound=type[Router])
 
-def register_router(cls: type[Router]) -> type[Router]:
+
+def register_router(cls: R) -> R:
     ROUTERS[cls.name] = cls
     return cls
 
@@ -55,7 +66,7 @@ class RoundRobin(Router):
 
     name = "round_robin"
 
-    def __init__(self, replicas: list[ReplicaState], options: PolicyOptions) -> None:
+    def __init__(self, replicas: list[ReplicaState], options: RouterOptions) -> None:
         super().__init__(replicas, options)
         self._next = 0
 
@@ -90,7 +101,7 @@ class LeastKv(Router):
         return _least_loaded([replica.kv_demand_blocks / replica.pool.total for replica in self.replicas])
 
 
-class PrefixAffinityOptions(PolicyOptions):
+class PrefixAffinityOptions(RouterOptions):
     """SGLang Model Gateway's ``cache_aware`` knobs, with its defaults."""
 
     cache_threshold: float = Field(0.3, ge=0, le=1, description=(
@@ -118,9 +129,11 @@ class PrefixAffinity(Router):
 
     name = "prefix_affinity"
     Options = PrefixAffinityOptions
+    needs_prefix_cache = True
+    options: PrefixAffinityOptions
 
     def route(self, request: int, now: float) -> int:
-        options: PrefixAffinityOptions = self.options  # type: ignore[assignment]
+        options = self.options
         loads = [replica.outstanding for replica in self.replicas]
         low, high = min(loads), max(loads)
         if high - low > options.balance_abs_threshold and high > options.balance_rel_threshold * low:
@@ -134,10 +147,30 @@ class PrefixAffinity(Router):
         return _least_loaded(loads)
 
 
-def check_router(name: str, options: dict[str, Any]) -> tuple[type[Router], PolicyOptions]:
+@dataclass(frozen=True)
+class RouterChoice:
+    """A router by name with its validated knobs, ready to build over a group's replicas."""
+
+    name: str
+    cls: type[Router]
+    options: RouterOptions
+    knobs: dict[str, Any]
+
+    def make(self, replicas: list[ReplicaState]) -> Router:
+        return self.cls(replicas, self.options)
+
+
+def check_router(name: str, options: dict[str, Any]) -> tuple[type[Router], RouterOptions]:
     return lookup(ROUTERS, "router", name, options)
 
 
+def choose_router(name: str, knobs: dict[str, Any], where: str = "router") -> RouterChoice:
+    try:
+        cls, options = check_router(name, knobs)
+    except ServesimError as exc:
+        raise ServesimError(exc.field.replace("router", where, 1), exc.problem, exc.fix) from None
+    return RouterChoice(name, cls, options, knobs)
+
+
 def make_router(name: str, options: dict[str, Any], replicas: list[ReplicaState]) -> Router:
-    cls, parsed = check_router(name, options)
-    return cls(replicas, parsed)
+    return choose_router(name, options).make(replicas)

@@ -34,6 +34,7 @@ from typing import Literal
 
 import numpy as np
 from pydantic import Field
+
 from servesim.policies.base import register_policy
 from servesim.policies.continuous import ContinuousBatching, ContinuousOptions
 

@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
+
 from servesim.cost.batch import BatchShape
 from servesim.errors import ServesimError
 from servesim.policies.base import Batch, Policy, PolicyOptions, register_policy
 
-if TYPE_CHECKING:  # the engine imports policies, so only the types are imported here
-    from servesim.engine.replica_state import EngineLimits, ReplicaState
+if TYPE_CHECKING:  # the core runs policies; policies only name its types
+    from servesim.core.replica_state import EngineLimits, ReplicaState
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -63,9 +64,12 @@ class StaticBatching(Policy):
     name = "static"
     Options = StaticOptions
     options: StaticOptions
+    supports_prefix_caching = False
+    prefix_caching_note = ("it reserves and prefills whole prompts itself, as engines before prefix "
+                           "caching did")
 
     @classmethod
-    def check_limits(cls, options: StaticOptions, limits: EngineLimits) -> None:  # type: ignore[override]
+    def check_limits(cls, options: StaticOptions, limits: EngineLimits) -> None:
         if options.batch_size is not None and options.batch_size > limits.max_num_seqs:
             raise ServesimError("policy.batch_size", f"{options.batch_size} exceeds "
                                 f"deployment.max_num_seqs {limits.max_num_seqs}",

@@ -42,6 +42,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
 def make_output_dir(folder: Path, named: Path | None = None) -> None:
     """Create an output folder (and its parents) before any long work starts, or fail with the
     one-line ``--out`` error; ``named`` is the folder the user gave, when ``folder`` is inside it."""

@@ -23,18 +23,16 @@ from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
 from servesim.dtypes import DType
 from servesim.errors import ServesimError
+from servesim.inputs.schema import FrozenModel
 
 Axis = Literal["tokens", "bytes"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Curve(_Strict):
+class Curve(FrozenModel):
     """An efficiency in (0, 1] as a function of one shape axis (log-linear, clamped ends).
 
     Time is work over efficiency, so a curve that rose faster than its axis would make a bigger
@@ -110,7 +108,7 @@ def _coerce_curve(value: Any, axis: Axis) -> Any:
     return value
 
 
-class OperatorEfficiency(_Strict):
+class OperatorEfficiency(FrozenModel):
     """How close one class of kernels gets to the roofline, and its fixed cost per launch.
 
     All three are required in a profile: a missing efficiency must not silently mean a perfect one.
@@ -135,7 +133,7 @@ class OperatorEfficiency(_Strict):
         return _coerce_curve(value, "bytes")
 
 
-class Efficiency(_Strict):
+class Efficiency(FrozenModel):
     """Efficiency per operator class; every class is required in a profile."""
 
     gemm: OperatorEfficiency
@@ -150,7 +148,7 @@ class Efficiency(_Strict):
         return cls(gemm=one, attention_prefill=one, attention_decode=one, elementwise=one)
 
 
-class Link(_Strict):
+class Link(FrozenModel):
     """A data path: ``bandwidth_Bps`` is one direction, as NCCL bus bandwidth is quoted."""
 
     kind: str
@@ -158,19 +156,21 @@ class Link(_Strict):
     latency_s: float = Field(ge=0)
     efficiency: float = Field(1.0, gt=0, le=1, description="achieved / peak bandwidth")
 
+    def transfer_s(self, nbytes: float, lanes: int = 1) -> float:
+        """One copy of ``nbytes`` over ``lanes`` such links in parallel: latency plus bytes over the
+        achieved bandwidth (KV hand-offs, swaps to host memory; collectives have their own model
+        in :mod:`servesim.cost.communication`)."""
+        return self.latency_s + nbytes / (self.bandwidth_Bps * self.efficiency * lanes)
 
-class Memory(_Strict):
+
+class Memory(FrozenModel):
     capacity_bytes: float = Field(gt=0)
     bandwidth_Bps: float = Field(gt=0)
     reserved_bytes: float = Field(
         0.0, ge=0, description="CUDA context, NCCL and allocator slack: never available to vLLM")
 
 
-class Overhead(_Strict):
-    step_s: float = Field(ge=0, description="scheduler, input prep, sampling per iteration")
-
-
-class HardwareProfile(_Strict):
+class HardwareProfile(FrozenModel):
     """One GPU model as the cost model sees it."""
 
     name: str
@@ -183,7 +183,6 @@ class HardwareProfile(_Strict):
     interconnect: Link
     host_link: Link
     efficiency: Efficiency
-    overhead: Overhead
     cost_per_gpu_hour: float | None = Field(None, ge=0)
     provenance: dict[str, Any] = Field(default_factory=dict)
 
@@ -212,10 +211,10 @@ class HardwareProfile(_Strict):
         return self.peak(math_dtype) / self.memory.bandwidth_Bps
 
     def ideal(self) -> HardwareProfile:
-        """The same hardware with perfect efficiency and no overheads: the textbook roofline."""
+        """The same hardware with perfect efficiency and no launch or link latency: the textbook
+        roofline (price it with ``RuntimeCosts.none()`` to leave out the engine's step cost too)."""
         link = self.interconnect.model_copy(update={"efficiency": 1.0, "latency_s": 0.0})
         return self.model_copy(update={"efficiency": Efficiency.perfect(),
-                                       "overhead": Overhead(step_s=0.0),
                                        "interconnect": link, "name": f"{self.name} (ideal)"})
 
     def summary(self) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Reading and writing hardware profile YAML files, and the built-in catalogue of them.
 
-Errors name the YAML path of the bad entry (``memory.bandwidth_Bps: Input should be greater
-than 0``) or the line of a syntax error. Profiles are written back (by calibration) in the
-shipped layout: number lists on one line and large numbers in a float form PyYAML reads back.
+Files are read by the input layer (:mod:`servesim.inputs`): errors name the file and the YAML
+path of the bad entry (``h100.yaml: memory.bandwidth_Bps: Input should be greater than 0``) or
+the line of a syntax error. Profiles are written back (by calibration) in the shipped layout:
+number lists on one line and large numbers in a float form PyYAML reads back.
 """
 
 from __future__ import annotations
@@ -11,45 +12,33 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
+from servesim.inputs.files import read_yaml
+from servesim.inputs.schema import parse_model
 from servesim.resources import hardware_profiles_dir
+
+FORMAT_FIX = "fix this entry (see hardware_profiles/h100-sxm-80gb.yaml for the format)"
 
 
 def builtin_hardware_names() -> list[str]:
     return sorted(p.stem for p in hardware_profiles_dir().glob("*.yaml"))
 
 
-def _format_validation_error(exc: ValidationError, where: str) -> ServesimError:
-    first = exc.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    problem = first["msg"]
-    if first["type"] == "extra_forbidden":
-        problem = "unknown key"
-    return ServesimError(f"{where}: {location}", problem,
-                         "fix this entry (see hardware_profiles/h100-sxm-80gb.yaml for the format)")
-
-
 def hardware_from_dict(data: Any, where: str) -> HardwareProfile:
     if not isinstance(data, dict):
         raise ServesimError(where, "a hardware profile must be a YAML mapping", "check the file")
-    try:
-        return HardwareProfile.model_validate(data)
-    except ValidationError as exc:
-        raise _format_validation_error(exc, where) from None
+    if "overhead" in data:
+        raise ServesimError(f"{where}: overhead", "the per-step framework cost belongs to the serving "
+                            "engine now, not to the hardware",
+                            "delete this section (set engine.step_overhead_s in an experiment to change it)")
+    return parse_model(HardwareProfile, data, file=where, value_fix=FORMAT_FIX,
+                       missing_fix=lambda _field, _key: FORMAT_FIX)
 
 
 def load_hardware_file(path: Path) -> HardwareProfile:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise ServesimError(str(path), f"malformed YAML{line}", "fix the syntax") from None
-    except OSError as exc:
-        raise ServesimError(str(path), f"cannot read: {exc.strerror}", "check the path") from None
-    return hardware_from_dict(data, str(path))
+    return hardware_from_dict(read_yaml(path, str(path)), str(path))
 
 
 def load_hardware(name_or_path: str | Path, where: str = "hardware") -> HardwareProfile:
@@ -88,7 +77,7 @@ def _represent_float(dumper: yaml.SafeDumper, value: float) -> yaml.Node:
     return dumper.represent_float(value)
 
 
-def _represent_list(dumper: yaml.SafeDumper, value: list) -> yaml.Node:
+def _represent_list(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.Node:
     flow = all(isinstance(v, (int, float)) for v in value)
     return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flow)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from servesim import HardwareProfile, ModelSpec, load_hardware, load_model
 from servesim.hardware import Memory
 

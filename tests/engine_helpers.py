@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
+
 from servesim.config import ExperimentConfig, validate_document
-from servesim.engine import SimulationResult, simulate
+from servesim.pipeline import RunResult, prepare, simulate
 from servesim.workloads.requests import RequestTable
 
 PLACEHOLDER_WORKLOAD = {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 1,
@@ -29,11 +32,25 @@ def table(arrivals: list[float] | np.ndarray, prompts: list[int] | np.ndarray | 
     return RequestTable(np.asarray(arrivals, dtype=float), prompt, output)
 
 
-def run(config: ExperimentConfig, workload: RequestTable) -> SimulationResult:
-    return simulate(config, workload)
+def run(config: ExperimentConfig, workload: RequestTable | None) -> RunResult:
+    return simulate(prepare(config, workload=workload))
 
 
-def assert_conserved(result: SimulationResult, tables: Any, blocks: int, block_size: int,
+@dataclass
+class Tables:
+    """A run's tables, with the summary as ``summary.json`` holds it (tests index it by key)."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl: pd.DataFrame
+    summary: dict[str, Any]
+
+
+def tabulate(result: RunResult) -> Tables:
+    return Tables(result.requests, result.steps, result.itl, result.summary.to_dict())
+
+
+def assert_conserved(result: RunResult, tables: Any, blocks: int, block_size: int,
                      max_num_seqs: int | None = None) -> np.ndarray:
     """The invariants every policy keeps on one replica, whatever the traffic: exactly the requests
     that can never fit are rejected and every other one completes; KV blocks never exceed the pool
@@ -52,7 +69,7 @@ def assert_conserved(result: SimulationResult, tables: Any, blocks: int, block_s
         assert state.pool.free == state.pool.total and not state.pool.held.any()
     if max_num_seqs is not None:
         assert (steps["running"] <= max_num_seqs).all()
-    assert (result.requests.generated[done] == output[done]).all()
+    assert (result.request_state.generated[done] == output[done]).all()
     assert tables.itl["count"].sum() == (output[done] - 1).sum()
     timed = requests[done]
     assert (timed["first_scheduled_s"] >= timed["arrival_s"]).all()

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from servesim import load_hardware
 from servesim.calibration.fit import fit_link, fit_operator, monotone_knots
 from servesim.calibration.profile_fit import fit_profile

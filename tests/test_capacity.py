@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli import servesim
+from typer.testing import CliRunner
+
 from servesim import BatchShape, CostModel, load_hardware, load_model
 from servesim.capacity import decode_batch_limits, plan_capacity, validate_capacity
 from servesim.capacity.candidate import Candidate, experiment_for
@@ -17,10 +20,8 @@ from servesim.capacity.plan import decode_limits_only
 from servesim.capacity.search import search_rate
 from servesim.cli.app import app
 from servesim.config import PolicyConfig
-from servesim.engine import resolve_deployment
 from servesim.errors import ServesimError
-from test_cli import servesim
-from typer.testing import CliRunner
+from servesim.topology.resolve import resolve_topology
 
 PROMPT = 512
 SERVICE_S = CostModel(load_model("llama-3-8b"), load_hardware("h100-sxm-80gb")).step_time(
@@ -154,7 +155,7 @@ def test_textbook_llama2_70b_on_8_a100s_is_latency_limited() -> None:
            "slo": {"tpot_s": 0.05}, "candidates": {"hardware": ["a100-sxm-80gb"], "tp": [8]}}
     config = validate_capacity(doc)
     candidate = Candidate(0, "a100-sxm-80gb", 8, PolicyConfig(), 1)
-    deployment = resolve_deployment(experiment_for(config, candidate))
+    deployment = resolve_topology(experiment_for(config, candidate)).kv_group
     limits = decode_batch_limits(deployment, 2048, 0.05)
     assert limits["kv_bytes_per_token"] == 2 * 80 * 8 * 128 * 2 == 327_680
     assert limits["kv_bytes_per_token_per_gpu"] == 40_960

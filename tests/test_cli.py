@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from servesim import BatchShape, CostModel, load_hardware, load_model
 
 

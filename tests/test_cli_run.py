@@ -92,7 +92,7 @@ def test_builtin_quickstart_validates() -> None:
     ({"model": "llama-2-70b"}, "use tp 2 or more"),
     ({"policy": {"name": "magic"}},
      "policy.name: unknown policy 'magic'; use one of: chunked_prefill, continuous"),
-    ({"policy": {"name": "continuous", "chunk": 5}}, "policy.chunk: unknown option"),
+    ({"policy": {"name": "continuous", "chunk": 5}}, "policy.chunk: unknown key"),
     ({"policy": {"name": "static", "batch_size": 10**4}},
      "policy.batch_size: 10000 exceeds deployment.max_num_seqs"),
     ({"workload": {"trace": {"path": "missing.csv", "format": "csv"}}}, "missing.csv"),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from engine_helpers import experiment
-from servesim.config import apply_overrides, parse_override
-from servesim.engine import resolve_deployment
+
 from servesim.errors import ServesimError
+from servesim.inputs.overrides import apply_overrides, parse_override
+from servesim.topology.resolve import resolve_topology
 
 
 def test_overrides_parse_values_as_yaml_and_create_sections() -> None:
@@ -25,7 +26,7 @@ def test_vllm_defaults_are_filled_in() -> None:
     """Llama-3-8B's context is 8,192 tokens: max_model_len defaults to it, and the step budget to
     max(max_model_len, 2048) as vLLM does without chunked prefill; the KV pool in 16-token blocks
     is the memory plan's 449,661 tokens rounded down to whole blocks."""
-    deployment = resolve_deployment(experiment())
+    deployment = resolve_topology(experiment()).kv_group
     limits = deployment.limits
     assert limits.max_model_len == 8192
     assert limits.max_num_batched_tokens == 8192
@@ -35,4 +36,4 @@ def test_vllm_defaults_are_filled_in() -> None:
 
 def test_max_model_len_cannot_exceed_the_models_context() -> None:
     with pytest.raises(ServesimError, match=r"deployment\.max_model_len: 9000 exceeds llama-3-8b's context"):
-        resolve_deployment(experiment({"max_model_len": 9000}))
+        resolve_topology(experiment({"max_model_len": 9000}))

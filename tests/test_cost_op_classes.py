@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from servesim import BatchShape, CostModel, HardwareProfile, Precision, load_hardware, load_model
 from servesim.cost import BOUNDS, OP_CLASS_OF, OP_CLASSES
+from servesim.engines import RuntimeCosts, make_engine
 from servesim.model_config import model_from_hf_config
 
 MODELS = {name: load_model(name) for name in ("llama-3-8b", "mixtral-8x7b", "deepseek-v3", "mistral-7b")}
@@ -38,7 +40,7 @@ def test_record_equals_the_grouped_breakdown(batch: BatchShape, model: str) -> N
     assert record[0] == step.time_s  # bit-identical to the engine's clock
     assert record[2] == pytest.approx(step.flops, rel=1e-12)
     assert record[3] == pytest.approx(step.hbm_bytes, rel=1e-12)
-    assert cost.step_summary(batch) == record[:4]
+    assert (record.time_s, record.bound, record.flops, record.hbm_bytes) == record[:4]
     if batch.is_empty:
         assert record[4:] == (0.0,) * len(OP_CLASSES)
         return
@@ -57,7 +59,8 @@ def test_batch1_decode_is_all_weight_reads_by_hand(textbook_a100: HardwareProfil
     model = model_from_hf_config({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
                                   "num_hidden_layers": 32, "num_attention_heads": 32,
                                   "num_key_value_heads": 32, "vocab_size": 127_928}, "7b")
-    cost = CostModel(model, textbook_a100, precision=Precision.from_names("fp16", "fp16", "fp16"))
+    cost = CostModel(model, textbook_a100, precision=Precision.from_names("fp16", "fp16", "fp16"),
+                     runtime=RuntimeCosts.none())
     record = dict(zip(OP_CLASSES, cost.step_record(BatchShape.decode(1, 0))[4:], strict=True))
     assert record["gemm"] == pytest.approx(7.0e9 * 2 / 2.0e12, rel=0.005)
     assert record["attn_prefill"] == 0.0
@@ -71,7 +74,7 @@ def test_tp_collectives_and_overhead_have_their_own_classes() -> None:
     cost = CostModel(MODELS["llama-3-8b"], h100, tp=4)
     record = dict(zip(OP_CLASSES, cost.step_record(BatchShape.prefill(2048))[4:], strict=True))
     assert record["communication"] > 0
-    assert record["overhead"] == h100.overhead.step_s
+    assert record["overhead"] == make_engine("vllm-v0", {}).runtime(h100.name).step_overhead_s == 6e-4
     assert record["attn_prefill"] > 0 and record["attn_decode"] == 0.0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from servesim import (
     BatchShape,
     CostModel,
@@ -18,7 +19,16 @@ from servesim import (
     load_hardware,
 )
 from servesim.cost import causal_pairs, ring_allgather_s, ring_allreduce_s
+from servesim.engines import RuntimeCosts
 from servesim.model_config import load_model, model_from_hf_config
+
+KERNELS = RuntimeCosts.none()
+"""The textbook roofline has no serving engine: a step costs its kernels alone."""
+
+
+def engine_for(profile: HardwareProfile) -> RuntimeCosts | None:
+    """No engine for a textbook (ideal) profile; the default engine's step cost on a real one."""
+    return KERNELS if profile.name.endswith("(ideal)") else None
 
 
 def seven_billion_model() -> ModelSpec:
@@ -39,7 +49,8 @@ def op(cost, name: str):  # sum of one operator class's records
 def test_7b_fp16_decodes_one_sequence_at_about_143_tokens_per_s(textbook_a100: HardwareProfile) -> None:
     model = seven_billion_model()
     assert model.matmul_params_per_token == pytest.approx(7.0e9, rel=1e-6)
-    cost = CostModel(model, textbook_a100, precision=Precision.from_names("fp16", "fp16", "fp16"))
+    cost = CostModel(model, textbook_a100, precision=Precision.from_names("fp16", "fp16", "fp16"),
+                     runtime=KERNELS)
     step = cost.step(BatchShape.decode(1, 0))
     # 7e9 weights x 2 bytes read once per token over 2 TB/s = 7 ms -> 142.9 tokens/s.
     assert 1 / step.time_s == pytest.approx(2.0e12 / (7.0e9 * 2), rel=0.01)
@@ -49,7 +60,7 @@ def test_7b_fp16_decodes_one_sequence_at_about_143_tokens_per_s(textbook_a100: H
 
 def test_batch1_decode_intensity_is_one_flop_per_byte_against_ridge_156(
         textbook_a100: HardwareProfile, llama2_7b: ModelSpec) -> None:
-    step = CostModel(llama2_7b, textbook_a100).step(BatchShape.decode(1, 0))
+    step = CostModel(llama2_7b, textbook_a100, runtime=KERNELS).step(BatchShape.decode(1, 0))
     # Each weight is read once (2 bytes) and used in one multiply-add (2 FLOPs).
     assert step.arithmetic_intensity == pytest.approx(1.0, rel=0.02)
     assert textbook_a100.ridge_point() == pytest.approx(156, rel=0.001)
@@ -57,7 +68,7 @@ def test_batch1_decode_intensity_is_one_flop_per_byte_against_ridge_156(
 
 def test_decode_time_is_flat_in_batch_until_the_ridge(textbook_a100: HardwareProfile,
                                                        llama3_8b: ModelSpec) -> None:
-    cost = CostModel(llama3_8b, textbook_a100)
+    cost = CostModel(llama3_8b, textbook_a100, runtime=KERNELS)
     t = {b: cost.step_time(BatchShape.decode(b, 16)) for b in (1, 16, 64, 128, 1024, 2048)}
     # Below the ridge (~156 sequences) the 16 GB of weights dominate: more sequences add only
     # their activations (~5 MB per layer at 64) and KV reads, so the time barely moves.
@@ -71,7 +82,7 @@ def test_decode_time_is_flat_in_batch_until_the_ridge(textbook_a100: HardwarePro
 
 def test_prefill_time_grows_linearly_past_its_knee(textbook_a100: HardwareProfile,
                                                     llama3_8b: ModelSpec) -> None:
-    cost = CostModel(llama3_8b, textbook_a100)
+    cost = CostModel(llama3_8b, textbook_a100, runtime=KERNELS)
     small = cost.step_time(BatchShape.prefill(8))
     tiny = cost.step_time(BatchShape.prefill(1))
     assert small / tiny < 1.02  # 8 tokens still ride on one read of the weights
@@ -88,8 +99,8 @@ def test_int4_weights_speed_decode_3_to_4x_and_barely_change_long_prefill(
     decode, prefill = BatchShape.decode(1, 128), BatchShape.prefill(8192)
 
     def speedup(profile: HardwareProfile, batch: BatchShape) -> float:
-        return (CostModel(llama2_7b, profile, precision=bf16).step_time(batch)
-                / CostModel(llama2_7b, profile, precision=int4).step_time(batch))
+        return (CostModel(llama2_7b, profile, precision=bf16, runtime=engine_for(profile)).step_time(batch)
+                / CostModel(llama2_7b, profile, precision=int4, runtime=engine_for(profile)).step_time(batch))
 
     # Pure roofline: 2 bytes -> 0.516 bytes for the layers, embedding/head stay 16-bit.
     assert 3.0 <= speedup(textbook_a100, decode) <= 4.0
@@ -102,8 +113,9 @@ def test_int4_weights_speed_decode_3_to_4x_and_barely_change_long_prefill(
 def test_fp8_w8a8_doubles_gemm_throughput_and_leaves_attention_alone(llama3_8b: ModelSpec) -> None:
     ideal = load_hardware("h100-sxm-80gb").ideal()
     prefill = BatchShape.prefill(*[512] * 16)
-    bf16 = CostModel(llama3_8b, ideal).step(prefill)
-    w8a8 = CostModel(llama3_8b, ideal, precision=Precision.from_names("fp8", "fp8", "fp8")).step(prefill)
+    bf16 = CostModel(llama3_8b, ideal, runtime=KERNELS).step(prefill)
+    fp8 = Precision.from_names("fp8", "fp8", "fp8")
+    w8a8 = CostModel(llama3_8b, ideal, precision=fp8, runtime=KERNELS).step(prefill)
     # Compute-bound GEMMs run on the 2x FP8 peak; attention math and the 16-bit residual stream
     # (norms, activations) are unchanged.
     peak_ratio = 1978.9 / 989.4  # the spec sheet's FP8 and BF16 dense peaks
@@ -117,22 +129,23 @@ def test_fp8_w8a8_doubles_gemm_throughput_and_leaves_attention_alone(llama3_8b: 
 def test_steps_that_sample_nothing_skip_the_lm_head(textbook_a100: HardwareProfile,
                                                     llama3_8b: ModelSpec) -> None:
     middle_chunk = BatchShape.build([512], [512], prefill_emits=[False])
-    step = CostModel(llama3_8b, textbook_a100).step(middle_chunk)
+    step = CostModel(llama3_8b, textbook_a100, runtime=KERNELS).step(middle_chunk)
     assert step.breakdown["lm_head"] == 0.0 and op(step, "lm_head") == (0.0, 0.0)
 
 
 def test_lm_head_stays_16_bit_under_fp8(llama3_8b: ModelSpec) -> None:
     ideal = load_hardware("h100-sxm-80gb").ideal()
     batch = BatchShape.decode(256, 100)
-    bf16 = CostModel(llama3_8b, ideal).step(batch)
-    fp8 = CostModel(llama3_8b, ideal, precision=Precision.from_names("fp8", "fp8", "fp8")).step(batch)
+    bf16 = CostModel(llama3_8b, ideal, runtime=KERNELS).step(batch)
+    fp8 = CostModel(llama3_8b, ideal, precision=Precision.from_names("fp8", "fp8", "fp8"),
+                    runtime=KERNELS).step(batch)
     assert op(fp8, "lm_head") == op(bf16, "lm_head")
     assert fp8.breakdown["lm_head"] == bf16.breakdown["lm_head"]
 
 
 # ----------------------------------------------------------------------------- operators by hand
 def test_gemm_flops_and_bytes_by_hand(textbook_a100: HardwareProfile, llama3_8b: ModelSpec) -> None:
-    step = CostModel(llama3_8b, textbook_a100).step(BatchShape.prefill(1000))
+    step = CostModel(llama3_8b, textbook_a100, runtime=KERNELS).step(BatchShape.prefill(1000))
     qkv_width = (32 + 2 * 8) * 128  # 6144 output columns of the fused QKV GEMM
     flops, nbytes = op(step, "qkv_proj")
     assert flops == 32 * 2 * 1000 * 4096 * qkv_width
@@ -155,7 +168,7 @@ def test_causal_pairs_by_hand() -> None:
 def test_attention_flops_and_kv_bytes_by_hand(textbook_a100: HardwareProfile,
                                               llama3_8b: ModelSpec) -> None:
     batch = BatchShape.build([100], [0], decode_context=[999, 1999])
-    step = CostModel(llama3_8b, textbook_a100).step(batch)
+    step = CostModel(llama3_8b, textbook_a100, runtime=KERNELS).step(batch)
     per_pair = 2 * 32 * (128 + 128)  # QK^T and PV over 32 heads of width 128
     flops, _ = op(step, "attn_prefill")
     assert flops == 32 * per_pair * (100 * 101 / 2)
@@ -175,7 +188,7 @@ def test_chunked_prefill_rereads_earlier_kv(textbook_a100: HardwareProfile, a100
     per-kernel floors, so it shows with the A100 profile."""
 
     def chunked(profile: HardwareProfile) -> tuple[object, list]:
-        cost = CostModel(llama3_8b, profile)
+        cost = CostModel(llama3_8b, profile, runtime=engine_for(profile))
         return cost.step(BatchShape.prefill(4096)), [
             cost.step(BatchShape.build([512], [start], prefill_emits=[start + 512 == 4096]))
             for start in range(0, 4096, 512)]
@@ -190,7 +203,7 @@ def test_chunked_prefill_rereads_earlier_kv(textbook_a100: HardwareProfile, a100
 
 def test_sliding_window_caps_attention_cost() -> None:
     mistral = load_model("mistral-7b")
-    cost = CostModel(mistral, load_hardware("h100-sxm-80gb").ideal())
+    cost = CostModel(mistral, load_hardware("h100-sxm-80gb").ideal(), runtime=KERNELS)
     at_window = cost.step(BatchShape.decode(8, 4095))
     beyond = cost.step(BatchShape.decode(8, 20_000))
     assert op(beyond, "attn_decode") == op(at_window, "attn_decode")
@@ -198,7 +211,7 @@ def test_sliding_window_caps_attention_cost() -> None:
 
 def test_mla_decode_reads_the_latent_cache() -> None:
     model = load_model("deepseek-v3")
-    cost = CostModel(model, load_hardware("h200-sxm-141gb").ideal(), tp=8)
+    cost = CostModel(model, load_hardware("h200-sxm-141gb").ideal(), tp=8, runtime=KERNELS)
     step = cost.step(BatchShape.decode(4, 1023))
     _, nbytes = op(step, "attn_decode")
     latent = 576 * 2  # kv_lora_rank 512 + rope 64, bf16, shared by all 16 local heads
@@ -209,12 +222,12 @@ def test_mla_decode_reads_the_latent_cache() -> None:
 def test_moe_decode_reads_only_the_routed_experts() -> None:
     mixtral = load_model("mixtral-8x7b")
     ideal = load_hardware("h100-sxm-80gb").ideal()
-    step = CostModel(mixtral, ideal).step(BatchShape.decode(1, 0))
+    step = CostModel(mixtral, ideal, runtime=KERNELS).step(BatchShape.decode(1, 0))
     # One token touches top-2 of 8 experts: HBM traffic is about the active weights.
     weights = 2 * (mixtral.active_param_count - mixtral.embedding_params)
     assert step.hbm_bytes == pytest.approx(weights, rel=0.01)
     # A big batch hits every expert, so the bytes approach all the weights.
-    big = CostModel(mixtral, ideal).step(BatchShape.decode(256, 0))
+    big = CostModel(mixtral, ideal, runtime=KERNELS).step(BatchShape.decode(256, 0))
     assert op(big, "moe")[1] == pytest.approx(32 * 8 * 3 * 4096 * 14336 * 2, rel=0.02)
 
 
@@ -235,8 +248,8 @@ def test_tensor_parallel_communication_by_hand(llama3_8b: ModelSpec) -> None:
 def test_tensor_parallel_shards_weight_reads(textbook_a100: HardwareProfile) -> None:
     model = load_model("llama-2-70b")
     batch = BatchShape.decode(1, 0)
-    one = CostModel(model, textbook_a100, tp=1).step(batch)
-    four = CostModel(model, textbook_a100, tp=4).step(batch)
+    one = CostModel(model, textbook_a100, tp=1, runtime=KERNELS).step(batch)
+    four = CostModel(model, textbook_a100, tp=4, runtime=KERNELS).step(batch)
     assert op(four, "mlp")[1] == pytest.approx(op(one, "mlp")[1] / 4, rel=1e-3)
     assert four.time_s - four.breakdown["communication"] == pytest.approx(
         one.time_s / 4, rel=0.02)
@@ -285,7 +298,7 @@ def test_batch_from_engine_view_rejects_impossible_requests() -> None:
 # ----------------------------------------------------------------------------- review regressions
 def test_sliding_window_prefill_and_decode_read_the_same_keys() -> None:
     """One token at context 4096 under Mistral's 4096 window sees 4096 keys either way."""
-    cost = CostModel(load_model("mistral-7b"), load_hardware("h100-sxm-80gb").ideal())
+    cost = CostModel(load_model("mistral-7b"), load_hardware("h100-sxm-80gb").ideal(), runtime=KERNELS)
     as_prefill = cost.step(BatchShape.build([1], [4096]))
     as_decode = cost.step(BatchShape.decode(1, 4096))
     assert op(as_prefill, "attn_prefill") == op(as_decode, "attn_decode")
@@ -293,7 +306,7 @@ def test_sliding_window_prefill_and_decode_read_the_same_keys() -> None:
 
 def test_mla_chunked_prefill_reexpands_the_context_latents() -> None:
     model = load_model("deepseek-v3")
-    cost = CostModel(model, load_hardware("h200-sxm-141gb").ideal(), tp=8)
+    cost = CostModel(model, load_hardware("h200-sxm-141gb").ideal(), tp=8, runtime=KERNELS)
     fresh = cost.step(BatchShape.build([512], [0]))
     later = cost.step(BatchShape.build([512], [16_384]))
     # kv_b turns 16,384 cached 512-wide latents into K-nope and V for 16 local heads, per layer.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from servesim import BatchShape, CostModel, load_hardware, load_model
 from servesim.cost import causal_pairs
 

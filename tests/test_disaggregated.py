@@ -8,16 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_helpers import experiment, run, table
+from engine_helpers import experiment, run, table, tabulate
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cli import servesim
+
 from servesim import BatchShape, CostModel, load_hardware, load_model
-from servesim.engine import resolve_deployment
-from servesim.engine.state import DECODE_KV_NEVER_FITS, DONE, REJECT_REASONS, REJECTED
+from servesim.core.state import DECODE_KV_NEVER_FITS, DONE, REJECT_REASONS, REJECTED
 from servesim.errors import ServesimError
 from servesim.memory import plan_memory
-from servesim.metrics import tabulate
-from test_cli import servesim
+from servesim.topology.resolve import resolve_topology
 
 H100 = load_hardware("h100-sxm-80gb")
 LLAMA = load_model("llama-3-8b")
@@ -30,10 +30,10 @@ def disaggregated(**policy: object) -> dict[str, object]:
 
 
 def test_kv_bytes_per_token_is_the_model_shape() -> None:
-    deployment = resolve_deployment(experiment(policy=disaggregated()))
+    deployment = resolve_topology(experiment(policy=disaggregated()))
     assert deployment.kv_bytes_per_token == KV_PER_TOKEN == 131_072
     # Different TP per pool: the bytes crossing the link are the same in total.
-    split = resolve_deployment(experiment(policy=disaggregated(prefill={"tp": 2}, decode={"tp": 4})))
+    split = resolve_topology(experiment(policy=disaggregated(prefill={"tp": 2}, decode={"tp": 4})))
     assert split.kv_bytes_per_token == KV_PER_TOKEN
     assert split.link.lanes == 2 and split.num_gpus == 6
 
@@ -77,7 +77,7 @@ def test_isolated_request_ttft_is_prefill_plus_latency_plus_bytes_over_bandwidth
     ttft = {}
     for kind in ("nvlink", "pcie", "infiniband", "ethernet"):
         config = experiment({"tp": tp}, policy=disaggregated(link={"kind": kind}))
-        link = resolve_deployment(config).link
+        link = resolve_topology(config).link
         result = tabulate(run(config, table([0.0], prompt, 8)))
         ttft[kind] = float(result.requests["ttft_s"].iloc[0])
         expected = prefill + link.latency_s + nbytes / (link.bandwidth_Bps * link.efficiency * tp)
@@ -100,8 +100,8 @@ def test_two_transfers_share_a_one_channel_link_in_turn(channels: int) -> None:
     prompt = 4000
     config = experiment(policy=disaggregated(link={"kind": "ethernet", "channels": channels}))
     result = run(config, table([0.0, 0.0], prompt, 4))
-    r = result.requests
-    copy = resolve_deployment(config).link.seconds(prompt * KV_PER_TOKEN)
+    r = result.request_state
+    copy = resolve_topology(config).link.seconds(prompt * KV_PER_TOKEN)
     assert copy == pytest.approx(4000 * 131072 / 12.5e9 + 10e-6)  # 41.95 ms
     assert r.prefill_end[0] == r.prefill_end[1] == r.transfer_queued[0] == r.transfer_queued[1]
     after = np.sort(r.transfer_end - r.prefill_end)
@@ -125,7 +125,7 @@ def test_decode_side_waits_for_room_before_the_copy() -> None:
     finds 63 blocks of the second's still in use beside its own 63."""
     config = experiment(policy=disaggregated(decode={"num_gpu_blocks": 80}))
     result = run(config, table([0.0, 0.0, 0.5], 1000, 200))
-    r = result.requests
+    r = result.request_state
     order = np.argsort(r.transfer_queued)
     first, second, third = order
     assert r.transfer_queued[first] == r.prefill_end[first]
@@ -145,7 +145,7 @@ def test_per_pool_hardware_prices_each_pool_on_its_own_gpu() -> None:
     memory plan, and each step is priced by its own pool's cost model."""
     a100 = load_hardware("a100-sxm-80gb")
     config = experiment(policy=disaggregated(decode={"hardware": "a100-sxm-80gb"}, link={"kind": "pcie"}))
-    deployment = resolve_deployment(config)
+    deployment = resolve_topology(config)
     assert deployment.decode.limits.num_blocks == plan_memory(LLAMA, a100, 1, max_num_batched_tokens=8192
                                                               ).num_blocks(16)
     assert deployment.link.bandwidth_Bps == min(H100.host_link.bandwidth_Bps, a100.host_link.bandwidth_Bps)
@@ -164,7 +164,7 @@ def test_per_pool_hardware_prices_each_pool_on_its_own_gpu() -> None:
 def test_one_token_output_completes_when_its_kv_lands() -> None:
     config = experiment(policy=disaggregated())
     result = run(config, table([0.0], 300, 1))
-    r = result.requests
+    r = result.request_state
     assert r.status[0] == DONE and r.finish[0] == r.first_token[0] == r.transfer_end[0]
     assert all(s.pool.free == s.pool.total for s in result.replica_states)
 
@@ -174,7 +174,7 @@ def test_request_that_never_fits_the_decode_pool_is_rejected() -> None:
     must hold prompt + all outputs but the last: 600 + 99 tokens need 44 blocks > 40."""
     config = experiment(policy=disaggregated(decode={"num_gpu_blocks": 40}))
     result = run(config, table([0.0, 0.0], [600, 600], [100, 41]))
-    r = result.requests
+    r = result.request_state
     assert list(r.status) == [REJECTED, DONE]
     assert REJECT_REASONS[r.reject_reason[0]].endswith("a decode replica's pool holds")
     assert r.reject_reason[0] == DECODE_KV_NEVER_FITS
@@ -199,7 +199,7 @@ def test_conservation_every_request_completes_or_is_rejected(
         decode={"replicas": decode_replicas, "num_gpu_blocks": decode_blocks, "router": router},
         link={"kind": "ethernet", "channels": channels}))
     result = run(config, table(arrivals, prompts, outputs))
-    r = result.requests
+    r = result.request_state
     assert np.all((r.status == DONE) | (r.status == REJECTED))
     assert all(s.pool.free == s.pool.total for s in result.replica_states)
     assert all(s.running.size == 0 and not s.waiting for s in result.replica_states)
@@ -216,7 +216,7 @@ def test_conservation_every_request_completes_or_is_rejected(
 
 
 @pytest.mark.parametrize(("policy", "field", "fix"), [
-    (disaggregated(prefill={"tpp": 2}), "policy.prefill.tpp", "keys here: replicas, tp"),
+    (disaggregated(prefill={"tpp": 2}), "policy.prefill.tpp", "use one of: replicas, tp"),
     (disaggregated(decode={"replicas": 0}), "policy.decode.replicas", "fix the value"),
     (disaggregated(link={"kind": "smoke-signals"}), "policy.link.kind", "fix the value"),
     (disaggregated(decode={"policy": "fastest"}), "policy.decode.policy.name", "continuous"),
@@ -228,11 +228,11 @@ def test_conservation_every_request_completes_or_is_rejected(
     (disaggregated(decode={"num_gpu_blocks": 10**9}), "policy.decode.num_gpu_blocks", "use at most"),
     (disaggregated(decode={"hardware": "tpu-v9"}), "policy.decode.hardware", ""),
     (disaggregated(link={"bandwidth_Bps": -1}), "policy.link.bandwidth_Bps", "fix the value"),
-    (disaggregated(unknown=1), "policy.unknown", "keys here: prefill, decode, link"),
+    (disaggregated(unknown=1), "policy.unknown", "use one of: prefill, decode, link"),
 ])
 def test_bad_pool_layout_is_one_line_naming_the_key(policy: dict, field: str, fix: str) -> None:
     with pytest.raises(ServesimError) as error:
-        resolve_deployment(experiment(policy=policy))
+        resolve_topology(experiment(policy=policy))
     message = str(error.value)
     assert message.startswith(f"{field}:"), message
     assert fix in message and "\n" not in message
@@ -240,11 +240,11 @@ def test_bad_pool_layout_is_one_line_naming_the_key(policy: dict, field: str, fi
 
 def test_pools_are_sized_by_the_policy_not_deployment_replicas() -> None:
     with pytest.raises(ServesimError, match=r"^deployment.replicas: .*policy.prefill.replicas"):
-        resolve_deployment(experiment({"replicas": 2}, policy=disaggregated()))
+        resolve_topology(experiment({"replicas": 2}, policy=disaggregated()))
     with pytest.raises(ServesimError, match=r"^policy.link.kind: l40s.* has no NVLink"):
-        resolve_deployment(experiment(policy=disaggregated(link={"kind": "nvlink"}), hardware="l40s"))
+        resolve_topology(experiment(policy=disaggregated(link={"kind": "nvlink"}), hardware="l40s"))
     with pytest.raises(ServesimError, match=r"^policy.name: unknown policy .*disaggregated"):
-        resolve_deployment(experiment(policy={"name": "disagregated"}))
+        resolve_topology(experiment(policy={"name": "disagregated"}))
 
 
 def test_cli_runs_quickstart_disaggregated_with_report(tmp_path: Path) -> None:

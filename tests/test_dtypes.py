@@ -1,6 +1,7 @@
 """Bytes per element and the rules of mixing formats."""
 
 import pytest
+
 from servesim import DType, Precision, ServesimError
 
 

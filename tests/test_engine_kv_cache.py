@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import assert_conserved, experiment, run, table
+from engine_helpers import assert_conserved, experiment, run, table, tabulate
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from servesim.engine.kv_cache import BlockPool
-from servesim.engine.state import KV_NEVER_FITS, REJECT_REASONS, TOO_LONG
-from servesim.metrics import tabulate
+
+from servesim.core.kv_cache import BlockPool
+from servesim.core.state import KV_NEVER_FITS, REJECT_REASONS, TOO_LONG
 
 
 def test_block_pool_counts_blocks_per_request() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import experiment, run, table
+from engine_helpers import experiment, run, table, tabulate
+
 from servesim import BatchShape, CostModel, load_hardware, load_model
-from servesim.metrics import tabulate
 
 
 def test_md1_mean_wait_matches_pollaczek_khinchine() -> None:
@@ -95,14 +95,15 @@ def test_round_robin_spreads_requests_over_replicas() -> None:
 def test_progress_reporting_does_not_change_results() -> None:
     """The progress monitor only reads state: results are identical with and without it, and
     its last report counts every request."""
-    from servesim.engine import simulate
+    from servesim.pipeline import prepare, simulate
 
     config = experiment()
     rng = np.random.default_rng(7)
     workload = table(np.cumsum(rng.exponential(0.05, 400)), rng.integers(10, 2000, 400),
                      rng.integers(1, 300, 400))
     calls: list[tuple[int, int, float]] = []
-    with_progress = tabulate(simulate(config, workload, progress=lambda *a: calls.append(a)))
+    plan = prepare(config, workload=workload)
+    with_progress = tabulate(simulate(plan, progress=lambda *a: calls.append(a)))
     without = tabulate(run(config, workload))
     assert with_progress.requests.equals(without.requests)
     assert calls and calls[-1][0] == calls[-1][1] == 400

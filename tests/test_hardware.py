@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from servesim import DType, ServesimError, load_hardware
 from servesim.hardware import Curve
 from servesim.hardware_io import builtin_hardware_names, profile_to_yaml
@@ -23,8 +24,7 @@ def test_profile_numbers_have_sources(name: str) -> None:
     profile = load_hardware(name)
     for key in ("peak_flops", "memory.capacity_bytes", "memory.bandwidth_Bps", "interconnect",
                 "host_link", "efficiency.gemm", "efficiency.attention_prefill",
-                "efficiency.attention_decode", "efficiency.elementwise", "overhead.step_s",
-                "calibration"):
+                "efficiency.attention_decode", "efficiency.elementwise", "calibration"):
         assert profile.provenance.get(key), f"{name}: no provenance for {key}"
     # A100/H100 SXM are fitted to the public Vidur data (`servesim calibrate import-vidur`);
     # the others are not, and every profile must say which it is.
@@ -81,7 +81,19 @@ def test_ideal_profile_is_the_pure_roofline() -> None:
     ideal = load_hardware("h100-sxm-80gb").ideal()
     assert ideal.efficiency.gemm.compute.at(1) == 1.0
     assert ideal.efficiency.attention_decode.fixed_s == 0.0
-    assert ideal.overhead.step_s == 0.0 and ideal.interconnect.latency_s == 0.0
+    assert ideal.interconnect.latency_s == 0.0
+    assert not hasattr(ideal, "overhead")  # the per-step software cost is the engine's
+
+
+def test_a_profile_with_a_step_overhead_gets_the_migration_line(tmp_path: Path) -> None:
+    """servesim 0.1 profiles held the engine's per-step cost; now it is an error naming the fix."""
+    data = yaml.safe_load(profile_to_yaml(load_hardware("l40s")))
+    data["overhead"] = {"step_s": 6e-4}
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ServesimError, match=r"old\.yaml: overhead: the per-step framework cost belongs "
+                       r"to the serving engine .*engine\.step_overhead_s"):
+        load_hardware(path)
 
 
 def test_profile_round_trips_through_yaml(tmp_path: Path) -> None:
@@ -136,5 +148,5 @@ def test_missing_efficiency_is_an_error_not_a_perfect_gpu(tmp_path: Path) -> Non
     del data["efficiency"]["attention_decode"]
     path = tmp_path / "partial.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ServesimError, match=r"efficiency\.attention_decode: Field required"):
+    with pytest.raises(ServesimError, match=r"efficiency\.attention_decode: is required"):
         load_hardware(path)

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from servesim import Precision, ServesimError, load_hardware, load_model, plan_memory
 
 

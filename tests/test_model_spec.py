@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from servesim import ModelSpec, ServesimError, load_model
 from servesim.model_config import builtin_model_names, model_from_hf_config
 from servesim.resources import model_configs_dir

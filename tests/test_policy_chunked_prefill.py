@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_helpers import experiment, run, table
+from engine_helpers import experiment, run, table, tabulate
+
 from servesim.cost import BatchShape, CostModel
 from servesim.hardware_io import load_hardware
-from servesim.metrics import tabulate
 from servesim.model_config import load_model
 
 

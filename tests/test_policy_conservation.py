@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from engine_helpers import assert_conserved, experiment, run, table
+from engine_helpers import assert_conserved, experiment, run, table, tabulate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servesim.metrics import tabulate
 
 workloads = st.integers(min_value=1, max_value=30).flatmap(lambda n: st.tuples(
     st.lists(st.floats(0, 2.0), min_size=n, max_size=n),
@@ -61,7 +60,7 @@ def test_conservation(workload: tuple[list[float], list[int], list[int]], policy
     requests, steps = tables.requests, tables.steps
     prompt, output = requests["prompt_tokens"].to_numpy(), requests["output_tokens"].to_numpy()
     done = assert_conserved(result, tables, blocks, block_size, max_num_seqs)
-    assert (result.requests.computed[done] == (prompt + output - 1)[done]).all()
+    assert (result.request_state.computed[done] == (prompt + output - 1)[done]).all()
     computed = steps["prefill_tokens"].sum() + steps["decode_tokens"].sum()
     needed = (prompt + output - 1)[done].sum()
     if policy["name"] == "static":
@@ -73,4 +72,4 @@ def test_conservation(workload: tuple[list[float], list[int], list[int]], policy
         assert computed > needed
     if policy["name"] == "chunked_prefill":
         assert (steps["prefill_tokens"] + steps["decode_tokens"]
-                <= result.deployment.limits.max_num_batched_tokens).all()
+                <= result.plan.topology.kv_group.limits.max_num_batched_tokens).all()

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from engine_helpers import experiment, run, table
-from servesim.metrics import tabulate
+from engine_helpers import experiment, run, table, tabulate
 
 QUICKSTART_TRAFFIC = {"arrival": {"process": "poisson", "rate": 12.0}, "num_requests": 1000,
                       "lengths": {"preset": "azure-conversation"}}

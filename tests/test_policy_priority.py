@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import assert_conserved, experiment, run
+from engine_helpers import assert_conserved, experiment, run, tabulate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from servesim.cost import BatchShape
-from servesim.engine import resolve_deployment
 from servesim.errors import ServesimError
-from servesim.metrics import tabulate
+from servesim.topology.resolve import resolve_topology
 from servesim.workloads.build import build_workload
 from servesim.workloads.config import parse_workload_config
 from servesim.workloads.requests import RequestTable
@@ -66,7 +66,7 @@ def recompute_minus_swap_s(config, context: int) -> float:  # type: ignore[no-un
     cost model and the PCIe link. Recompute: the victim's next step is a prefill of ``context +
     1`` tokens. Swap: that step is a decode over ``context`` cached tokens, plus copying its
     blocks out and back in (each ``blocks x 16 x 128 KiB / (64 GB/s x 0.86) + 25 us``)."""
-    deployment = resolve_deployment(config)
+    deployment = resolve_topology(config).kv_group
     cost, path = deployment.cost_model(), deployment.limits.swap_path
     recompute = cost.step_time(BatchShape.prefill(context + 1))
     swap = cost.step_time(BatchShape.decode(1, context)) + 2 * path.seconds(-(-context // 16))
@@ -127,7 +127,7 @@ def test_full_host_space_falls_back_to_recompute() -> None:
 def test_unknown_preemption_mode_is_a_one_line_error() -> None:
     config = experiment(policy={"name": "priority", "preemption_mode": "spill"})
     with pytest.raises(ServesimError, match=r"policy\.preemption_mode"):
-        resolve_deployment(config)
+        resolve_topology(config)
 
 
 workloads = st.integers(min_value=1, max_value=30).flatmap(lambda n: st.tuples(

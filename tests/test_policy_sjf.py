@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import assert_conserved, experiment, run, table
+from engine_helpers import assert_conserved, experiment, run, table, tabulate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from servesim.cost import BatchShape
-from servesim.engine import resolve_deployment
-from servesim.metrics import tabulate
 from servesim.policies.sjf import ShortestJobFirst
+from servesim.topology.resolve import resolve_topology
 from servesim.workloads.build import build_workload
 from servesim.workloads.config import parse_workload_config
 
 
 def service_s(config, prompt: int, output: int) -> float:  # type: ignore[no-untyped-def]
     """A request running alone: one prefill of ``prompt`` tokens, then ``output - 1`` decodes."""
-    cost = resolve_deployment(config).cost_model()
+    cost = resolve_topology(config).kv_group.cost_model()
     decodes = sum(cost.step_time(BatchShape.decode(1, prompt + k)) for k in range(output - 1))
     return cost.step_time(BatchShape.prefill(prompt)) + decodes
 

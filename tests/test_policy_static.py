@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import experiment, run, table
-from servesim.engine.deployment import resolve_deployment
+from engine_helpers import experiment, run, table, tabulate
+
 from servesim.errors import ServesimError
-from servesim.metrics import tabulate
+from servesim.topology.resolve import resolve_topology
 
 
 def test_a_batch_runs_padded_until_its_longest_member_ends() -> None:
@@ -122,6 +122,6 @@ def test_same_kv_pool_continuous_holds_about_three_times_more_requests() -> None
 ])
 def test_bad_knobs_are_one_line_errors(policy: dict[str, object], field: str) -> None:
     with pytest.raises(ServesimError) as error:
-        resolve_deployment(experiment(policy=policy))
+        resolve_topology(experiment(policy=policy))
     message = str(error.value)
     assert message.startswith(field + ":") and "\n" not in message

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from engine_helpers import experiment, run, table
+from engine_helpers import experiment, run, table, tabulate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servesim.engine.prefix_index import PrefixIndex
-from servesim.engine.prefix_pool import PrefixBlockPool
-from servesim.metrics import tabulate
+from test_cli import servesim
+
+from servesim.core.prefix_index import PrefixIndex
+from servesim.core.prefix_pool import PrefixBlockPool
 from servesim.workloads.requests import RequestTable
 from servesim.workloads.traces import read_trace
-from test_cli import servesim
 
 
 def write_mooncake(path: Path, rows: list[tuple[float, int, int, list[int]]]) -> Path:
@@ -161,10 +161,10 @@ def test_shared_system_prompts_are_hit_after_the_first_of_each_group() -> None:
         "arrival": {"process": "constant", "rate": 0.5}, "num_requests": 30,
         "prompt": {"dist": "uniform", "low": 10, "high": 200}, "output": {"dist": "fixed", "value": 3},
         "shared_prefix": {"tokens": 1000, "groups": 4}})
-    from servesim.engine import simulate
-    result = simulate(config)
+    from servesim.pipeline import prepare, simulate
+    result = simulate(prepare(config))
     requests = tabulate(result).requests
-    groups = result.workload.prefix_block_ids
+    groups = result.plan.workload.prefix_block_ids
     first_of_group = np.zeros(len(groups), dtype=bool)
     first_of_group[np.unique(groups, return_index=True)[1]] = True
     cached = requests["cached_tokens"].to_numpy()
@@ -213,14 +213,14 @@ def test_conservation_with_prefix_caching(trace: RequestTable, blocks: int, bloc
     assert tables.summary["unfinished"] == 0
     assert (steps["kv_blocks_used"] <= blocks).all()
     done = (requests["status"] == "completed").to_numpy()
-    assert (result.requests.generated[done] == output[done]).all()
+    assert (result.request_state.generated[done] == output[done]).all()
     for state in result.replica_states:
         pool = state.prefix_cache
         assert pool is not None
-        audit = pool.audit(np.flatnonzero(result.requests.replica == state.index))
+        audit = pool.audit(np.flatnonzero(result.request_state.replica == state.index))
         assert audit["in_use"] == 0 and audit["references"] == 0
         assert pool.empty + pool.evictable == pool.total == blocks and (pool.refs <= 0).all()
-    assert not result.requests.blocks_held.any()
+    assert not result.request_state.blocks_held.any()
     computed = steps["prefill_tokens"].sum() + steps["decode_tokens"].sum()
     needed = (prompt + output - 1)[done].sum() - requests["cached_tokens"].to_numpy()[done].sum()
     if requests["preemptions"].sum() == 0:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from servesim import load_hardware
 from servesim.calibration.validate import predictions
 from servesim.calibration.vidur import vidur_tables

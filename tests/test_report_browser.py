@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from servesim.report.sweep_report import write_sweep_report
 from sweep_fixtures import fabricate_sweep
+
+from servesim.report.sweep_report import write_sweep_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -74,13 +75,12 @@ def browser() -> Iterator[object]:
 @pytest.fixture(scope="module")
 def run_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from servesim.config import load_experiment
-    from servesim.engine import simulate
-    from servesim.metrics import write_run
+    from servesim.pipeline import prepare, render, simulate
     from servesim.resources import configs_dir
 
     run_dir = tmp_path_factory.mktemp("run")
     config = load_experiment(configs_dir() / "quickstart.yaml", ["workload.num_requests=400"])
-    write_run(simulate(config), run_dir)
+    render(simulate(prepare(config)), run_dir)
     return run_dir / "report.html"
 
 

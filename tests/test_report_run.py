@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import plotly.offline
 import pytest
+
 from servesim.errors import ServesimError
 from servesim.metrics.stats import weighted_percentile
 from servesim.report import write_run_report

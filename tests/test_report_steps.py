@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_report_run import _plot_data, fabricate_run
+
 from servesim import load_hardware
+from servesim.core.step_log import OP_COLUMNS as ENGINE_OP_COLUMNS
 from servesim.dtypes import DType
-from servesim.engine.step_log import OP_COLUMNS as ENGINE_OP_COLUMNS
 from servesim.report import write_run_report
 from servesim.report.hardware_roof import Roof, roof_from_config
 from servesim.report.run_data import OP_COLUMNS, load_run
 from servesim.report.run_report import build_run_charts
 from servesim.report.step_figures import op_totals, roofline_chart, roofline_points, step_kinds
-from test_report_run import _plot_data, fabricate_run
 
 H100_CONFIG = "model: llama-3-8b\nhardware: h100-sxm-80gb\ndeployment:\n  tp: 2\n"
 
@@ -108,13 +109,12 @@ def test_engine_run_records_operator_time_that_adds_up(tmp_path: Path) -> None:
     """A real simulation: per step the six classes sum to the step time, and the report shows
     the roofline with every step at or under the H100 roof."""
     from servesim.config import load_experiment
-    from servesim.engine import simulate
-    from servesim.metrics import write_run
+    from servesim.pipeline import prepare, render, simulate
     from servesim.resources import configs_dir
 
     config = load_experiment(configs_dir() / "quickstart.yaml",
                              ["workload.num_requests=200", "deployment.tp=2"])
-    write_run(simulate(config), tmp_path)
+    render(simulate(prepare(config)), tmp_path)
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     np.testing.assert_allclose(steps[list(OP_COLUMNS)].sum(axis=1), steps["duration_s"], rtol=1e-12)
     assert (steps["op_communication_s"] > 0).all()  # TP 2: two all-reduces per layer in every step

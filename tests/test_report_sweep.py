@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import plotly.offline
 import pytest
+from sweep_fixtures import fabricate_sweep
+from test_report_run import _has_points, _plot_data, fabricate_run
+
 from servesim.errors import ServesimError
 from servesim.report.sweep_data import find_axes, load_sweep
 from servesim.report.sweep_figures import build_sweep_charts, heatmap_pairs, pareto_front
 from servesim.report.sweep_report import best_points, write_sweep_report
-from sweep_fixtures import fabricate_sweep
-from test_report_run import _has_points, _plot_data, fabricate_run
 
 AXES = ["hardware", "deployment.tp", "workload.arrival.rate"]
 # By hand (sweep_fixtures): p99 TTFT = ln(100) / (mu - lambda) <= 1 s and p99 TPOT <= 50 ms:

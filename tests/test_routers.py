@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import experiment, run, table
-from servesim.engine import simulate
-from servesim.engine.prefix_index import PrefixIndex
-from servesim.engine.replica_state import EngineLimits, ReplicaState
-from servesim.engine.state import RequestState
+from engine_helpers import experiment, run, table, tabulate
+
+from servesim.core.prefix_index import PrefixIndex
+from servesim.core.replica_state import EngineLimits, ReplicaState
+from servesim.core.state import RequestState
 from servesim.errors import ServesimError
-from servesim.metrics import tabulate
+from servesim.pipeline import prepare, simulate
 from servesim.policies.routers import make_router
 from servesim.workloads.requests import RequestTable
 
@@ -113,15 +113,15 @@ def test_least_outstanding_through_the_engine() -> None:
     result = run(config, table([0, 0, 0, 0, 5.0], [100, 100, 100, 100, 100], [2, 2, 2000, 2000, 2]))
     # 0 -> 0, 1 -> 1, 2 -> 0 (tie), 3 -> 1; at 5 s replica 0 runs request 2 only and replica 1
     # runs request 3 only: a tie again -> 0.
-    assert result.requests.replica.tolist() == [0, 1, 0, 1, 0]
+    assert result.request_state.replica.tolist() == [0, 1, 0, 1, 0]
 
 
 def test_prefix_affinity_needs_prefix_caching() -> None:
     with pytest.raises(ServesimError, match=r"^router.name: prefix_affinity .*enable_prefix_caching"):
-        simulate(experiment({"replicas": 2}, router={"name": "prefix_affinity"}))
+        simulate(prepare(experiment({"replicas": 2}, router={"name": "prefix_affinity"})))
     with pytest.raises(ServesimError, match=r"^router.cache_threshold: "):
-        simulate(experiment({"replicas": 2, "enable_prefix_caching": True},
-                            router={"name": "prefix_affinity", "cache_threshold": 1.5}))
+        simulate(prepare(experiment({"replicas": 2, "enable_prefix_caching": True},
+                                    router={"name": "prefix_affinity", "cache_threshold": 1.5})))
 
 
 def test_least_loaded_beats_round_robin_on_p99_ttft_under_bursty_arrivals() -> None:
@@ -135,7 +135,7 @@ def test_least_loaded_beats_round_robin_on_p99_ttft_under_bursty_arrivals() -> N
         config = experiment({"replicas": 4, "max_num_seqs": 8}, router={"name": router}, workload={
             "arrival": {"process": "gamma", "rate": 9.0, "burstiness": 0.25}, "num_requests": 1000,
             "lengths": {"preset": "azure-conversation"}})
-        summary = tabulate(simulate(config)).summary
+        summary = tabulate(simulate(prepare(config))).summary
         assert summary["completed"] == 1000
         p99[router] = summary["ttft_s"]["p99"]
     assert p99["least_outstanding"] < 0.5 * p99["round_robin"]
@@ -155,9 +155,9 @@ def test_prefix_affinity_raises_the_hit_rate_over_round_robin() -> None:
                                 "prompt": {"dist": "uniform", "low": 50, "high": 500},
                                 "output": {"dist": "uniform", "low": 10, "high": 100},
                                 "shared_prefix": {"tokens": 2048, "groups": 16}})
-        result = simulate(config)
+        result = simulate(prepare(config))
         summary = tabulate(result).summary
         rates[router] = summary["prefix_cache"]["hit_rate"]
-    best = 2048 * (800 - 16) / int(result.workload.prompt_tokens.sum())
+    best = 2048 * (800 - 16) / int(result.plan.workload.prompt_tokens.sum())
     assert rates["round_robin"] < 0.5
     assert best * 0.97 <= rates["prefix_affinity"] <= best

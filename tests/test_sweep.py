@@ -16,7 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from test_cli import servesim
+
 from servesim.config import validate_document
+from servesim.engines import make_engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.model_config import load_model
@@ -34,7 +37,6 @@ from servesim.sweep import (
 from servesim.sweep.aggregate import flatten_metrics, t_two_sided
 from servesim.sweep.hashing import canonical_json, digest, identity, point_hash, run_hash
 from servesim.sweep.spec import SweepSpec
-from test_cli import servesim
 
 BASE = {
     "name": "tiny", "seed": 5, "model": "llama-3-8b", "hardware": "h100-sxm-80gb",
@@ -150,16 +152,19 @@ def test_canonical_json_hash_is_a_plain_sha256_of_sorted_compact_json() -> None:
 def test_run_names_follow_what_decides_the_result() -> None:
     config = validate_document(dict(BASE))
     model, hardware = load_model(config.model), load_hardware(config.hardware)
-    ident = identity(config, model, hardware)
-    renamed = identity(config.model_copy(update={"name": "other"}), model, hardware)
+    engine = make_engine("vllm-v0", {})
+    ident = identity(config, model, hardware, engine)
+    renamed = identity(config.model_copy(update={"name": "other"}), model, hardware, engine)
     assert run_hash(renamed) == run_hash(ident)  # the name decides nothing
-    reseeded = identity(config.model_copy(update={"seed": 6}), model, hardware)
+    reseeded = identity(config.model_copy(update={"seed": 6}), model, hardware, engine)
     assert run_hash(reseeded) != run_hash(ident) and point_hash(reseeded) == point_hash(ident)
     priced = hardware.model_copy(update={"cost_per_gpu_hour": 4.0})
-    assert run_hash(identity(config, model, priced)) == run_hash(ident)
+    assert run_hash(identity(config, model, priced, engine)) == run_hash(ident)
     slower = hardware.model_copy(update={"memory": hardware.memory.model_copy(
         update={"bandwidth_Bps": hardware.memory.bandwidth_Bps * 0.9})})
-    assert run_hash(identity(config, model, slower)) != run_hash(ident)  # recalibrated: rerun
+    assert run_hash(identity(config, model, slower, engine)) != run_hash(ident)  # recalibrated: rerun
+    busier = make_engine("vllm-v0", {"step_overhead_s": 1e-3})
+    assert run_hash(identity(config, model, hardware, busier)) != run_hash(ident)  # engine knobs count
 
 
 def test_run_names_are_the_same_in_another_process(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import yaml
 from pydantic import ValidationError
+
 from servesim.errors import ServesimError
 from servesim.workloads import RequestTable, WorkloadConfig, build_workload, parse_workload_config
 

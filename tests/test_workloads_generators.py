@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+
 from servesim.errors import ServesimError
 from servesim.workloads.arrivals import arrival_times, interarrival_gaps
 from servesim.workloads.lengths import (

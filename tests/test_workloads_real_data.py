@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from servesim.workloads import read_lengths, read_trace
 from servesim.workloads.presets import PRESETS, fit_lognormal
 

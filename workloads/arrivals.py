@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from servesim.errors import ServesimError
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from servesim.workloads.arrivals import arrival_times
 from servesim.workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
 from servesim.workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths

@@ -46,6 +46,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+
 from servesim.errors import ServesimError
 from servesim.workloads.presets import PRESETS
 

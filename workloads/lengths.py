@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from servesim.errors import ServesimError
 
 

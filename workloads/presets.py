@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from servesim.errors import ServesimError
 from servesim.workloads.lengths import clipped_lognormal_mean, lognormal_lengths
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+
 from servesim.errors import ServesimError
 
 

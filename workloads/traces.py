@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from servesim.errors import ServesimError
 from servesim.workloads.requests import RequestTable
 

@@ -19,9 +19,10 @@ from servesim.capacity.evaluate import WorkloadSample, judge, run_once, sample_w
 from servesim.capacity.limits import decode_batch_limits
 from servesim.capacity.search import SearchResult, saturation_rate, search_rate
 from servesim.config import ExperimentConfig, PolicyConfig, validate_document
-from servesim.engine import resolve_deployment
-from servesim.engine.deployment import Deployment
+from servesim.engines import make_engine
 from servesim.errors import ServesimError
+from servesim.topology.group import ReplicaGroup
+from servesim.topology.resolve import resolve_topology
 from servesim.workloads import build_workload
 
 VERIFY_ATTEMPTS = 3
@@ -41,8 +42,8 @@ class Candidate:
 
     @property
     def policy_label(self) -> str:
-        knobs = {k: v for k, v in self.policy.model_dump().items() if k != "name"}
-        return self.policy.name + (" " + ",".join(f"{k}={v}" for k, v in knobs.items()) if knobs else "")
+        knobs = self.policy.knobs()
+        return str(self.policy.name) + (" " + ",".join(f"{k}={v}" for k, v in knobs.items()) if knobs else "")
 
     @property
     def label(self) -> str:
@@ -51,12 +52,15 @@ class Candidate:
 
 
 def expand_candidates(config: CapacityConfig) -> list[Candidate]:
-    """The cartesian product, in the order hardware, tp, policy, replicas."""
+    """The cartesian product, in the order hardware, tp, policy, replicas (a policy without a
+    name is the engine's default)."""
     c = config.candidates
-    out = []
+    default = make_engine(config.engine.name, config.engine.knobs(), "engine").defaults.policy
+    policies = [p if p.name else PolicyConfig(name=default, **p.knobs()) for p in c.policy]
+    out: list[Candidate] = []
     for hardware in c.hardware:
         for tp in c.tp:
-            for policy in c.policy:
+            for policy in policies:
                 for replicas in c.replicas:
                     out.append(Candidate(len(out), hardware, tp, policy, replicas))
     return out
@@ -68,8 +72,8 @@ def experiment_for(config: CapacityConfig, candidate: Candidate, replicas: int |
     slo = {k: v for k, v in config.slo.limits().items()}
     document = {
         "name": f"{config.name}-{candidate.index}", "seed": config.seed, "model": config.model,
-        "hardware": candidate.hardware,
-        "deployment": {**config.deployment.model_dump(), "tp": candidate.tp,
+        "hardware": candidate.hardware, "engine": config.engine.model_dump(),
+        "deployment": {**config.deployment.model_dump(exclude_none=True), "tp": candidate.tp,
                        "replicas": replicas or candidate.replicas},
         "precision": config.precision.model_dump(), "policy": candidate.policy.model_dump(),
         "router": config.router.model_dump(), "workload": config.workload, "slo": slo,
@@ -84,23 +88,24 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
                               "policy": candidate.policy.model_dump(), "replicas": candidate.replicas}
     experiment = experiment_for(config, candidate)
     try:
-        deployment = resolve_deployment(experiment)
+        topology = resolve_topology(experiment)
     except ServesimError as exc:
         record.update(feasible=False, infeasible_reason=str(exc))
         return record
+    group = topology.kv_group
     record["feasible"] = True
-    record["hardware"] = deployment.hardware.name
-    record["deployment"] = deployment.describe()
-    record["memory_per_gpu"] = deployment.memory.to_dict()
+    record["hardware"] = group.hardware.name
+    record["deployment"] = topology.describe()
+    record["memory_per_gpu"] = group.memory.to_dict()
     sample = sample_workload(config, base_dir)
     context = config.decode_context or sample.decode_context()
-    record["decode_batch_limits"] = decode_batch_limits(deployment, context, config.slo.tpot_s)
+    record["decode_batch_limits"] = decode_batch_limits(group, context, config.slo.tpot_s)
 
     def evaluate(rate: float) -> dict[str, Any]:
         runs = [run_once(experiment, sample.at_rate(k, rate), config) for k in range(len(sample.tables))]
         return judge(config, runs, rate)
 
-    guess = saturation_rate(deployment, sample.mean_prompt_tokens, sample.mean_output_tokens)
+    guess = saturation_rate(group, sample.mean_prompt_tokens, sample.mean_output_tokens)
     s = config.search
     result = search_rate(evaluate, guess, s.precision, s.max_doublings, s.max_halvings)
     record["search"] = {"status": result.status, "max_rate": result.rate,
@@ -108,14 +113,14 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
                         "failing_rate": result.failing_rate, "first_guess": guess,
                         "simulations": sum(e["replications"] for e in result.evaluations),
                         "evaluations": result.evaluations}
-    record["knee"] = diagnose(config, result, deployment)
+    record["knee"] = diagnose(config, result, group)
     record["mean_output_tokens"] = sample.mean_output_tokens
     if config.target_rate is not None:
         record["target"] = size_for_target(config, candidate, result, sample, base_dir)
     return record
 
 
-def diagnose(config: CapacityConfig, result: SearchResult, deployment: Deployment) -> dict[str, Any]:
+def diagnose(config: CapacityConfig, result: SearchResult, group: ReplicaGroup) -> dict[str, Any]:
     """Why the rate cannot go higher: which SLO breaks first, what bounds the steps, whether the
     KV cache is the limit, and how fast the queue grows just past the knee."""
     passing, failing = result.passing, result.failing
@@ -144,7 +149,7 @@ def diagnose(config: CapacityConfig, result: SearchResult, deployment: Deploymen
         knee["peak_kv_use"] = at["peak_kv_use"]
         knee["preemptions"] = at["preemptions"]
         knee["queue_growth_per_s"] = at["queue_growth_per_s"]
-        knee["slot_limited"] = at["max_running"] >= deployment.limits.max_num_seqs * deployment.replicas
+        knee["slot_limited"] = at["max_running"] >= group.limits.max_num_seqs * group.replicas
     knee["summary"] = _knee_text(knee, result)
     return knee
 

@@ -15,6 +15,7 @@ both become a :class:`CapacityConfig`.
       tpot_s: 0.05
       percentile: 99                # judged as p99 TTFT <= 2 s and p99 TPOT <= 50 ms ...
       attainment: null              # ... or, if set (e.g. 0.99), >= 99% of requests meet all limits
+    engine: vllm-v0                 # the serving engine every candidate runs (its defaults apply)
     candidates:                     # cartesian product: hardware x tp x policy x replicas
       hardware: [h100-sxm-80gb, a100-sxm-80gb]
       tp: [1, 2]
@@ -36,32 +37,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictInt,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from servesim.config import (
-    PolicyConfig,
-    PrecisionConfig,
-    RouterConfig,
-    apply_overrides,
-    read_yaml_document,
-    user_error,
-)
+from pydantic import Field, StrictInt, ValidationError, field_validator, model_validator
+
+from servesim.config import EngineConfig, PolicyConfig, PrecisionConfig, RouterConfig, read_yaml_document
 from servesim.errors import ServesimError
+from servesim.inputs.overrides import apply_overrides
+from servesim.inputs.schema import StrictModel, user_error
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class CapacitySlo(_Strict):
+class CapacitySlo(StrictModel):
     """What a rate must meet. Per-request limits (seconds) as in an experiment's ``slo:``; judged
     either as percentile targets (``p<percentile>`` of each metric within its limit) or, with
     ``attainment``, as the fraction of requests meeting every limit (DistServe's SLO attainment)."""
@@ -99,7 +84,7 @@ def _seconds(value: float) -> str:
     return f"{value * 1e3:g} ms" if value < 1 else f"{value:g} s"
 
 
-class CandidatesConfig(_Strict):
+class CandidatesConfig(StrictModel):
     """The deployments to compare: every combination of the four lists."""
 
     hardware: list[str] = Field(min_length=1)
@@ -127,18 +112,19 @@ class CandidatesConfig(_Strict):
         return value
 
 
-class SharedDeployment(_Strict):
-    """Engine limits every candidate shares (tp and replicas come from ``candidates``)."""
+class SharedDeployment(StrictModel):
+    """Engine limits every candidate shares (tp and replicas come from ``candidates``); unset ones
+    take the engine's defaults."""
 
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    block_size: int = Field(16, ge=1)
-    max_num_seqs: int = Field(256, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    block_size: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=2)
-    watermark: float = Field(0.01, ge=0, lt=1)
+    watermark: float | None = Field(None, ge=0, lt=1)
 
 
-class SearchConfig(_Strict):
+class SearchConfig(StrictModel):
     """How the highest sustainable rate is searched (see :mod:`servesim.capacity.search`)."""
 
     replications: int = Field(3, ge=1, le=50, description="seeds simulated per rate")
@@ -151,13 +137,14 @@ class SearchConfig(_Strict):
     max_halvings: int = Field(7, ge=1, le=20, description="bracketing steps below the first guess")
 
 
-class CapacityConfig(_Strict):
+class CapacityConfig(StrictModel):
     name: str = "capacity"
     seed: StrictInt = Field(0, ge=0, description="first seed; replication k uses seed + k")
     model: str
     workload: WorkloadConfig
     slo: CapacitySlo
     candidates: CandidatesConfig
+    engine: EngineConfig = EngineConfig()
     deployment: SharedDeployment = SharedDeployment()
     precision: PrecisionConfig = PrecisionConfig()
     router: RouterConfig = RouterConfig()
@@ -165,6 +152,11 @@ class CapacityConfig(_Strict):
     target_rate: float | None = Field(None, gt=0, description="requests/s to size every candidate for")
     prices: dict[str, float] = Field(default_factory=dict, description="USD per GPU-hour by hardware")
     decode_context: int | None = Field(None, ge=1, description="context of the decode-batch limits")
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
 
     @field_validator("prices")
     @classmethod
@@ -210,5 +202,5 @@ def _missing_fix(field: str, key: str) -> str:
 
 
 def _as_user_error(exc: ValidationError, source: str) -> ServesimError:
-    return user_error(exc, CapacityConfig, source, _missing_fix, "fix the value", unknown_first=True)
+    return user_error(exc, CapacityConfig, missing_fix=_missing_fix, value_fix="fix the value")
 

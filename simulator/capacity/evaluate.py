@@ -27,11 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from servesim.capacity.config import CapacityConfig
 from servesim.config import ExperimentConfig
+from servesim.core.state import DONE
 from servesim.cost import BOUNDS
-from servesim.engine import simulate
-from servesim.engine.state import DONE
+from servesim.errors import ServesimError
+from servesim.metrics.tables import request_latencies
+from servesim.pipeline import prepare, simulate
 from servesim.workloads import build_workload
 from servesim.workloads.requests import RequestTable
 
@@ -83,8 +86,6 @@ def sample_workload(config: CapacityConfig, base_dir: Path | None) -> WorkloadSa
     if len(table) > n:
         table = table.take(np.arange(n))
     if table.mean_rate <= 0:
-        from servesim.errors import ServesimError
-
         raise ServesimError("workload.trace", "needs at least two requests at distinct times",
                             "widen the trace window")
     return WorkloadSample((table,), table.mean_rate)
@@ -109,17 +110,16 @@ class RunMetrics:
 
 
 def run_once(experiment: ExperimentConfig, table: RequestTable, config: CapacityConfig) -> RunMetrics:
-    result = simulate(experiment, table)
-    r = result.requests
+    result = simulate(prepare(experiment, workload=table))
+    r = result.request_state
     n = len(r)
     judged = np.arange(n) >= math.floor(config.search.warmup_fraction * n)
     done = r.status == DONE
+    latency = request_latencies(r)
     values: dict[str, np.ndarray] = {}
-    values["ttft_s"] = np.where(done, r.first_token - r.arrival, np.inf)
-    values["e2e_s"] = np.where(done, r.finish - r.arrival, np.inf)
-    multi = done & (r.output > 1)
-    tpot = np.full(n, np.nan)
-    tpot[multi] = (r.finish[multi] - r.first_token[multi]) / (r.output[multi] - 1)
+    values["ttft_s"] = np.where(done, latency["ttft_s"], np.inf)
+    values["e2e_s"] = np.where(done, latency["e2e_s"], np.inf)
+    tpot = latency["tpot_s"]
     tpot[~done] = np.inf
     values["tpot_s"] = tpot
     limits = config.slo.limits()
@@ -131,10 +131,10 @@ def run_once(experiment: ExperimentConfig, table: RequestTable, config: Capacity
         within = (v <= limit) | np.isnan(v)
         misses[key] = float(np.mean(~within)) if v.size else 0.0
         met &= within
-    records = result.steps.records()
+    records = result.step_log.records()
     bound_seconds = {name: float(records["duration_s"][records["bound"] == i].sum())
                      for i, name in enumerate(BOUNDS)}
-    blocks = result.deployment.limits.num_blocks
+    blocks = result.plan.topology.kv_group.limits.num_blocks
     peak = max(state.pool.peak_used for state in result.replica_states) / blocks
     if records.size and records["duration_s"].sum() > 0:
         mean_kv = float(np.average(records["kv_blocks_used"] / blocks, weights=records["duration_s"]))

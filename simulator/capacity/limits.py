@@ -16,11 +16,11 @@ decodes (vLLM v0 runs them in separate steps), so the simulated TPOT at a given 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from servesim.core.kv_cache import blocks_for
 from servesim.cost import BatchShape
-from servesim.engine.deployment import Deployment
+from servesim.topology.group import ReplicaGroup
 
 _MAX_BATCH = 1 << 20
 
@@ -44,17 +44,17 @@ def largest_batch_within(step_time: Any, context: int, limit_s: float) -> int:
     return low
 
 
-def decode_batch_limits(deployment: Deployment, context: float, tpot_s: float | None) -> dict[str, Any]:
+def decode_batch_limits(group: ReplicaGroup, context: float, tpot_s: float | None) -> dict[str, Any]:
     """The three limits on one replica's decode batch at ``context`` cached tokens, and which
     binds (see the module docstring)."""
-    cost = deployment.cost_model()
-    limits, memory = deployment.limits, deployment.memory
+    cost = group.cost_model()
+    limits, memory = group.limits, group.memory
     ctx = max(0, round(context))
 
     def step_time(batch: int, c: int) -> float:
         return cost.step_time(BatchShape.decode(batch, c))
 
-    blocks_each = math.ceil((ctx + 1) / limits.block_size)
+    blocks_each = blocks_for(ctx + 1, limits.block_size)
     kv_batch = limits.num_blocks // blocks_each
     tpot_batch = largest_batch_within(step_time, ctx, tpot_s) if tpot_s is not None else None
     candidates = {"KV memory": kv_batch, "max_num_seqs": limits.max_num_seqs}
@@ -73,7 +73,7 @@ def decode_batch_limits(deployment: Deployment, context: float, tpot_s: float | 
         "largest_batch": largest,
         "binding": binding,
         "kv_bytes_per_token_per_gpu": memory.kv_bytes_per_token,
-        "kv_bytes_per_token": memory.kv_bytes_per_token * deployment.tp,
+        "kv_bytes_per_token": memory.kv_bytes_per_token * group.tp,
         "kv_pool_tokens_per_gpu": memory.kv_token_capacity,
         "kv_pool_bytes_per_gpu": memory.kv_cache_bytes,
         "kv_blocks": limits.num_blocks,

@@ -27,15 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import servesim.policies  # noqa: F401  (registers the built-in policies and routers)
-from servesim.capacity.candidate import Candidate, analyse_candidate, expand_candidates
+from servesim.capacity.candidate import Candidate, analyse_candidate, expand_candidates, experiment_for
 from servesim.capacity.config import CapacityConfig
+from servesim.capacity.evaluate import sample_workload
+from servesim.capacity.limits import decode_batch_limits
 from servesim.dtypes import Precision
-from servesim.engine.deployment import policy_knobs
+from servesim.engines import make_engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.model_config import load_model
 from servesim.policies.base import check_policy
 from servesim.policies.routers import check_router
+from servesim.topology.resolve import resolve_topology
 
 MILLION = 1e6
 
@@ -47,9 +50,10 @@ def check_inputs(config: CapacityConfig) -> tuple[dict[str, float | None], set[s
     load_model(config.model, "model")
     p = config.precision
     Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
+    engine = make_engine(config.engine.name, config.engine.knobs())
     for policy in config.candidates.policy:
-        check_policy(policy.name, policy_knobs(policy))
-    check_router(config.router.name, policy_knobs(config.router))
+        check_policy(policy.name or engine.defaults.policy, policy.knobs())
+    check_router(config.router.name, config.router.knobs())
     prices: dict[str, float | None] = {}
     aliases: dict[str, str] = {}
     overridden: set[str] = set()
@@ -67,10 +71,22 @@ def check_inputs(config: CapacityConfig) -> tuple[dict[str, float | None], set[s
     return prices, overridden
 
 
+def with_engine_defaults(config: CapacityConfig) -> CapacityConfig:
+    """``config`` with the shared engine arguments it leaves unset filled in from its engine, so
+    the answer records what every candidate ran with."""
+    defaults = make_engine(config.engine.name, config.engine.knobs()).defaults
+    shared = config.deployment
+    filled = {"gpu_memory_utilization": defaults.gpu_memory_utilization, "block_size": defaults.block_size,
+              "max_num_seqs": defaults.max_num_seqs, "watermark": defaults.watermark}
+    update = {key: value for key, value in filled.items() if getattr(shared, key) is None}
+    return config.model_copy(update={"deployment": shared.model_copy(update=update)})
+
+
 def plan_capacity(config: CapacityConfig, base_dir: Path | None = None, workers: int = 1
                   ) -> dict[str, Any]:
     """The whole capacity answer as one JSON-ready mapping (see the module docstring)."""
     prices, overridden = check_inputs(config)
+    config = with_engine_defaults(config)
     if workers < 1:
         raise ServesimError("--workers", f"must be >= 1, got {workers}", "use 1 or more")
     candidates = expand_candidates(config)
@@ -201,22 +217,17 @@ def _cost_comparison(record: dict[str, Any], best: dict[str, Any] | None, config
 def decode_limits_only(config: CapacityConfig, base_dir: Path | None = None) -> list[dict[str, Any]]:
     """Each candidate's decode-batch limits, without simulating (``--limits-only``): seconds,
     not minutes, for the textbook question."""
-    from servesim.capacity.candidate import experiment_for
-    from servesim.capacity.evaluate import sample_workload
-    from servesim.capacity.limits import decode_batch_limits
-    from servesim.engine import resolve_deployment
-
     check_inputs(config)
     context = config.decode_context or sample_workload(config, base_dir).decode_context()
     out = []
     for candidate in expand_candidates(config):
         record: dict[str, Any] = {"index": candidate.index, "candidate": candidate.label}
         try:
-            deployment = resolve_deployment(experiment_for(config, candidate))
+            group = resolve_topology(experiment_for(config, candidate)).kv_group
         except ServesimError as exc:
             record.update(feasible=False, infeasible_reason=str(exc))
         else:
             record.update(feasible=True,
-                          decode_batch_limits=decode_batch_limits(deployment, context, config.slo.tpot_s))
+                          decode_batch_limits=decode_batch_limits(group, context, config.slo.tpot_s))
         out.append(record)
     return out

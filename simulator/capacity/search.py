@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesim.cost import BatchShape
-from servesim.engine.deployment import Deployment
+from servesim.topology.group import ReplicaGroup
 
 Evaluate = Callable[[float], dict[str, Any]]
 """Judges one rate: returns :func:`servesim.capacity.evaluate.judge`'s record."""
 
 
-def saturation_rate(deployment: Deployment, mean_prompt: float, mean_output: float) -> float:
-    """Requests/s the deployment completes when always busy (see the module docstring)."""
-    cost = deployment.cost_model()
-    limits = deployment.limits
+def saturation_rate(group: ReplicaGroup, mean_prompt: float, mean_output: float) -> float:
+    """Requests/s the group's replicas complete when always busy (see the module docstring)."""
+    cost = group.cost_model()
+    limits = group.limits
     prompt = max(1, round(mean_prompt))
     output = max(1.0, mean_output)
     blocks_each = math.ceil((prompt + output) / limits.block_size)
@@ -40,7 +40,7 @@ def saturation_rate(deployment: Deployment, mean_prompt: float, mean_output: flo
     decode_s = cost.step_time(BatchShape.decode(batch, context))
     prefill_s = cost.step_time(BatchShape.prefill(prompt))
     per_request_s = prefill_s + (output - 1) * decode_s / batch
-    return deployment.replicas / per_request_s
+    return group.replicas / per_request_s
 
 
 @dataclass

@@ -11,6 +11,7 @@ import sys
 
 import typer
 from rich.markup import escape
+
 from servesim.cli.calibrate import calibrate_app
 from servesim.cli.capacity import capacity_command
 from servesim.cli.catalog import hardware_command, models_command

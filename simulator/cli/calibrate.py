@@ -13,6 +13,7 @@ from typing import Annotated
 
 import pandas as pd
 import typer
+
 from servesim.cli.console import console as _console
 from servesim.hardware_io import load_hardware
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from rich.table import Table
+
 from servesim.atomic_io import make_output_dir
 from servesim.capacity.config import load_capacity_document, validate_capacity
 from servesim.capacity.limits import describe_limits

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+
 from servesim.cli.console import console as _console
 from servesim.hardware_io import builtin_hardware_names, load_hardware
 from servesim.model_config import builtin_model_names, load_model

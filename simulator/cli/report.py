@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from servesim.cli.console import console
 from servesim.errors import ServesimError
 from servesim.report import write_run_report

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
 from servesim.atomic_io import make_output_dir
 from servesim.cli.console import console
-from servesim.config import ExperimentConfig, load_experiment
-from servesim.engine import resolve_deployment, simulate
-from servesim.engine.deployment import Deployment
-from servesim.errors import ServesimError
-from servesim.metrics import write_run
+from servesim.metrics.summary import Summary
+from servesim.pipeline import RunPlan, load_plan, render, simulate
 from servesim.resources import configs_dir, find_builtin
 from servesim.sweep.spec import is_sweep_file
-from servesim.workloads import build_workload
-from servesim.workloads.requests import RequestTable
+from servesim.topology.group import ReplicaGroup
 
 GIB = 2**30
 
@@ -35,55 +32,53 @@ SetOption = Annotated[list[str] | None, typer.Option(
 SeedOption = Annotated[int | None, typer.Option(help="Seed of the workload (overrides the file)")]
 
 
-def _prepare(config_path: str, overrides: list[str] | None, seed: int | None
-             ) -> tuple[Path, ExperimentConfig, Deployment, RequestTable]:
-    path = find_config(config_path)
-    config = load_experiment(path, overrides or [], seed)
-    deployment = resolve_deployment(config)
-    workload = build_workload(config.workload, config.seed, path.parent)
-    if len(workload) == 0:
-        raise ServesimError("workload", "has no requests", "widen the time window or raise num_requests")
-    return path, config, deployment, workload
+def _plan(config_path: str, overrides: list[str] | None, seed: int | None) -> RunPlan:
+    return load_plan(find_config(config_path), overrides or [], seed)
 
 
-def _describe(config: ExperimentConfig, deployment: Deployment, workload: RequestTable) -> None:
-    if config.policy.name == "disaggregated":
-        _describe_pools(config, deployment, workload)
-        return
-    d, m, lim = deployment, deployment.memory, deployment.limits
-    console.print(f"[bold]{config.name}[/]: {d.model.name} on {d.replicas} x {d.tp} x "
-                  f"[bold]{d.hardware.name}[/] ({d.num_gpus} GPU{'s' if d.num_gpus > 1 else ''}), "
-                  f"policy [bold]{config.policy.name}[/], router {config.router.name}")
-    console.print(f"memory per GPU: weights {m.weight_bytes / GIB:.1f} GiB, activations "
-                  f"{m.activation_bytes / GIB:.1f} GiB, KV pool {m.kv_cache_bytes / GIB:.1f} GiB = "
-                  f"{lim.num_blocks:,} blocks of {lim.block_size} tokens per replica; "
-                  f"max_num_seqs {lim.max_num_seqs}, max_num_batched_tokens "
-                  f"{lim.max_num_batched_tokens:,}, max_model_len {lim.max_model_len:,}")
+def _group_line(group: ReplicaGroup) -> str:
+    m, lim = group.memory, group.limits
+    return (f"KV pool {m.kv_cache_bytes / GIB:.1f} GiB = {lim.num_blocks:,} blocks of {lim.block_size} "
+            f"tokens per replica; max_num_seqs {lim.max_num_seqs}, max_num_batched_tokens "
+            f"{lim.max_num_batched_tokens:,}")
+
+
+def describe_plan(plan: RunPlan) -> None:
+    """The deployment, one line per replica group (and link), then the workload."""
+    config, topology, workload = plan.config, plan.topology, plan.workload
+    engine = topology.engine
+    if len(topology.groups) == 1:
+        g = topology.groups[0]
+        m, lim = g.memory, g.limits
+        console.print(f"[bold]{config.name}[/]: {g.model.name} on {g.replicas} x {g.tp} x "
+                      f"[bold]{g.hardware.name}[/] ({g.num_gpus} GPU{'s' if g.num_gpus > 1 else ''}), "
+                      f"engine {engine.name} {engine.version}, policy [bold]{g.policy.name}[/], router "
+                      f"{config.router.name}")
+        console.print(f"memory per GPU: weights {m.weight_bytes / GIB:.1f} GiB, activations "
+                      f"{m.activation_bytes / GIB:.1f} GiB, {_group_line(g)}, max_model_len "
+                      f"{lim.max_model_len:,}")
+    else:
+        console.print(f"[bold]{config.name}[/]: {topology.model.name}, [bold]{topology.kind}[/] on "
+                      f"{topology.num_gpus} GPUs, engine {engine.name} {engine.version}, router "
+                      f"{config.router.name}")
+        for g in topology.groups:
+            console.print(f"  {g.name}: {g.replicas} x {g.tp} x [bold]{g.hardware.name}[/], policy "
+                          f"{g.policy.name}; {_group_line(g)}")
+        for line in topology.describe_links():
+            console.print(f"  {line}")
     console.print(f"workload: {escape(workload.describe())}")
-    if lim.enable_prefix_caching and not workload.has_prefixes:
+    caching = any(g.limits.enable_prefix_caching for g in topology.groups)
+    if caching and not workload.has_prefixes:
         console.print("[yellow]prefix caching is on, but the workload has no prefix block ids, so "
                       "nothing can hit[/] (add workload.shared_prefix or replay a mooncake trace)")
-    if d.hardware.spec_only:
+    rejections = plan.rejections()
+    if rejections:
+        total = sum(rejections.values())
+        reasons = "; ".join(f"{count:,}: {reason}" for reason, count in rejections.items())
+        console.print(f"[yellow]{total:,} of {len(workload):,} requests will be rejected[/] ({reasons})")
+    if any(g.hardware.spec_only for g in topology.groups):
         console.print("[dim]hardware profile is spec-only: efficiencies are defaults, not fitted to "
                       "measurements[/]")
-
-
-def _describe_pools(config: ExperimentConfig, deployment: Any, workload: RequestTable) -> None:
-    """A disaggregated deployment: one line per pool, one for the link."""
-    console.print(f"[bold]{config.name}[/]: {deployment.model.name}, [bold]disaggregated[/] on "
-                  f"{deployment.num_gpus} GPUs, router {config.router.name}")
-    for name in ("prefill", "decode"):
-        d = deployment.pool(name)
-        m, lim = d.memory, d.limits
-        console.print(f"  {name}: {d.replicas} x {d.tp} x [bold]{d.hardware.name}[/], policy "
-                      f"{deployment.pool_policy(name)[0]}; KV pool {m.kv_cache_bytes / GIB:.1f} GiB = "
-                      f"{lim.num_blocks:,} blocks of {lim.block_size} tokens per replica; max_num_seqs "
-                      f"{lim.max_num_seqs}, max_num_batched_tokens {lim.max_num_batched_tokens:,}")
-    link = deployment.link
-    console.print(f"  KV link: {link.kind}, {link.bandwidth_Bps * link.efficiency / 1e9:.1f} GB/s x "
-                  f"{link.lanes} lane(s), {link.latency_s * 1e6:.0f} us, {link.channels} channel(s); "
-                  f"{deployment.kv_bytes_per_token / 1024:.0f} KiB of KV per prompt token")
-    console.print(f"workload: {escape(workload.describe())}")
 
 
 def validate_command(
@@ -91,9 +86,9 @@ def validate_command(
     overrides: SetOption = None,
     seed: SeedOption = None,
 ) -> None:
-    """Check an experiment without running it: keys, model, hardware, memory fit and workload."""
-    _, cfg, deployment, workload = _prepare(config, overrides, seed)
-    _describe(cfg, deployment, workload)
+    """Check an experiment without running it: keys, model, hardware, memory fit, workload, and
+    which requests the deployment will refuse."""
+    describe_plan(_plan(config, overrides, seed))
     console.print("[green]valid[/]")
 
 
@@ -106,8 +101,9 @@ def run_command(
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
 ) -> None:
     """Simulate an experiment and write its summary, tables and interactive report."""
-    path, cfg, deployment, workload = _prepare(config, overrides, seed)
-    _describe(cfg, deployment, workload)
+    plan = _plan(config, overrides, seed)
+    describe_plan(plan)
+    cfg, workload = plan.config, plan.workload
     out_dir = out or Path("runs") / cfg.name
     make_output_dir(out_dir)  # fail before a long run, not after it
     columns = (TextColumn("simulating"), BarColumn(),
@@ -119,9 +115,9 @@ def run_command(
         def progress(done: int, total: int, sim_s: float) -> None:
             bar.update(task, completed=done, sim=sim_s)
 
-        result = simulate(cfg, workload, path.parent, progress=None if quiet else progress)
-    tables = write_run(result, out_dir, report=report)
-    render_summary(tables.summary)
+        result = simulate(plan, progress=None if quiet else progress)
+    render(result, out_dir, report=report)
+    render_summary(result.summary)
     console.print(f"simulated {len(workload):,} requests, {len(result.steps):,} steps in "
                   f"{result.wall_time_s:.2f} s wall ({len(workload) / max(result.wall_time_s, 1e-9):,.0f} "
                   "requests/s)")
@@ -137,27 +133,26 @@ def _fmt(seconds: float | None) -> str:
     return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
 
 
-def render_summary(summary: dict[str, Any]) -> None:
+def render_summary(summary: Summary) -> None:
     table = Table(show_edge=False, box=None, pad_edge=False)
     table.add_column("latency")
     for column in ("mean", "p50", "p90", "p99", "max"):
         table.add_column(column, justify="right")
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                        ("queueing_s", "queueing")):
-        stats = summary[key]
-        table.add_row(label, *(_fmt(stats[c]) for c in ("mean", "p50", "p90", "p99", "max")))
+        stats = summary.latency(key)
+        table.add_row(label, *(_fmt(getattr(stats, c)) for c in ("mean", "p50", "p90", "p99", "max")))
     console.print(table)
-    t = summary["throughput"]
-    console.print(f"throughput: {t['requests_per_s']:.2f} requests/s, {t['output_tokens_per_s']:,.0f} "
-                  f"output tokens/s, {t['total_tokens_per_s']:,.0f} total tokens/s over "
-                  f"{summary['duration_s']:,.1f} s")
-    kv, batch = summary["kv"], summary["batch"]
-    peak = kv["peak_blocks_used"] / max(kv["blocks_total"], 1)
-    console.print(f"completed {summary['completed']:,}, rejected {summary['rejected']:,}, preemptions "
-                  f"{summary['preemptions']:,}; mean batch {batch['mean_size']:.1f}; KV use mean "
-                  f"{kv['mean_utilization']:.0%}, peak {peak:.0%}")
-    if summary.get("disaggregation"):
-        dis = summary["disaggregation"]
+    t = summary.throughput
+    console.print(f"throughput: {t.requests_per_s:.2f} requests/s, {t.output_tokens_per_s:,.0f} "
+                  f"output tokens/s, {t.total_tokens_per_s:,.0f} total tokens/s over "
+                  f"{summary.duration_s:,.1f} s")
+    kv, batch = summary.kv, summary.batch
+    console.print(f"completed {summary.completed:,}, rejected {summary.rejected:,}, preemptions "
+                  f"{summary.preemptions:,}; mean batch {batch.mean_size:.1f}; KV use mean "
+                  f"{kv.mean_utilization:.0%}, peak {kv.peak_fraction:.0%}")
+    dis = summary.sections.get("disaggregation")
+    if dis:
         link, pools = dis["link"], dis["pools"]
         copy, link_wait, room_wait = dis["transfer_s"], dis["link_wait_s"], dis["decode_wait_s"]
         console.print(f"KV transfers: {link['transfers']:,}, copy p50 {_fmt(copy['p50'])} p99 "
@@ -165,20 +160,20 @@ def render_summary(summary: dict[str, Any]) -> None:
                       f"p99 {_fmt(room_wait['p99'])}; link busy {link['utilization']:.0%}; prefill pool "
                       f"busy {pools['prefill']['busy_fraction']:.0%}, decode pool busy "
                       f"{pools['decode']['busy_fraction']:.0%}")
-    swap = summary.get("swap") or {}
-    if swap.get("swaps_out"):
-        console.print(f"swapped {swap['swaps_out']:,} out / {swap['swaps_in']:,} in over the host link: "
-                      f"{(swap['bytes_out'] + swap['bytes_in']) / 1e9:,.2f} GB, "
-                      f"{swap['transfer_s']:,.3f} s of step time")
-    prefix = summary.get("prefix_cache")
+    swap = summary.swap
+    if swap.swaps_out:
+        console.print(f"swapped {swap.swaps_out:,} out / {swap.swaps_in:,} in over the host link: "
+                      f"{(swap.bytes_out + swap.bytes_in) / 1e9:,.2f} GB, "
+                      f"{swap.transfer_s:,.3f} s of step time")
+    prefix = summary.prefix_cache
     if prefix:
-        console.print(f"prefix cache: hit rate [bold]{prefix['hit_rate']:.1%}[/] "
-                      f"({prefix['cached_tokens']:,} of {prefix['prompt_tokens']:,} prompt tokens), "
-                      f"{prefix['evicted_blocks']:,} blocks evicted")
-    if summary.get("unfinished"):
-        console.print(f"[bold red]{summary['unfinished']:,} requests neither completed nor were "
+        console.print(f"prefix cache: hit rate [bold]{prefix.hit_rate:.1%}[/] "
+                      f"({prefix.cached_tokens:,} of {prefix.prompt_tokens:,} prompt tokens), "
+                      f"{prefix.evicted_blocks:,} blocks evicted")
+    if summary.unfinished:
+        console.print(f"[bold red]{summary.unfinished:,} requests neither completed nor were "
                       "rejected[/]: the policy left them queued (see requests.parquet, status unfinished)")
-    if summary.get("slos"):
-        limits = ", ".join(f"{k.removesuffix('_s').upper()} <= {_fmt(v)}" for k, v in summary["slos"].items())
-        console.print(f"SLOs ({limits}): attainment [bold]{summary['slo_attainment']:.1%}[/], goodput "
-                      f"{summary['goodput_requests_per_s']:.2f} requests/s")
+    if summary.slos:
+        limits = ", ".join(f"{k.removesuffix('_s').upper()} <= {_fmt(v)}" for k, v in summary.slos.items())
+        console.print(f"SLOs ({limits}): attainment [bold]{summary.slo_attainment:.1%}[/], goodput "
+                      f"{summary.goodput_requests_per_s:.2f} requests/s")

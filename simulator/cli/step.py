@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+
 from servesim.cli.console import console as _console
 from servesim.cost import BatchShape
 from servesim.dtypes import Precision

@@ -18,6 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+
 from servesim.cli.console import console
 from servesim.sweep import find_sweep, load_sweep
 from servesim.sweep.axes import point_label

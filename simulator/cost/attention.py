@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from servesim.cost.batch import BatchShape
 from servesim.cost.roofline import OpCost, memory_efficiency
 from servesim.hardware import HardwareProfile

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from servesim.errors import ServesimError
 
 _INT = np.int64

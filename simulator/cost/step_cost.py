@@ -32,12 +32,14 @@ checkpoints leave them; attention math is 16-bit (FP8 attention kernels are not 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from servesim.cost.attention import AttentionShape, decode_attention, prefill_attention
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allgather_s, ring_allreduce_s
 from servesim.cost.roofline import OpCost, roofline
 from servesim.dtypes import DType, Precision
+from servesim.engines.base import RuntimeCosts, default_runtime
 from servesim.hardware import HardwareProfile
 from servesim.model_spec import ModelSpec, ceil_div
 
@@ -51,7 +53,7 @@ IO_BYTES = 2.0
 
 
 BOUNDS = ("compute", "memory", "communication", "overhead")
-"""What a step can be bound by, in the order :meth:`CostModel.step_summary` indexes them."""
+"""What a step can be bound by, in the order :attr:`StepRecord.bound` indexes them."""
 
 OP_CLASSES = ("gemm", "attn_prefill", "attn_decode", "elementwise", "communication", "overhead")
 """The coarse operator classes the engine records per step (:meth:`CostModel.step_record`), in
@@ -65,6 +67,27 @@ OP_CLASS_OF = {"embedding": "elementwise", "qkv_proj": "gemm", "attn_prefill": "
                "elementwise": "elementwise", "lm_head": "gemm", "communication": "communication",
                "overhead": "overhead"}
 """Which :data:`OP_CLASSES` entry each :data:`BREAKDOWN_KEYS` entry belongs to."""
+
+
+class StepRecord(NamedTuple):
+    """What the engine logs of one step (:meth:`CostModel.step_record`), without the breakdown:
+    the time, what bounds it (an index into :data:`BOUNDS`), the work, and the seconds of each of
+    :data:`OP_CLASSES` (they sum to ``time_s``). The step log's columns are named from these
+    fields (:mod:`servesim.core.step_log`)."""
+
+    time_s: float
+    bound: int
+    flops: float
+    hbm_bytes: float
+    gemm_s: float
+    attn_prefill_s: float
+    attn_decode_s: float
+    elementwise_s: float
+    communication_s: float
+    overhead_s: float
+
+
+IDLE_RECORD = StepRecord(0.0, BOUNDS.index("overhead"), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +136,19 @@ class StepCost:
 
 
 class CostModel:
-    """Step-time predictor for one deployment (model x hardware x TP x precision)."""
+    """Step-time predictor for one deployment (model x hardware x TP x precision), as a serving
+    engine runs it: ``runtime`` is the engine's software cost per step (default: the default
+    engine's on this hardware; :meth:`RuntimeCosts.none` for the kernels alone)."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
-                 precision: Precision | None = None) -> None:
+                 precision: Precision | None = None, runtime: RuntimeCosts | None = None) -> None:
         model.check_tensor_parallel(tp)
         self.model = model
         self.hardware = hardware
         self.tp = tp
         self.precision = precision or Precision()
+        self.runtime = runtime if runtime is not None else default_runtime(hardware.name)
+        self._step_overhead_s = self.runtime.step_overhead_s
         self.peak_flops = hardware.peak(self.precision.math)
         self.bf16_peak = hardware.peak(DType.BF16)
         self.bandwidth = hardware.memory.bandwidth_Bps
@@ -283,7 +310,7 @@ class CostModel:
         if cached is None:
             ops = tuple(self._token_ops(float(tokens), float(logits)))
             comm_s = self._communication_s(float(tokens), float(logits))
-            step_s = self.hardware.overhead.step_s
+            step_s = self._step_overhead_s
             total = sum(op.time_s for op in ops) + comm_s + step_s
             cached = _TokenPart(ops, comm_s, total,
                                 compute_s=sum(op.roofline_s for op in ops if op.bound == "compute"),
@@ -297,20 +324,15 @@ class CostModel:
                 self._token_cache[key] = cached
         return cached
 
-    def step_summary(self, batch: BatchShape) -> tuple[float, int, float, float]:
-        """The engine's per-step record: (seconds, index of the bound in :data:`BOUNDS`, FLOPs,
-        HBM bytes), without building the breakdown. Same time and bound as :meth:`step`."""
-        return self.step_record(batch)[:4]
-
-    def step_record(self, batch: BatchShape) -> tuple[float, ...]:
-        """:meth:`step_summary`'s four numbers followed by the seconds of each of
-        :data:`OP_CLASSES`: what the engine writes per step, without building the breakdown.
+    def step_record(self, batch: BatchShape) -> StepRecord:
+        """What the engine logs per step (see :class:`StepRecord`), without building the
+        breakdown; same time and bound as :meth:`step`.
 
         The token part (everything but attention) is memoised with its class sums, so this costs
         one loop over the two or three attention operators, like :meth:`step_time`.
         """
         if batch.is_empty:
-            return 0.0, BOUNDS.index("overhead"), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+            return IDLE_RECORD
         part = self._token_part(batch.num_new_tokens, batch.num_logits)
         total, compute_s, memory_s = part.total_s, part.compute_s, part.memory_s
         overhead_s, flops, nbytes = part.overhead_s, part.flops, part.hbm_bytes
@@ -332,8 +354,8 @@ class CostModel:
             else:  # MLA's re-expansion of cached latents is a GEMM
                 gemm_s += time_s
         sums = (compute_s, memory_s, part.comm_s, overhead_s)
-        return (total, sums.index(max(sums)), flops, nbytes, gemm_s, prefill_s, decode_s,
-                part.elementwise_s, part.comm_s, self.hardware.overhead.step_s)
+        return StepRecord(total, sums.index(max(sums)), flops, nbytes, gemm_s, prefill_s, decode_s,
+                          part.elementwise_s, part.comm_s, self._step_overhead_s)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp = self.model, self.tp
@@ -401,7 +423,7 @@ class CostModel:
             bound_s["overhead"] += op.fixed_s
             flops += op.flops
             hbm += op.bytes
-        step_overhead = self.hardware.overhead.step_s
+        step_overhead = self._step_overhead_s
         breakdown["communication"] = comm_s
         breakdown["overhead"] = step_overhead
         bound_s["overhead"] += step_overhead

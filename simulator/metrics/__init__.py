@@ -1,6 +1,6 @@
-"""Metrics of a run: the per-request and per-step tables, the summary, and writing them out."""
+"""Metrics of a run: the per-request and per-step tables, the typed summary, usage figures."""
 
-from servesim.metrics.outputs import RunTables, tabulate, write_run
 from servesim.metrics.stats import describe, describe_weighted, weighted_percentile
+from servesim.metrics.summary import Summary
 
-__all__ = ["RunTables", "describe", "describe_weighted", "tabulate", "weighted_percentile", "write_run"]
+__all__ = ["Summary", "describe", "describe_weighted", "weighted_percentile"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from servesim.report.format import METRICS, Metric, fmt_latency
 from servesim.report.run_data import RunData
 from servesim.report.series import (

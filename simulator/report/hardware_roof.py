@@ -1,6 +1,7 @@
 """The roof a run's steps are drawn under: peak FLOP/s and HBM bandwidth of the run's hardware.
 
-A report reads only the run folder, so the roof comes from ``config.resolved.yaml``: its
+A report of a run in memory takes the roof from the run's hardware (:func:`roof_of`); one rebuilt
+from a run folder reads it from ``config.resolved.yaml``: its
 ``hardware`` (a built-in profile name or a profile YAML path), ``deployment.tp`` and
 ``precision.activations`` (the format the GEMMs multiply in, whose peak is the compute roof, as
 in the cost model). When the profile cannot be found any more (a custom YAML moved away), the
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from servesim.dtypes import DType, Precision
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
@@ -52,14 +54,19 @@ def roof_from_config(config_text: str | None, run_dir: Path) -> Roof | str:
     name = str(config["hardware"])
     try:
         tp = int(deployment.get("tp") or 1)
-        dtype = Precision.from_names(str(precision.get("weights", "bf16")),
-                                     str(precision.get("activations", "bf16"))).math
-        hardware = _load(name, run_dir)
-        peak = hardware.peak(dtype)
+        precision_ = Precision.from_names(str(precision.get("weights", "bf16")),
+                                          str(precision.get("activations", "bf16")))
+        return roof_of(_load(name, run_dir), precision_, tp)
     except (ServesimError, ValueError, TypeError) as exc:
         return f"hardware {name!r} could not be loaded ({exc})"
-    return Roof(hardware=hardware.display_name, math_dtype=dtype.value, tp=max(tp, 1), peak_flops=peak,
-                bf16_peak_flops=hardware.peak(DType.BF16), bandwidth_Bps=hardware.memory.bandwidth_Bps)
+
+
+def roof_of(hardware: HardwareProfile, precision: Precision, tp: int) -> Roof:
+    """The roof of ``tp`` GPUs of ``hardware`` multiplying in ``precision``'s math format."""
+    dtype = precision.math
+    return Roof(hardware=hardware.display_name, math_dtype=dtype.value, tp=max(tp, 1),
+                peak_flops=hardware.peak(dtype), bf16_peak_flops=hardware.peak(DType.BF16),
+                bandwidth_Bps=hardware.memory.bandwidth_Bps)
 
 
 def _load(name: str, run_dir: Path) -> HardwareProfile:

@@ -13,6 +13,7 @@ from html import escape
 
 import plotly.io as pio
 import plotly.offline
+
 from servesim.report.figures import Chart
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}

@@ -1,8 +1,10 @@
-"""Load one run directory, exactly as the engine's metrics writer saved it.
+"""What a run report shows: from a run in memory (:meth:`RunData.from_result`), or loaded from a
+run directory exactly as it was saved (:func:`load_run`).
 
-Reports read only these files (never the live engine), so a report can be rebuilt from an archived
-run. Loading checks that the files and the columns the report needs are there and turns anything
-missing into a one-line :class:`ServesimError` instead of a pandas or pyarrow traceback.
+A report can be rebuilt from an archived run, so loading checks that the files and the columns the
+report needs are there and turns anything missing into a one-line :class:`ServesimError` instead
+of a pandas or pyarrow traceback. Files written by older versions may lack newer keys and
+columns: the summary is read as a mapping with defaults, and optional columns get one.
 """
 
 from __future__ import annotations
@@ -10,12 +12,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+
+from servesim.core.step_log import OP_COLUMNS
 from servesim.errors import ServesimError
+from servesim.report.hardware_roof import Roof, roof_of
+
+if TYPE_CHECKING:
+    from servesim.pipeline.result import RunResult
 
 REQUESTS_FILE = "requests.parquet"
 STEPS_FILE = "steps.parquet"
@@ -31,10 +39,6 @@ REQUEST_COLUMNS = ("replica", "arrival_s", "output_tokens", "status", "first_tok
 REQUEST_OPTIONAL = {"reject_reason": "", "max_itl_s": np.nan, "preemptions": 0}
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes", "prefill_tokens",
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
-OP_COLUMNS = ("op_gemm_s", "op_attn_prefill_s", "op_attn_decode_s", "op_elementwise_s", "op_communication_s",
-              "op_overhead_s")
-"""Seconds per operator class per step (servesim.engine.step_log.OP_COLUMNS; runs written before
-they existed get NaN, and the report leaves their chart out)."""
 STEP_OPTIONAL = {"bound": "unknown", "preempted": 0, "flops": np.nan, "hbm_bytes": np.nan,
                  "pool": "", **dict.fromkeys(OP_COLUMNS, np.nan)}
 ITL_COLUMNS = ("itl_s", "count")
@@ -51,6 +55,24 @@ class RunData:
     itl_counts: np.ndarray
     summary: dict[str, Any]
     config_text: str | None
+    roof: Roof | str | None = None
+    """The hardware roof of the steps (None: read from ``config_text``'s hardware)."""
+
+    @classmethod
+    def from_result(cls, result: RunResult, run_dir: Path, config_text: str) -> RunData:
+        """The report's data from a run in memory (no file is read back); ``config_text`` is its
+        resolved configuration."""
+        values, counts = result.request_state.itl.arrays()
+        group = result.plan.topology.groups[0]
+        requests = result.requests
+        steps = result.steps
+        for column, default in STEP_OPTIONAL.items():
+            if column not in steps:
+                steps = steps.assign(**{column: default})
+        return cls(run_dir=run_dir, requests=requests, steps=steps, itl_values=values.astype(float),
+                   itl_counts=counts.astype(float), summary=result.summary.to_dict(),
+                   config_text=config_text,
+                   roof=roof_of(group.hardware, group.precision, group.tp))
 
     def completed(self) -> pd.DataFrame:
         """The completed requests: the population of the summary's latency statistics."""

@@ -28,7 +28,8 @@ def build_run_charts(data: RunData) -> list[Chart]:
 
 def _charts(data: RunData, checks: list[SloCheck]) -> list[Chart]:
     charts = build_charts(data, checks)
-    charts.append(roofline_chart(data, roof_from_config(data.config_text, data.run_dir)))
+    roof = data.roof if data.roof is not None else roof_from_config(data.config_text, data.run_dir)
+    charts.append(roofline_chart(data, roof))
     if has_op_columns(data):
         charts.append(op_breakdown_chart(data))
     else:
@@ -47,14 +48,16 @@ def render_run_report(data: RunData) -> str:
                        footer=f"servesim run report for {data.run_dir.resolve()}")
 
 
-def write_run_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Read ``run_dir``'s saved outputs and write a self-contained HTML report; return its path.
+def write_run_report(run_dir: Path, out: Path | None = None, data: RunData | None = None) -> Path:
+    """Write a self-contained HTML report of the run in ``run_dir``; return its path.
 
-    ``out`` defaults to ``run_dir / "report.html"``. Raises :class:`ServesimError` when the run
-    directory lacks a file or column the report needs.
+    ``data`` is the run in memory (:meth:`RunData.from_result`); without it the saved outputs are
+    read. ``out`` defaults to ``run_dir / "report.html"``. Raises :class:`ServesimError` when the
+    run directory lacks a file or column the report needs.
     """
     run_dir = Path(run_dir)
-    data = load_run(run_dir)
+    if data is None:
+        data = load_run(run_dir)
     target = Path(out) if out is not None else run_dir / REPORT_FILE
     atomic_write_text(target, render_run_report(data))
     return target

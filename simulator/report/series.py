@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from servesim.metrics.stats import merge_weighted
 
 FloatArray = np.ndarray

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from servesim.report.figures import MAX_SCATTER_POINTS, TEMPLATE, Chart, f32, sample_steps
 from servesim.report.hardware_roof import Roof
 from servesim.report.run_data import OP_COLUMNS, RunData

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import yaml
+
 from servesim.errors import ServesimError
 from servesim.report.format import METRICS
 

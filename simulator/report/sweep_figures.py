@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from servesim.report.figures import TEMPLATE, Chart
 from servesim.report.format import METRICS
 from servesim.report.sweep_data import SweepData, format_value

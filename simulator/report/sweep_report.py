@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from servesim.atomic_io import atomic_write_text
 from servesim.report.format import METRICS, fmt_count, fmt_latency, fmt_pct, fmt_sig
 from servesim.report.page import render_page

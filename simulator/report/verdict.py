@@ -15,6 +15,7 @@ from html import escape
 from typing import Any
 
 import numpy as np
+
 from servesim.metrics.stats import weighted_percentile
 from servesim.report.format import (
     METRICS,

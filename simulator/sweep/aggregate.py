@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from servesim.sweep.execute import RUN_RECORD
 from servesim.sweep.plan import SweepPlan
 

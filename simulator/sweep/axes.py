@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import numpy as np
+
 from servesim.errors import ServesimError
 from servesim.sweep.spec import SweepSpec
 

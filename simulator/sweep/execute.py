@@ -1,9 +1,10 @@
 """Running one (point, seed) and storing its folder: the one code path every backend shares.
 
 :func:`execute_run` simulates a :class:`~servesim.sweep.plan.RunTask` and returns the run's
-files as bytes (the same files ``servesim run --no-report`` writes: ``summary.json``,
-``config.resolved.yaml`` and, for ``output: full``, the parquet tables) plus ``run.json`` (status,
-point, replication, seed, wall time). It touches no shared disk, so it runs unchanged in a local
+files as bytes (the same files ``servesim run --no-report`` writes, from
+:func:`~servesim.pipeline.render.result_files`: ``summary.json``, ``config.resolved.yaml`` and,
+for ``output: full``, the parquet tables) plus ``run.json`` (status, point, replication, seed,
+wall time). It touches no shared disk, so it runs unchanged in a local
 worker process or on any node of a Ray cluster. :func:`store_run`, on the machine that owns the
 sweep folder, writes those files into ``points/.tmp-<run>-*`` and renames that folder to
 ``points/<run>/`` in one step: a run folder is there whole or not at all, so a killed sweep loses
@@ -22,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from servesim.config import validate_document
-from servesim.engine import simulate
 from servesim.errors import ServesimError
-from servesim.metrics import write_run
+from servesim.pipeline import prepare, result_files, simulate
 from servesim.sweep.plan import RunTask
 
 RUN_RECORD = "run.json"
@@ -49,13 +49,11 @@ def execute_run(task: RunTask) -> RunFiles:
     files: dict[str, bytes] = {}
     try:
         config = validate_document(task.document, task.run_id)
-        result = simulate(config, base_dir=Path(task.base_dir))
+        result = simulate(prepare(config, base_dir=Path(task.base_dir)))
     except ServesimError as exc:
         record.update(status="infeasible", reason=str(exc))
     else:
-        with tempfile.TemporaryDirectory(prefix="servesim-run-") as tmp:
-            write_run(result, Path(tmp), report=False)
-            files = {path.name: path.read_bytes() for path in sorted(Path(tmp).iterdir())}
+        files = dict(sorted(result_files(result).items()))
     record["wall_s"] = round(time.perf_counter() - started, 4)
     files[RUN_RECORD] = (json.dumps(record, indent=2) + "\n").encode()
     return RunFiles(task.run_id, files)

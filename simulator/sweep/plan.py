@@ -22,18 +22,18 @@ from typing import Any, Literal
 
 from servesim.config import ExperimentConfig, validate_document
 from servesim.dtypes import DType
-from servesim.engine.deployment import policy_knobs, resolve_deployment
+from servesim.engines import Engine, make_engine
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
 from servesim.hardware_io import load_hardware
 from servesim.model_config import load_model
 from servesim.model_spec import ModelSpec
-from servesim.policies.base import POOL_POLICIES, check_policy, parse_options
-from servesim.policies.disaggregated import DisaggregatedOptions
+from servesim.policies.base import check_policy
 from servesim.policies.routers import check_router
 from servesim.sweep.axes import Point, expand, point_label, varied_keys
 from servesim.sweep.hashing import identity, point_hash, run_hash
 from servesim.sweep.spec import Sweep, set_dotted
+from servesim.topology.resolve import resolve_topology
 
 Status = Literal["ok", "infeasible"]
 
@@ -63,7 +63,7 @@ class PlannedPoint:
     reason: str = ""
     runs: list[RunTask] = field(default_factory=list)
     num_gpus: int | None = None
-    """From the resolved deployment (both pools of a disaggregated one); None when infeasible."""
+    """From the resolved topology (every group of it); None when infeasible."""
 
     @property
     def gpus(self) -> int:
@@ -107,11 +107,11 @@ def plan_point(sweep: Sweep, index: int, values: Point,
         config = validate_document(document, sweep.source)
     except ServesimError as exc:
         raise blame(exc) from None
-    model, hardware = _check_names(config, blame, {} if loaded is None else loaded)
-    ident = identity(config, model, hardware)
+    model, hardware, engine = _check_names(config, blame, {} if loaded is None else loaded)
+    ident = identity(config, model, hardware, engine)
     point = PlannedPoint(index, values, point_hash(ident), config, hardware)
     try:
-        point.num_gpus = resolve_deployment(config).num_gpus
+        point.num_gpus = resolve_topology(config).num_gpus
     except ServesimError as exc:
         point.status, point.reason = "infeasible", str(exc)
         return point
@@ -125,8 +125,9 @@ def plan_point(sweep: Sweep, index: int, values: Point,
 
 
 def _check_names(config: ExperimentConfig, blame: Any, loaded: dict[tuple[str, str], Any]
-                 ) -> tuple[ModelSpec, HardwareProfile]:
-    """The names a point uses exist (a typo here is the file's mistake, not an infeasible point)."""
+                 ) -> tuple[ModelSpec, HardwareProfile, Engine]:
+    """The names a point uses exist and its knobs are well formed (a typo here is the file's
+    mistake, not an infeasible point)."""
     found = []
     for section, name, load in (("model", config.model, load_model),
                                 ("hardware", config.hardware, load_hardware)):
@@ -138,21 +139,20 @@ def _check_names(config: ExperimentConfig, blame: Any, loaded: dict[tuple[str, s
         found.append(loaded[section, name])
     model, hardware = found
     p = config.precision
-    def policy_check() -> Any:
-        if config.policy.name in POOL_POLICIES:  # its pools' knobs are checked with the deployment
-            return parse_options(DisaggregatedOptions, policy_knobs(config.policy), "policy")
-        return check_policy(config.policy.name, policy_knobs(config.policy))
 
-    for section, check in (("policy", policy_check),
-                           ("router", lambda: check_router(config.router.name, policy_knobs(config.router))),
-                           ("precision.weights", lambda: DType.parse(p.weights, "weight_dtype")),
-                           ("precision.activations", lambda: DType.parse(p.activations, "act_dtype")),
-                           ("precision.kv_cache", lambda: DType.parse(p.kv_cache, "kv_dtype"))):
+    def check(section: str, call: Any) -> Any:
         try:
-            check()
+            return call()
         except ServesimError as exc:
             raise blame(exc, section) from None
-    return model, hardware
+
+    engine: Engine = check("engine", lambda: make_engine(config.engine.name, config.engine.knobs()))
+    check("policy", lambda: check_policy(config.policy.name or engine.defaults.policy, config.policy.knobs()))
+    check("router", lambda: check_router(config.router.name, config.router.knobs()))
+    check("precision.weights", lambda: DType.parse(p.weights, "weight_dtype"))
+    check("precision.activations", lambda: DType.parse(p.activations, "act_dtype"))
+    check("precision.kv_cache", lambda: DType.parse(p.kv_cache, "kv_dtype"))
+    return model, hardware, engine
 
 
 def _place(config_field: str, places: dict[str, list[str]]) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from servesim.atomic_io import atomic_write, atomic_write_text, make_output_dir
 from servesim.sweep.aggregate import tables
 from servesim.sweep.backends import Backend, run_tasks

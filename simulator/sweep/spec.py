@@ -45,26 +45,26 @@ import copy
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from servesim.config import parse_override, read_yaml_document
+from pydantic import Field, ValidationError, field_validator
+
+from servesim.config import absolute_trace_paths, read_yaml_document
 from servesim.errors import ServesimError
+from servesim.inputs.overrides import parse_override
+from servesim.inputs.overrides import set_dotted as set_path
+from servesim.inputs.schema import StrictModel, user_error
 from servesim.resources import configs_dir, find_builtin
 
 FORBIDDEN_AXES = {"seed": "vary seeds with replications: K", "output": "set output at the top of the sweep"}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RandomBlock(_Strict):
+class RandomBlock(StrictModel):
     n: int = Field(ge=1, description="samples to draw")
     seed: int = Field(0, ge=0, description="seed of the sampler (not of the workload)")
     axes: dict[str, Any] = Field(min_length=1, description="key: list of values, or {uniform|loguniform|"
                                  "randint: [lo, hi]}")
 
 
-class SweepSpec(_Strict):
+class SweepSpec(StrictModel):
     name: str | None = None
     base: str | dict[str, Any]
     set: dict[str, Any] = Field(default_factory=dict)
@@ -142,11 +142,9 @@ def parse_sweep(document: dict[str, Any], folder: Path, source: str = "sweep",
     try:
         spec = SweepSpec.model_validate(document)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(p) for p in error["loc"]) or source
-        problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-        raise ServesimError(field, f"{problem} in {source}",
-                            "keys are name, base, set, grid, zip, random, replications, output") from None
+        error = user_error(exc, SweepSpec, missing_fix=lambda _, key: f"add {key}: ... to {source}",
+                           value_fix=f"fix it in {source}")
+        raise error from None
     _check_axes(spec, source)
     base_document, base_dir = _base_document(spec.base, folder, source)
     for key, value in spec.set.items():
@@ -206,27 +204,17 @@ def set_dotted(document: dict[str, Any], key: str, value: Any, field: str) -> No
     parts = key.split(".")
     if not all(parts):
         raise ServesimError(field, f"{key!r} is not a dotted key", "write e.g. deployment.tp")
-    node = document
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        elif not isinstance(child, dict):
-            raise ServesimError(field, f"{part!r} is a value, not a section", f"set {part} itself")
-        node = child
-    node[parts[-1]] = copy.deepcopy(value)
+    set_path(document, parts, copy.deepcopy(value), field)
 
 
 def sweep_document(sweep: Sweep) -> dict[str, Any]:
     """The sweep with its base expanded inline (``set`` applied, trace paths made absolute), so
     the written ``sweep.resolved.yaml`` runs as is from any folder."""
-    from servesim.metrics.outputs import _absolute_paths
-
     document = sweep.spec.model_dump(mode="json", exclude_none=True)
     document["name"] = sweep.name
     base = copy.deepcopy(sweep.base_document)
     if isinstance(base.get("workload"), dict):
-        _absolute_paths(base["workload"], sweep.base_dir)
+        absolute_trace_paths(base["workload"], sweep.base_dir)
     document["base"] = base
     document.pop("set", None)  # already applied to the base
     return document

@@ -10,7 +10,17 @@ purpose (``blocks_to_grow``, ``grow``, ``release``) so that a prefix-caching poo
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
+
+Tokens = TypeVar("Tokens", int, np.ndarray)
+
+
+def blocks_for(tokens: Tokens, block_size: int) -> Tokens:
+    """KV blocks of ``block_size`` tokens that hold ``tokens`` tokens: ``ceil(tokens / block_size)``
+    (element-wise for an array). The one spelling of this rounding in servesim."""
+    return -(-tokens // block_size)
 
 
 class BlockPool:
@@ -32,12 +42,12 @@ class BlockPool:
         return self.total - self.free
 
     def blocks_for(self, tokens: int) -> int:
-        """Blocks that hold ``tokens`` tokens."""
-        return -(-int(tokens) // self.block_size)
+        """Blocks of this pool that hold ``tokens`` tokens."""
+        return blocks_for(int(tokens), self.block_size)
 
     def blocks_to_grow(self, request: int, tokens: int) -> int:
         """Extra blocks request ``request`` needs to hold ``tokens`` tokens."""
-        return max(0, -(-int(tokens) // self.block_size) - int(self.held[request]))
+        return max(0, blocks_for(int(tokens), self.block_size) - int(self.held[request]))
 
     def grow(self, request: int, blocks: int) -> None:
         self.held[request] += blocks

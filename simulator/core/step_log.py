@@ -1,26 +1,42 @@
 """One record per iteration, written into preallocated NumPy chunks (one row per step, no
-Python object kept per step), and turned into the steps table at the end."""
+Python object kept per step), and turned into the steps table at the end.
+
+The columns are defined here once: what the replica knows of the batch (:data:`BATCH_FIELDS`),
+then the cost model's :class:`~servesim.cost.StepRecord` fields under their column names
+(``time_s`` is ``duration_s``, each operator class ``x_s`` is ``op_x_s``), then ``extra_s``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from servesim.cost import BOUNDS, OP_CLASSES
+
+from servesim.cost import BOUNDS, OP_CLASSES, StepRecord
+
+BATCH_FIELDS = ("replica", "start_s", "num_prefills", "num_decodes", "prefill_tokens", "decode_tokens",
+                "kv_blocks_used", "waiting", "running", "preempted")
+"""What the replica records of each step besides its price (integers but ``start_s``)."""
 
 OP_COLUMNS = tuple(f"op_{name}_s" for name in OP_CLASSES)
 """Seconds of each operator class in a step (``op_gemm_s``, ``op_attn_prefill_s``, ...); they sum
 to ``duration_s - extra_s``."""
 
-# The fields after ``preempted`` are CostModel.step_record's tuple, in its order, so the replica
-# appends it unpacked; to_frame puts ``duration_s`` back beside ``start_s``.
-ROW = np.dtype([("replica", np.int64), ("start_s", np.float64), ("num_prefills", np.int64),
-                ("num_decodes", np.int64), ("prefill_tokens", np.int64), ("decode_tokens", np.int64),
-                ("kv_blocks_used", np.int64), ("waiting", np.int64), ("running", np.int64),
-                ("preempted", np.int64), ("duration_s", np.float64), ("bound", np.int8),
-                ("flops", np.float64), ("hbm_bytes", np.float64),
-                *((name, np.float64) for name in OP_COLUMNS), ("extra_s", np.float64)])
+
+def _record_column(field: str) -> str:
+    if field == "time_s":
+        return "duration_s"
+    if field.removesuffix("_s") in OP_CLASSES:
+        return f"op_{field}"
+    return field
+
+
+RECORD_COLUMNS = tuple(_record_column(field) for field in StepRecord._fields)
+ROW = np.dtype([*((name, np.float64 if name == "start_s" else np.int64) for name in BATCH_FIELDS),
+                *((column, np.int8 if column == "bound" else np.float64) for column in RECORD_COLUMNS),
+                ("extra_s", np.float64)])
 """``duration_s`` is the priced model pass plus ``extra_s`` (time beyond it: KV swap copies), so the
 ``op_*_s`` columns sum to ``duration_s - extra_s``."""
+assert set(OP_COLUMNS) <= set(RECORD_COLUMNS)
 _CHUNK = 1 << 15
 
 
@@ -47,8 +63,14 @@ class StepLog:
     def records(self) -> np.ndarray:
         return np.concatenate([*self._chunks, self._current[:self._fill]])
 
-    def to_frame(self, blocks_total: list[int], pools: list[str] | None = None) -> pd.DataFrame:
-        """``blocks_total`` and (disaggregated runs) ``pools`` are per replica index."""
+    def end_s(self) -> float:
+        """When the last step ended (0 without steps)."""
+        records = self.records()
+        return float((records["start_s"] + records["duration_s"]).max()) if records.size else 0.0
+
+    def to_frame(self, blocks_total: list[int], groups: list[str] | None = None) -> pd.DataFrame:
+        """``blocks_total`` and (runs with several replica groups) ``groups`` are per replica
+        index; the group names go into the ``pool`` column (its name in the files)."""
         rows = self.records()
         frame = pd.DataFrame({name: rows[name] for name in ROW.names if name != "bound"})
         frame.insert(2, "duration_s", frame.pop("duration_s"))
@@ -60,6 +82,6 @@ class StepLog:
                      totals[frame["replica"].to_numpy()])
         frame.insert(frame.columns.get_loc("preempted") + 1, "bound",
                      np.asarray(BOUNDS, dtype=object)[rows["bound"]])
-        if pools is not None:
-            frame.insert(1, "pool", np.asarray(pools, dtype=object)[frame["replica"].to_numpy()])
+        if groups is not None:
+            frame.insert(1, "pool", np.asarray(groups, dtype=object)[frame["replica"].to_numpy()])
         return frame

@@ -12,13 +12,16 @@ last, as vLLM's scheduler pops the end of its running list).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
-from servesim.engine.kv_cache import BlockPool
-from servesim.engine.prefix_index import PrefixIndex
-from servesim.engine.prefix_pool import PrefixBlockPool
-from servesim.engine.state import (
+
+from servesim.core.kv_cache import BlockPool, blocks_for
+from servesim.core.prefix_index import PrefixIndex
+from servesim.core.prefix_pool import PrefixBlockPool
+from servesim.core.state import (
     KV_NEVER_FITS,
     REJECTED,
     RUNNING,
@@ -27,7 +30,7 @@ from servesim.engine.state import (
     WAITING,
     RequestState,
 )
-from servesim.engine.swap import HostSwap, SwapPath
+from servesim.core.swap import HostSwap, SwapPath
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -49,7 +52,8 @@ class EngineLimits:
 
 @dataclass(slots=True)
 class AdmissionRoom:
-    """What one step may still admit: seats, prompt tokens and KV blocks above the watermark.
+    """One step's room for admissions (seats, prompt tokens, KV blocks above the watermark), and
+    the admissions granted so far in it, in queue order.
 
     Every admitting policy counts the same way (vLLM v0's rule): a request fits while a seat is
     free, its new tokens fit the step's budget and its blocks leave the watermark free. The
@@ -61,18 +65,48 @@ class AdmissionRoom:
     free: int
     reserve: int
     watermark: int
+    ids: list[int] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
 
     def blocks_fit(self, need: int) -> bool:
         return need <= self.free - self.reserve
 
-    def fits(self, new: int, need: int) -> bool:
-        return self.seats > 0 and new <= self.budget and need <= self.free - self.reserve
-
     def take(self, new: int, need: int) -> None:
+        """Count one admission of ``new`` tokens and ``need`` blocks against the room."""
         self.budget -= new
         self.free -= need
         self.seats -= 1
         self.reserve = self.watermark
+
+    def hold(self, request: int, new: int, need: int) -> None:
+        """Grant ``request`` its ``new`` tokens and ``need`` blocks (committed later)."""
+        self.take(new, need)
+        self.ids.append(request)
+        self.new_tokens.append(new)
+        self.blocks.append(need)
+
+
+class WaitingQueue(Protocol):
+    """What the engine and the policies use of a waiting queue: a FCFS ``deque``, or a policy's
+    own order (:class:`~servesim.policies.waiting.KeyedQueue`)."""
+
+    def append(self, request: int, /) -> None: ...
+    def popleft(self) -> int: ...
+    def extendleft(self, requests: Iterable[int], /) -> None: ...
+    def __getitem__(self, index: int, /) -> int: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[int]: ...
+
+
+def rejection_codes(prompt: np.ndarray, output: np.ndarray, limits: EngineLimits) -> np.ndarray:
+    """Per request, why a replica with ``limits`` could never serve it (0: it can): longer than
+    ``max_model_len``, or more KV at its longest (prompt and every output but the last) than the
+    whole pool. Vectorised over the table, so a plan can count rejections before running."""
+    codes = np.zeros(prompt.size, dtype=np.int8)
+    codes[blocks_for(prompt + output - 1, limits.block_size) > limits.num_blocks] = KV_NEVER_FITS
+    codes[prompt + output > limits.max_model_len] = TOO_LONG
+    return codes
 
 
 class ReplicaState:
@@ -80,10 +114,14 @@ class ReplicaState:
 
     def __init__(self, index: int, requests: RequestState, limits: EngineLimits,
                  held: np.ndarray | None = None, seed: int = 0,
-                 prefixes: PrefixIndex | None = None) -> None:
+                 prefixes: PrefixIndex | None = None, reject_codes: np.ndarray | None = None) -> None:
         self.index = index
         self.requests = requests
         self.limits = limits
+        self.reject_codes = (reject_codes if reject_codes is not None
+                             else rejection_codes(requests.prompt, requests.output, limits))
+        """Per request, 0 if it can ever be served here, else why not (see REJECT_REASONS);
+        computed once for the whole table (:func:`rejection_codes`)."""
         self.seed = seed
         """The experiment's seed, for policies that draw random numbers (e.g. noisy predictions)."""
         # ``held``: a per-request block column shared by the replicas of one pool (a request holds
@@ -99,7 +137,7 @@ class ReplicaState:
                                                             prefixes, held)
         # A deque, or any queue with the same few methods (a policy may install a keyed one:
         # append, popleft, extendleft, [0], len).
-        self.waiting: deque[int] = deque()
+        self.waiting: WaitingQueue = deque()
         self.running: np.ndarray = _EMPTY
         self.preemptions = 0
         self.swap: HostSwap | None = None
@@ -121,26 +159,14 @@ class ReplicaState:
         r = self.requests
         ids = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
         tokens = r.prompt[ids] + r.generated[ids]
-        size = self.pool.block_size
-        return used + int(((tokens + size - 1) // size - r.blocks_held[ids]).sum())
+        return used + int((blocks_for(tokens, self.pool.block_size) - r.blocks_held[ids]).sum())
 
     # ------------------------------------------------------------------ arrival
-    def rejection(self, request: int) -> int:
-        """0 if ``request`` can ever be served here, else its reason code (see REJECT_REASONS)."""
-        r, lim = self.requests, self.limits
-        prompt, output = int(r.prompt[request]), int(r.output[request])
-        if prompt + output > lim.max_model_len:
-            return TOO_LONG
-        # At its longest a request holds the KV of its prompt and all outputs but the last.
-        if self.pool.blocks_for(prompt + output - 1) > lim.num_blocks:
-            return KV_NEVER_FITS
-        return 0
-
     def enqueue(self, request: int) -> bool:
         """Queue an arriving request, or reject it (returns False) when it can never fit."""
         r = self.requests
         r.replica[request] = self.index
-        reason = self.rejection(request)
+        reason = int(self.reject_codes[request])
         if reason:
             r.status[request] = REJECTED
             r.reject_reason[request] = reason
@@ -155,6 +181,31 @@ class ReplicaState:
         return AdmissionRoom(lim.max_num_seqs - running,
                              lim.max_num_batched_tokens if budget is None else budget,
                              self.pool.free, lim.watermark_blocks if running else 0, lim.watermark_blocks)
+
+    def try_admit(self, room: AdmissionRoom, request: int, max_new: int | None = None) -> int | None:
+        """Grant ``request`` its uncomputed tokens (at most ``max_new``: a chunk) if a seat, the
+        token budget and KV blocks above the watermark allow: the tokens granted, or None (vLLM
+        v1's allocate-or-None). Nothing changes until :meth:`commit`; a caller that stops at the
+        first None serves the queue in order."""
+        if room.seats <= 0 or room.budget <= 0:
+            return None
+        new, need = self.prefill_need(request, max_new)
+        if new > room.budget or not room.blocks_fit(need):
+            return None
+        room.hold(request, new, need)
+        return new
+
+    def commit(self, room: AdmissionRoom, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Admit what ``room`` granted (the head of ``waiting``, in order): (ids, new tokens)."""
+        admitted = room.ids
+        if not admitted:
+            return _EMPTY, _EMPTY
+        waiting = self.waiting
+        for _ in admitted:
+            waiting.popleft()
+        self.admit(admitted, room.blocks, now)
+        return (np.fromiter(admitted, dtype=np.int64, count=len(admitted)),
+                np.fromiter(room.new_tokens, dtype=np.int64, count=len(admitted)))
 
     # ------------------------------------------------------------------ decisions carried out
     def admit(self, admitted: list[int], blocks: list[int], now: float) -> None:
@@ -186,6 +237,25 @@ class ReplicaState:
         first = ids[first_time]
         r.first_scheduled[first] = now
         self.running = np.concatenate((self.running, ids)) if self.running.size else ids
+
+    def tail_relief_count(self, blocks: int, planned: np.ndarray | None = None,
+                          among: int | None = None) -> int:
+        """How many requests from the tail of ``running`` (only the last ``among``) must go to
+        free ``blocks`` blocks, counting each one's held blocks plus its ``planned`` growth (aligned
+        with ``running``); more than there are when even all of them would not."""
+        running = self.running if among is None else self.running[self.running.size - among:]
+        relief = self.pool.held[running]
+        if planned is not None:
+            relief = relief + (planned if among is None else planned[planned.size - among:])
+        return int(np.searchsorted(np.cumsum(relief[::-1]), blocks)) + 1
+
+    def preempt_tail_until(self, blocks: int, planned: np.ndarray | None = None) -> int:
+        """Preempt from the tail of ``running`` (vLLM's ``running.pop()``) until ``blocks`` blocks
+        are freed, counting each victim's ``planned`` growth too, or until nothing runs; returns
+        how many were preempted."""
+        count = min(self.tail_relief_count(blocks, planned), int(self.running.size))
+        self.preempt_tail(count)
+        return count
 
     def preempt_tail(self, count: int) -> np.ndarray:
         """Preempt the last ``count`` running requests by recompute: their blocks are freed, their

@@ -12,6 +12,7 @@ from __future__ import annotations
 from array import array
 
 import numpy as np
+
 from servesim.workloads.requests import RequestTable
 
 # Life cycle of a request (``status``).

@@ -9,29 +9,34 @@ system costs nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
-from servesim.cost import CostModel
-from servesim.engine.replica_state import ReplicaState
-from servesim.engine.step_log import StepLog
-from servesim.policies.base import Policy
 
-Handoff = Callable[[np.ndarray, float], None]
-"""Disaggregated prefill: called with the requests whose prompt KV is complete and the time."""
+from servesim.core.replica_state import ReplicaState
+from servesim.core.step_log import StepLog
+from servesim.cost import CostModel
+
+if TYPE_CHECKING:  # policies are given to replicas; the core never imports them at run time
+    from servesim.policies.base import Policy
+
+PromptsDone = Callable[[np.ndarray, float], None]
+"""A prefill-only replica's exit: called with the requests whose prompt KV is complete and the
+time (the disaggregated topology sends them to a decode replica)."""
 
 
 class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
-                 cost: CostModel, steps: StepLog, handoff: Handoff | None = None) -> None:
-        """``handoff`` makes this a prefill-only replica: a request whose prompt is computed emits
-        nothing here and goes to ``handoff`` instead (see :mod:`servesim.engine.disaggregated`)."""
+                 cost: CostModel, steps: StepLog, prompts_done: PromptsDone | None = None) -> None:
+        """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
+        emits nothing here and goes to ``prompts_done`` instead."""
         self.env = env
         self.state = state
         self.policy = policy
         self.cost = cost
         self.steps = steps
-        self.handoff = handoff
+        self.prompts_done = prompts_done
         self._idle: simpy.Event | None = None
         self.process = env.process(self._run())
 
@@ -49,7 +54,7 @@ class Replica:
         env, state, policy, steps = self.env, self.state, self.policy, self.steps
         requests, pool = state.requests, state.pool
         step_record, append, index = self.cost.step_record, steps.append, state.index
-        handoff = self.handoff
+        prompts_done = self.prompts_done
         while True:
             now = env.now
             batch = policy.schedule(now)
@@ -63,21 +68,20 @@ class Replica:
                 self._idle = None
                 continue
             shape = batch.shape
-            # (seconds, bound, FLOPs, bytes, seconds per operator class): see StepLog's ROW
             record = step_record(shape)
             extra = batch.extra_s  # time beyond the priced model pass (KV swap copies)
             if extra:
-                record = (record[0] + extra, *record[1:])
+                record = record._replace(time_s=record.time_s + extra)
             append(index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
                    shape.num_decodes, pool.total - pool.free, len(state.waiting),
                    int(state.running.size), batch.preempted, *record, extra)
-            yield env.timeout(record[0])
-            if handoff is None:
+            yield env.timeout(record.time_s)
+            if prompts_done is None:
                 finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
                 if finished.size:
                     state.drop_finished()
             else:  # prefill-only: requests whose prompt is done leave for a decode replica
                 finished = requests.complete_prefill(batch.ids, batch.new_tokens)
                 if finished.size:
-                    handoff(finished, env.now)
+                    prompts_done(finished, env.now)
             policy.after_step(batch, finished, env.now)

@@ -27,6 +27,7 @@ Mooncake conversation trace with 288k ids) and shared by every replica.
 from __future__ import annotations
 
 import numpy as np
+
 from servesim.workloads.requests import RequestTable
 
 _EMPTY = np.empty(0, dtype=np.int64)

@@ -1,11 +1,11 @@
 """A KV block pool with automatic prefix caching (vLLM's ``enable_prefix_caching``).
 
-It keeps :class:`~servesim.engine.kv_cache.BlockPool`'s interface (``free``, ``held``,
+It keeps :class:`~servesim.core.kv_cache.BlockPool`'s interface (``free``, ``held``,
 ``blocks_to_grow``, ``grow``, ``grow_many``, ``release``, ``release_many``) so that every policy
 runs on it unchanged, and adds what vLLM v1's KV-cache manager and block pool do on top:
 
 - **Keys.** A request's first ``PrefixIndex.keyed_blocks[r]`` blocks have content keys (slots, see
-  :mod:`servesim.engine.prefix_index`); its other blocks are private.
+  :mod:`servesim.core.prefix_index`); its other blocks are private.
 - **Hits.** On admission a request with nothing computed takes the longest run of its keyed blocks
   that this replica has cached, from block 0, capped so that at least its last token is computed
   (vLLM: ``max_cache_hit_length = num_tokens - 1``, in whole blocks). It references those blocks
@@ -36,8 +36,9 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-from servesim.engine.kv_cache import BlockPool
-from servesim.engine.prefix_index import PrefixIndex
+
+from servesim.core.kv_cache import BlockPool
+from servesim.core.prefix_index import PrefixIndex
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _NOT_CACHED = -1

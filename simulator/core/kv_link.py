@@ -1,7 +1,8 @@
 """The link that carries KV caches from prefill to decode replicas, with its queue.
 
 A transfer of ``b`` bytes holds one of the link's ``channels`` for
-``latency_s + b / (bandwidth_Bps * efficiency * lanes)`` seconds; transfers beyond ``channels``
+``latency_s + b / (bandwidth_Bps * efficiency * lanes)`` seconds
+(:meth:`~servesim.hardware.Link.transfer_s`); transfers beyond ``channels``
 wait in FIFO order (a SimPy ``Resource``), so contention shows up as link waiting time, not as a
 silently shared bandwidth. ``lanes`` = min(prefill TP, decode TP): each GPU holds its shard of
 every layer's KV heads and sends it over its own port in parallel (one 400 Gb/s NIC per GPU on a
@@ -30,6 +31,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 import simpy
+
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile, Link
 
@@ -41,29 +43,45 @@ NETWORK_PRESETS = {
 
 @dataclass(frozen=True)
 class KvLinkSpec:
-    kind: str
-    bandwidth_Bps: float
-    latency_s: float
-    efficiency: float
+    """The resolved link: one GPU's path (``link``), the transfers it carries at once
+    (``channels``) and the GPUs that send their shards in parallel per transfer (``lanes``)."""
+
+    link: Link
     channels: int
     lanes: int
 
+    @property
+    def kind(self) -> str:
+        return self.link.kind
+
+    @property
+    def bandwidth_Bps(self) -> float:
+        return self.link.bandwidth_Bps
+
+    @property
+    def latency_s(self) -> float:
+        return self.link.latency_s
+
+    @property
+    def efficiency(self) -> float:
+        return self.link.efficiency
+
     def seconds(self, nbytes: float) -> float:
         """Time on the link (once a channel is free) for one transfer of ``nbytes``."""
-        return self.latency_s + nbytes / (self.bandwidth_Bps * self.efficiency * self.lanes)
+        return self.link.transfer_s(nbytes, self.lanes)
 
     def describe(self) -> dict[str, object]:
-        return {"kind": self.kind, "bandwidth_Bps": self.bandwidth_Bps, "latency_s": self.latency_s,
-                "efficiency": self.efficiency, "channels": self.channels,
-                "lanes_per_transfer": self.lanes}
+        link = self.link
+        return {"kind": link.kind, "bandwidth_Bps": link.bandwidth_Bps, "latency_s": link.latency_s,
+                "efficiency": link.efficiency, "channels": self.channels, "lanes_per_transfer": self.lanes}
 
 
-def _profile_link(kind: str, hardware: list[HardwareProfile]) -> Link:
+def _profile_link(kind: str, hardware: list[HardwareProfile], field: str) -> Link:
     links = [h.interconnect if kind == "nvlink" else h.host_link for h in hardware]
     if kind == "nvlink":
         for h, link in zip(hardware, links, strict=True):
             if "nvlink" not in link.kind.lower():
-                raise ServesimError("policy.link.kind", f"{h.name} has no NVLink (its GPU link is "
+                raise ServesimError(field, f"{h.name} has no NVLink (its GPU link is "
                                     f"{link.kind})", "use kind: pcie, infiniband or ethernet")
     slowest = min(links, key=lambda link: link.bandwidth_Bps * link.efficiency)
     return slowest.model_copy(update={"latency_s": max(link.latency_s for link in links)})
@@ -71,14 +89,14 @@ def _profile_link(kind: str, hardware: list[HardwareProfile]) -> Link:
 
 def resolve_link(kind: str, bandwidth_Bps: float | None, latency_s: float | None,
                  efficiency: float | None, channels: int, lanes: int,
-                 hardware: list[HardwareProfile]) -> KvLinkSpec:
+                 hardware: list[HardwareProfile], field: str = "deployment.link.kind") -> KvLinkSpec:
     """The link a disaggregated deployment uses (see the module docstring for the presets)."""
-    base = NETWORK_PRESETS[kind] if kind in NETWORK_PRESETS else _profile_link(kind, hardware)
-    return KvLinkSpec(kind=base.kind if bandwidth_Bps is None else f"{kind} (custom)",
-                      bandwidth_Bps=base.bandwidth_Bps if bandwidth_Bps is None else bandwidth_Bps,
-                      latency_s=base.latency_s if latency_s is None else latency_s,
-                      efficiency=base.efficiency if efficiency is None else efficiency,
-                      channels=channels, lanes=lanes)
+    base = NETWORK_PRESETS[kind] if kind in NETWORK_PRESETS else _profile_link(kind, hardware, field)
+    link = Link(kind=base.kind if bandwidth_Bps is None else f"{kind} (custom)",
+                bandwidth_Bps=base.bandwidth_Bps if bandwidth_Bps is None else bandwidth_Bps,
+                latency_s=base.latency_s if latency_s is None else latency_s,
+                efficiency=base.efficiency if efficiency is None else efficiency)
+    return KvLinkSpec(link, channels=channels, lanes=lanes)
 
 
 class KvLink:
@@ -91,6 +109,7 @@ class KvLink:
         self.busy_s = 0.0
         self.bytes = 0.0
         self.transfers = 0
+        self.last_end_s = 0.0
 
     def transfer(self, nbytes: float) -> Generator[simpy.Event, object, tuple[float, float]]:
         """Wait for a channel, hold it for the copy; returns (start, end)."""
@@ -102,4 +121,5 @@ class KvLink:
             self.busy_s += seconds
             self.bytes += nbytes
             self.transfers += 1
+            self.last_end_s = self.env.now
             return start, self.env.now

@@ -8,9 +8,10 @@ buffer is full the victim is recomputed instead (vLLM v0 raises an error there; 
 what v1 and most forks do). The copies are issued by the worker before the model runs, on the
 same stream (``CacheEngine.swap_in/out``), so they add to the step in which they happen.
 
-Cost of one copy direction in one step: ``bytes / (bandwidth * efficiency) + latency`` over the
-hardware profile's ``host_link`` (per GPU: each GPU of a tensor-parallel group moves its own KV
-shard over its own link, in parallel). Byte counts reported here are summed over the group.
+Cost of one copy direction in one step: ``latency + bytes / (bandwidth * efficiency)`` over the
+hardware profile's ``host_link`` (:meth:`~servesim.hardware.Link.transfer_s`; per GPU: each GPU of
+a tensor-parallel group moves its own KV shard over its own link, in parallel). Byte counts
+reported here are summed over the group.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from servesim.engine.kv_cache import BlockPool
+
+from servesim.core.kv_cache import BlockPool
+from servesim.hardware import Link
 
 GIB = float(1 << 30)
 
@@ -32,13 +35,12 @@ class SwapPath:
     """KV bytes of one block on one GPU (this GPU's shard of the heads)."""
     gpus: int
     """GPUs in the replica (tensor parallel): each copies its shard at the same time."""
-    bandwidth_Bps: float
-    """Achieved one-direction host-link bandwidth per GPU (spec bandwidth x efficiency)."""
-    latency_s: float
+    link: Link
+    """Each GPU's host link (one direction)."""
 
     def seconds(self, blocks: int) -> float:
         """One direction's copy of ``blocks`` blocks (0 for none)."""
-        return blocks * self.block_bytes / self.bandwidth_Bps + self.latency_s if blocks else 0.0
+        return self.link.transfer_s(blocks * self.block_bytes) if blocks else 0.0
 
     def host_blocks(self, swap_space_gib: float) -> int:
         """Blocks that ``swap_space_gib`` GiB of host memory per GPU hold."""

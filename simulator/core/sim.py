@@ -1,0 +1,81 @@
+"""The objects one simulation shares, and its clock: arrivals and the run loop.
+
+A topology builds its replicas, routers and links onto a :class:`Sim` and hands back an entry
+point (``entry(request, now)``: route an arrival); :func:`arrivals` walks the request table and
+calls it, one SimPy timeout per arrival; :func:`run_until_done` runs the clock until nothing is
+left to happen. Nothing here is random: the workload's seed fixes the table, and the same table
+and config give the same results, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from servesim.core.state import DONE, REJECTED, RequestState
+from servesim.core.step_log import StepLog
+from servesim.workloads.requests import RequestTable
+
+Progress = Callable[[int, int, float], None]
+"""Called now and then with (requests finished or rejected, total requests, simulated time)."""
+
+Entry = Callable[[int, float], None]
+"""Where an arriving request enters the deployment: ``entry(request, now)``."""
+
+
+@dataclass
+class Sim:
+    """One simulation's clock, request state and step log, shared by every replica."""
+
+    env: simpy.Environment
+    requests: RequestState
+    steps: StepLog
+    workload: RequestTable
+    seed: int
+
+    @classmethod
+    def start(cls, workload: RequestTable, seed: int) -> Sim:
+        return cls(simpy.Environment(), RequestState(workload), StepLog(), workload, seed)
+
+
+def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry
+             ) -> Generator[simpy.Event, object, None]:
+    """Hand each request to ``entry`` at its arrival time, in table order."""
+    for request, at in enumerate(workload.arrival_s.tolist()):
+        if at > env.now:
+            # now + (at - now) can round one ulp below ``at``; step up so that the clock never
+            # runs before a trace's arrival time (else a queueing delay of -1e-17 s appears).
+            delay = at - env.now
+            if env.now + delay < at:
+                delay = math.nextafter(delay, math.inf)
+            yield env.timeout(delay)
+        entry(request, env.now)
+
+
+def run_until_done(sim: Sim, entry: Entry, progress: Progress | None) -> None:
+    """Feed the workload into ``entry`` and run until every request is finished or refused (the
+    event queue then empties)."""
+    sim.env.process(arrivals(sim.env, sim.workload, entry))
+    if progress is not None:
+        sim.env.process(_monitor(sim.env, sim.requests, progress,
+                                 every_s=max(1.0, sim.workload.duration_s / 200)))
+    sim.env.run()
+
+
+def _monitor(env: simpy.Environment, requests: RequestState, progress: Progress,
+             every_s: float) -> Generator[simpy.Event, object, None]:
+    """Report progress every ``every_s`` simulated seconds; it only reads state, so it cannot
+    change the results. It stops when every request is finished, or when nothing else is left to
+    happen (its own tick was the last event)."""
+    total = len(requests)
+    while True:
+        yield env.timeout(every_s)
+        status = requests.status
+        finished = int(np.count_nonzero((status == DONE) | (status == REJECTED)))
+        progress(finished, total, env.now)
+        if finished == total or env.peek() == float("inf"):
+            return

@@ -1,0 +1,129 @@
+"""One strict base for every YAML schema, and one converter from pydantic errors to one line.
+
+Every section a user writes (experiment, sweep, capacity, hardware profile, engine, policy and
+router knobs, topology keys) is a pydantic model on :class:`StrictModel`, so a misspelt key is
+an error, never silently ignored. :func:`user_error` turns the first problem of a
+``ValidationError`` into ``<field>: <problem>; <fix>``:
+
+- an unknown key: ``deployment.tpp: unknown key; remove it or use one of: tp, replicas, ...``
+  (the keys allowed at that place, read from the schema);
+- a missing key: ``workload.arrival.rate: is required; add rate: ...`` (or the schema's own fix);
+- a bad value: ``deployment.tp: Input should be greater than or equal to 1 (got 0); fix the value``.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from servesim.errors import ServesimError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """A YAML section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class FrozenModel(BaseModel):
+    """A YAML section whose parsed value is immutable (hashable knobs, shared profiles)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _default_missing_fix(field: str, key: str) -> str:
+    return f"add {key}: ..."
+
+
+def user_error(exc: ValidationError, root: type[BaseModel], *, at: str = "", file: str = "",
+               missing_fix: Callable[[str, str], str] = _default_missing_fix,
+               value_fix: str = "fix the value", unknown_first: bool = True,
+               drop: Callable[[list[str]], list[str]] | None = None) -> ServesimError:
+    """The first problem of ``exc`` (raised validating ``root``) as one line.
+
+    ``at`` is the dotted key the model sits under (``workload``, ``policy``); ``file`` the file
+    it came from, which then leads the field (``h100.yaml: memory.bandwidth_Bps``).
+    ``missing_fix(field, key)`` words the fix for a missing key. ``unknown_first`` reports a
+    misspelt key before any other problem (the key it should have been is then "missing" too).
+    ``drop`` removes parts of a location that are not keys (a union's tag)."""
+    errors = exc.errors()
+    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0]) if unknown_first \
+        else errors[0]
+    loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
+    shown = drop(loc) if drop is not None else loc
+    field = ".".join([part for part in (at, *shown) if part])
+    if file:
+        field = f"{file}: {field}" if field else file
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = allowed_keys(root, loc[:-1])
+        fix = f"remove it or use one of: {', '.join(allowed)}" if allowed else "remove it"
+        return ServesimError(field, "unknown key", fix)
+    if kind == "missing":
+        return ServesimError(field, "is required", missing_fix(field, loc[-1] if loc else field))
+    got = error.get("input")
+    shown_value = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    message = error["msg"].removeprefix("Value error, ").rstrip(".")
+    return ServesimError(field, f"{message}{shown_value}", value_fix)
+
+
+def parse_model(model: type[M], data: Any, *, at: str = "", file: str = "",
+                missing_fix: Callable[[str, str], str] = _default_missing_fix,
+                value_fix: str = "fix the value") -> M:
+    """``model`` validated from ``data``; the first problem raised as one line (see
+    :func:`user_error`)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise user_error(exc, model, at=at, file=file, missing_fix=missing_fix,
+                         value_fix=value_fix) from None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation admits (``X | None``, ``Annotated[X | Y, ...]``)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _models_in(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []
+
+
+def allowed_keys(root: type[BaseModel], loc: list[str]) -> list[str]:
+    """The keys allowed at ``loc`` inside ``root`` (for "unknown key" hints); a union's tag in
+    ``loc`` (``prompt.fixed``) picks that member."""
+    model: type[BaseModel] = root
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        fields = model.model_fields
+        if part not in fields:
+            return []
+        candidates = _models_in(fields[part].annotation)
+        if not candidates:
+            return []
+        model = candidates[0]
+        if len(candidates) > 1 and parts:
+            tagged = [m for m in candidates if _tag(m) == parts[0]]
+            if tagged:
+                model = tagged[0]
+                parts.pop(0)
+    return list(model.model_fields)
+
+
+def _tag(model: type[BaseModel]) -> str | None:
+    """The literal value a discriminated union member is tagged with (its first Literal field)."""
+    for info in model.model_fields.values():
+        if typing.get_origin(info.annotation) is typing.Literal:
+            args = typing.get_args(info.annotation)
+            if len(args) == 1:
+                return str(args[0])
+    return None

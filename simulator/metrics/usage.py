@@ -1,0 +1,50 @@
+"""How busy a group of replicas was: KV blocks, batches, host swap traffic (summary sections)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from servesim.core.replica_state import ReplicaState
+
+
+def kv_usage(states: list[ReplicaState], steps: pd.DataFrame) -> dict[str, Any]:
+    """KV figures of replicas with equal pools: the pool size, the peak any of them used, what is
+    still held at the end (0 unless something leaked), and the mean use weighted by step time."""
+    pools = [state.pool for state in states]
+    out: dict[str, Any] = {"blocks_total": pools[0].total, "block_size": pools[0].block_size,
+                           "peak_blocks_used": max(p.peak_used for p in pools),
+                           "blocks_in_use_at_end": sum(p.used for p in pools)}
+    weights = steps["duration_s"].to_numpy()
+    if len(steps) and weights.sum():
+        use = steps["kv_blocks_used"].to_numpy() / steps["kv_blocks_total"].to_numpy()
+        out["mean_utilization"] = float(np.average(use, weights=weights))
+    else:
+        out["mean_utilization"] = 0.0
+    return out
+
+
+def swap_usage(states: list[ReplicaState]) -> dict[str, Any]:
+    """KV swapped to and from host memory (preemption_mode swap); zeros when nothing swaps.
+    Bytes are summed over every GPU's host link; ``transfer_s`` is the step time they added."""
+    swaps = [state.swap for state in states if state.swap is not None]
+    return {"swaps_out": sum(s.swaps_out for s in swaps), "swaps_in": sum(s.swaps_in for s in swaps),
+            "bytes_out": sum(s.bytes(s.blocks_out) for s in swaps),
+            "bytes_in": sum(s.bytes(s.blocks_in) for s in swaps),
+            "transfer_s": sum(s.transfer_s for s in swaps),
+            "host_blocks_total": sum(s.pool.total for s in swaps),
+            "host_blocks_in_use_at_end": sum(s.pool.used for s in swaps)}
+
+
+def batch_usage(steps: pd.DataFrame) -> dict[str, Any]:
+    """Steps, their time-weighted mean batch size, how many carried a prefill, total busy time."""
+    if not len(steps):
+        return {"steps": 0, "mean_size": 0.0, "prefill_steps": 0, "busy_s": 0.0}
+    weights = steps["duration_s"].to_numpy()
+    busy = float(weights.sum())
+    return {"steps": len(steps),
+            "mean_size": float(np.average(steps["batch_size"].to_numpy(), weights=weights)),
+            "prefill_steps": int((steps["num_prefills"] > 0).sum()),
+            "busy_s": busy}

@@ -1,0 +1,87 @@
+"""``render(result, out_dir)``: a run's files, each written whole or not at all.
+
+A run directory holds ``summary.json``, ``config.resolved.yaml`` (the experiment with every
+default the engine and topology derived written in; ``servesim run`` accepts it as is) and, for
+``output: full``, ``requests.parquet``, ``steps.parquet``, ``itl.parquet`` (the inter-token
+latencies as (value, count) pairs) and ``report.html`` (built from the result in memory).
+:func:`result_files` gives the same files as bytes, which sweep workers send back instead of
+writing a temporary folder.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from servesim.atomic_io import atomic_write_bytes, make_output_dir
+from servesim.config import absolute_trace_paths
+from servesim.pipeline.result import RunResult
+
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.resolved.yaml"
+TABLE_FILES = ("requests.parquet", "steps.parquet", "itl.parquet")
+REPORT_FILE = "report.html"
+OUTPUT_FILES = (*TABLE_FILES, REPORT_FILE)
+"""Written for ``output: full``; removed from the folder otherwise, so none is left from an earlier
+run beside the new summary."""
+
+
+def resolved_config_yaml(result: RunResult) -> str:
+    """The experiment as run: the engine, its version, and the engine arguments the topology
+    derived are written in explicitly."""
+    plan = result.plan
+    topology = plan.topology
+    document = plan.config.model_dump(mode="json")
+    absolute_trace_paths(document["workload"], plan.base_dir)
+    document["engine"] = topology.engine.knob_values()
+    document["policy"]["name"] = document["policy"]["name"] or topology.engine.defaults.policy
+    header = topology.resolved_deployment(document["deployment"])
+    for key in ("prefill", "decode", "link"):  # the other topology's keys
+        if document["deployment"].get(key) is None:
+            document["deployment"].pop(key, None)
+    return f"# Resolved by servesim: {header}.\n" + yaml.safe_dump(document, sort_keys=False)
+
+
+def _parquet(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def result_files(result: RunResult) -> dict[str, bytes]:
+    """The run's files (without the report) as bytes, by name."""
+    files = {CONFIG_FILE: resolved_config_yaml(result).encode()}
+    if result.plan.config.output == "full":
+        files["requests.parquet"] = _parquet(result.requests)
+        files["steps.parquet"] = _parquet(result.steps)
+        files["itl.parquet"] = _parquet(result.itl)
+    files[SUMMARY_FILE] = (json.dumps(result.summary.to_dict(), indent=2) + "\n").encode()
+    return files
+
+
+def render(result: RunResult, out_dir: Path, report: bool = True) -> list[Path]:
+    """Write the run directory (see the module docstring); returns the files written."""
+    make_output_dir(out_dir)
+    written = []
+    files = result_files(result)
+    for name, data in files.items():
+        atomic_write_bytes(out_dir / name, data)
+        written.append(out_dir / name)
+    full = result.plan.config.output == "full"
+    if report and full:
+        # plotly loads only when a report is written
+        from servesim.report.run_data import RunData
+        from servesim.report.run_report import write_run_report
+
+        data = RunData.from_result(result, out_dir, files[CONFIG_FILE].decode())
+        written.append(write_run_report(out_dir, data=data))
+    else:
+        (out_dir / REPORT_FILE).unlink(missing_ok=True)
+    if not full:
+        for name in OUTPUT_FILES:
+            (out_dir / name).unlink(missing_ok=True)
+    return written

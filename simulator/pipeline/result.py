@@ -1,0 +1,91 @@
+"""``RunResult``: one finished run, with its tables and summary built on first use.
+
+The per-request table (:attr:`RunResult.requests`), the per-step table (:attr:`steps`), the
+inter-token latencies (:attr:`itl`) and the typed :class:`~servesim.metrics.summary.Summary`
+are what every consumer reads: the CLI, the files, the report, sweeps, the capacity planner and
+notebooks. The raw request state and replica states stay reachable for tests and fast paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import pandas as pd
+
+from servesim.core.replica_state import ReplicaState
+from servesim.core.sim import Sim
+from servesim.core.state import RequestState
+from servesim.core.step_log import StepLog
+from servesim.metrics.summary import Summary, prefix_cache_stats, run_span, summarise
+from servesim.metrics.tables import itl_frame, request_frame
+from servesim.metrics.usage import batch_usage, kv_usage, swap_usage
+from servesim.pipeline.plan import RunPlan
+from servesim.topology.base import Built, GroupRun
+
+
+@dataclass
+class RunResult:
+    plan: RunPlan
+    sim: Sim
+    built: Built
+    sim_time_s: float
+    """When the last step (or KV transfer) ended."""
+    wall_time_s: float
+
+    # ------------------------------------------------------------------ what ran
+    @property
+    def groups(self) -> list[GroupRun]:
+        return self.built.groups
+
+    @property
+    def replica_states(self) -> list[ReplicaState]:
+        """Every replica's state, by replica index."""
+        return [state for run in self.built.groups for state in run.states]
+
+    @property
+    def request_state(self) -> RequestState:
+        """The per-request columns the engine kept (counters and timestamps)."""
+        return self.sim.requests
+
+    @property
+    def step_log(self) -> StepLog:
+        return self.sim.steps
+
+    # ------------------------------------------------------------------ tables and summary
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (:func:`~servesim.metrics.tables.request_frame`)."""
+        return request_frame(self.sim.requests, self.plan.topology.request_columns(self.sim))
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """One row per iteration of any replica; with several groups a ``pool`` column names each
+        step's group."""
+        topology = self.plan.topology
+        blocks = [run.group.limits.num_blocks for run in self.built.groups for _ in run.replicas]
+        names = topology.group_of_replica() if len(topology.groups) > 1 else None
+        return self.sim.steps.to_frame(blocks, names)
+
+    @cached_property
+    def itl(self) -> pd.DataFrame:
+        """Every inter-token gap as (value, count) pairs."""
+        return itl_frame(self.sim.requests)
+
+    @cached_property
+    def summary(self) -> Summary:
+        plan, steps, requests = self.plan, self.steps, self.requests
+        topology = plan.topology
+        kv_run = next(run for run in self.built.groups if run.group is topology.kv_group)
+        kv_steps = steps if len(topology.groups) == 1 else steps[steps["pool"] == kv_run.group.name]
+        span = run_span(requests)
+        states = self.replica_states
+        slo = plan.config.slo
+        return summarise(
+            requests, self.itl, slo_limits=slo.limits() if slo else {},
+            offered_rate=plan.workload.mean_rate, deployment=plan.describe(),
+            kv=kv_usage(kv_run.states, kv_steps), swap=swap_usage(states), batch=batch_usage(steps),
+            sections=topology.summary_sections(self.sim, self.built, requests, steps, span),
+            prefix_cache=prefix_cache_stats(requests, [s.prefix_cache for s in states],
+                                            plan.workload.has_prefixes))
+

@@ -1,0 +1,21 @@
+"""``simulate(plan) -> RunResult``: build the topology on a fresh clock and run it to the end."""
+
+from __future__ import annotations
+
+import time
+
+from servesim.core.sim import Progress, Sim, run_until_done
+from servesim.pipeline.plan import RunPlan
+from servesim.pipeline.result import RunResult
+
+
+def simulate(plan: RunPlan, progress: Progress | None = None) -> RunResult:
+    """Run ``plan`` until every request has completed or been refused."""
+    started = time.perf_counter()
+    sim = Sim.start(plan.workload, plan.seed)
+    built = plan.topology.build(sim, plan.reject_codes)
+    run_until_done(sim, built.entry, progress)
+    end = sim.steps.end_s()
+    for link in built.links:
+        end = max(end, link.last_end_s)
+    return RunResult(plan, sim, built, sim_time_s=end, wall_time_s=time.perf_counter() - started)

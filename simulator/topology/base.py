@@ -1,0 +1,171 @@
+"""The interface every deployment topology implements, and the registry of them.
+
+A topology is resolved once per run from the experiment (:meth:`Topology.resolve`: its groups,
+routers and links, every limit checked) and built onto a simulation (:meth:`Topology.build`:
+replica loops on the clock, and where arrivals enter). What the metrics need from it is generic:
+its groups (one ``kv`` figure from :attr:`Topology.kv_group`), per-request rejection codes, and
+any summary section or request columns of its own (the disaggregated topology's link and
+transfer times). The engine, the CLI and the metrics never test a topology's kind.
+
+New topologies (pipeline-parallel groups, autoscaled groups, heterogeneous fleets) register here
+with :func:`register_topology` and answer the same questions.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from servesim.core.kv_link import KvLink
+from servesim.core.replica import Replica
+from servesim.core.replica_state import ReplicaState
+from servesim.core.sim import Entry, Sim
+from servesim.dtypes import Precision
+from servesim.engines import Engine
+from servesim.model_spec import ModelSpec
+from servesim.policies.base import Policy
+from servesim.topology.group import ReplicaGroup
+
+if TYPE_CHECKING:
+    from servesim.config import ExperimentConfig
+
+
+@dataclass
+class GroupRun:
+    """One replica group as built for a run: its replicas (indices ``first_index ...``)."""
+
+    group: ReplicaGroup
+    replicas: list[Replica]
+    first_index: int
+
+    @property
+    def states(self) -> list[ReplicaState]:
+        return [replica.state for replica in self.replicas]
+
+
+@dataclass
+class Built:
+    """A topology on the clock: where arrivals enter, its groups' replicas, its links."""
+
+    entry: Entry
+    groups: list[GroupRun]
+    links: list[KvLink] = field(default_factory=list)
+
+
+class Topology(ABC):
+    """A deployment: groups of replicas and how requests flow between them."""
+
+    kind: ClassVar[str]
+    supports_prefix_caching: ClassVar[bool] = True
+    prefix_caching_note: ClassVar[str] = ""
+
+    def __init__(self, groups: tuple[ReplicaGroup, ...]) -> None:
+        self.groups = groups
+
+    # ------------------------------------------------------------------ resolution
+    @classmethod
+    @abstractmethod
+    def resolve(cls, config: ExperimentConfig, engine: Engine) -> Topology:
+        """The topology of ``config``, every key checked (errors are one line naming the key)."""
+
+    # ------------------------------------------------------------------ what it is
+    @property
+    def model(self) -> ModelSpec:
+        return self.groups[0].model
+
+    @property
+    def precision(self) -> Precision:
+        return self.groups[0].precision
+
+    @property
+    def engine(self) -> Engine:
+        return self.groups[0].engine
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(group.num_gpus for group in self.groups)
+
+    @property
+    def replicas(self) -> int:
+        return sum(group.replicas for group in self.groups)
+
+    @property
+    def kv_group(self) -> ReplicaGroup:
+        """The group whose KV pool the summary's ``kv`` section reports (where requests decode)."""
+        return self.groups[-1]
+
+    def group_of_replica(self) -> list[str]:
+        """Each replica index's group name."""
+        return [group.name for group in self.groups for _ in range(group.replicas)]
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The summary's ``deployment`` section (without policy and router, added by the caller)."""
+
+    def describe_links(self) -> list[str]:
+        """One line per link between groups, for people."""
+        return []
+
+    # ------------------------------------------------------------------ before and during a run
+    @abstractmethod
+    def rejection_codes(self, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+        """Per request, why it can never be served here (0: it can), from its lengths alone."""
+
+    @abstractmethod
+    def build(self, sim: Sim, reject_codes: np.ndarray) -> Built:
+        """Create the replica loops, routers and links on ``sim``'s clock."""
+
+    # ------------------------------------------------------------------ after a run
+    def request_columns(self, sim: Sim) -> dict[str, np.ndarray]:
+        """Extra per-request columns of this topology (appended to the request table)."""
+        return {}
+
+    def summary_sections(self, sim: Sim, built: Built, requests: pd.DataFrame, steps: pd.DataFrame,
+                         span: float) -> dict[str, Any]:
+        """Extra summary sections of this topology (after ``batch``)."""
+        return {}
+
+    def resolved_deployment(self, deployment: dict[str, Any]) -> str:
+        """Write the derived limits into the ``deployment`` section of a resolved config (in place);
+        returns the header comment's text."""
+        group = self.kv_group
+        limits, memory = group.limits, group.memory
+        for key, value in self.resolved_keys(group).items():
+            deployment[key] = value
+        return (f"{limits.num_blocks:,} KV blocks of {limits.block_size} tokens per replica "
+                f"({memory.kv_token_capacity:,} tokens, {memory.kv_cache_bytes / 2**30:.1f} GiB per GPU)")
+
+    @staticmethod
+    def resolved_keys(group: ReplicaGroup) -> dict[str, Any]:
+        """The engine arguments a group ran with, as deployment keys (unset ones left out)."""
+        return {key: value for key, value in asdict(group.settings).items() if value is not None}
+
+
+TOPOLOGIES: dict[str, type[Topology]] = {}
+
+
+def register_topology(cls: type[Topology]) -> type[Topology]:
+    TOPOLOGIES[cls.kind] = cls
+    return cls
+
+
+def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
+                make_state: Callable[[int], ReplicaState],
+                wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None) -> GroupRun:
+    """The replicas of ``group`` on ``sim``'s clock, indices from ``first_index``, each running its
+    group's policy (wrapped by ``wrap_policy`` if given) and sharing one cost model (its memo
+    serves them all)."""
+    cost = group.cost_model()
+    replicas = []
+    for i in range(group.replicas):
+        state = make_state(first_index + i)
+        policy = group.policy.make(state)
+        if wrap_policy is not None:
+            policy = wrap_policy(state, policy)
+        replicas.append(Replica(sim.env, state, policy, cost, sim.steps))
+    return GroupRun(group, replicas, first_index)
