@@ -1,8 +1,11 @@
 """One iteration, fully explained: the API behind ``servesim step``.
 
-:func:`analyse_step` prices one batch on one deployment and checks that it fits: the weights and
-workspace in HBM (else the deployment is impossible) and the batch's KV cache in the pool that
-remains (else this batch cannot run there). Notebooks call it directly; the CLI only prints it.
+:func:`analyse_step` prices one batch on one deployment, as its serving engine runs it, and checks
+that it fits: the weights and workspace in HBM (else the deployment is impossible) and the batch's
+KV cache in the pool that remains (else this batch cannot run there). The memory plan is the one
+``servesim run`` makes for the same deployment (the engine's defaults, resolved by
+:func:`~servesim.topology.group.resolve_group`), with the step budget and seats raised to hold this
+batch if it is larger. Notebooks call it directly; the CLI only prints it.
 """
 
 from __future__ import annotations
@@ -10,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from servesim.cost import BatchShape, CostModel, StepCost
+from servesim.cost import BatchShape, StepCost
 from servesim.dtypes import Precision
+from servesim.engines import DEFAULT_ENGINE, Engine, RuntimeCosts, make_engine
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
-from servesim.memory import MemoryPlan, plan_memory
+from servesim.memory import MemoryPlan
 from servesim.model_spec import ModelSpec
+from servesim.topology.group import GroupKeys, ReplicaGroup, choose_policy, resolve_group
 
 
 @dataclass(frozen=True)
@@ -78,10 +83,14 @@ class StepReport:
 
 
 def analyse_step(model: ModelSpec, hardware: HardwareProfile, batch: BatchShape, tp: int = 1,
-                 precision: Precision | None = None, gpu_memory_utilization: float = 0.9,
-                 check_kv_fits: bool = True) -> StepReport:
-    """Price ``batch`` on the deployment and check that it fits in GPU memory."""
+                 precision: Precision | None = None, gpu_memory_utilization: float | None = None,
+                 check_kv_fits: bool = True, engine: Engine | None = None,
+                 runtime: RuntimeCosts | None = None) -> StepReport:
+    """Price ``batch`` on the deployment (run by ``engine``, the default engine unless given;
+    ``runtime`` overrides its step cost, e.g. :meth:`RuntimeCosts.none` for the kernels alone) and
+    check that it fits in GPU memory."""
     precision = precision or Precision()
+    engine = engine or make_engine(DEFAULT_ENGINE, {})
     if batch.is_empty:
         raise ServesimError("batch", "the step has no tokens",
                             "give --prefill-tokens and/or --decode-batch")
@@ -94,11 +103,10 @@ def analyse_step(model: ModelSpec, hardware: HardwareProfile, batch: BatchShape,
         raise ServesimError("decode_context",
                             f"{int(batch.decode_context.max())} tokens exceeds {model.name}'s "
                             f"context of {model.max_context}", "use a shorter context")
-    memory = plan_memory(model, hardware, tp, precision, gpu_memory_utilization,
-                         max_num_batched_tokens=max(8192, batch.num_new_tokens),
-                         max_num_seqs=max(256, batch.num_prefills + batch.num_decodes))
-    report = StepReport(model, hardware, tp, precision, batch,
-                        CostModel(model, hardware, tp, precision).step(batch), memory)
+    group = _group(model, hardware, batch, tp, precision, gpu_memory_utilization, engine)
+    cost = group.cost_model() if runtime is None else group.cost_model(runtime)
+    report = StepReport(model, hardware, tp, precision, batch, cost.step(batch), group.memory)
+    memory = report.memory
     if check_kv_fits and report.batch_kv_tokens > memory.kv_token_capacity:
         raise ServesimError(
             "batch",
@@ -106,3 +114,18 @@ def analyse_step(model: ModelSpec, hardware: HardwareProfile, batch: BatchShape,
             f"has room for {memory.kv_token_capacity:,}",
             "use a smaller batch or context, a larger --tp, or --kv-dtype fp8")
     return report
+
+
+def _group(model: ModelSpec, hardware: HardwareProfile, batch: BatchShape, tp: int, precision: Precision,
+           gpu_memory_utilization: float | None, engine: Engine) -> ReplicaGroup:
+    """One replica of the deployment as ``servesim run`` would resolve it, its step budget and
+    seats at least what ``batch`` needs."""
+    policy = choose_policy(engine.defaults.policy, {})
+    defaults = engine.defaults
+    budget = defaults.max_num_batched_tokens(model.max_context, policy.cls.chunks_prefills)
+    seqs = batch.num_prefills + batch.num_decodes
+    keys = GroupKeys(tp=tp, replicas=1, gpu_memory_utilization=gpu_memory_utilization, block_size=None,
+                     max_num_seqs=max(defaults.max_num_seqs, seqs),
+                     max_num_batched_tokens=max(budget, batch.num_new_tokens, seqs), max_model_len=None,
+                     watermark=None, num_gpu_blocks=None, enable_prefix_caching=None)
+    return resolve_group("replicas", keys, model, hardware, precision, engine, policy)

@@ -8,6 +8,8 @@ with exit status 2, never as a traceback.
 from __future__ import annotations
 
 import sys
+import warnings
+from typing import TextIO
 
 import typer
 from rich.markup import escape
@@ -20,6 +22,7 @@ from servesim.cli.report import report_command
 from servesim.cli.run import run_command, validate_command
 from servesim.cli.step import step_command
 from servesim.cli.sweep import sweep_command
+from servesim.config import MigrationNote
 from servesim.errors import ServesimError
 
 app = typer.Typer(
@@ -39,8 +42,21 @@ app.command("hardware")(hardware_command)
 app.command("report")(report_command)
 app.add_typer(calibrate_app, name="calibrate")
 
+def _show_note(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+               file: TextIO | None = None, line: str | None = None) -> None:
+    """A config read in its new form prints one ``note:`` line (once per message)."""
+    if issubclass(category, MigrationNote):
+        error_console.print(f"[yellow]note:[/] {escape(str(message))}", markup=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def main() -> None:
     """Console-script entry point."""
+    warnings.showwarning = _show_note
     try:
         app()
     except ServesimError as exc:

@@ -11,6 +11,7 @@ from rich.table import Table
 from servesim.cli.console import console as _console
 from servesim.cost import BatchShape
 from servesim.dtypes import Precision
+from servesim.engines import DEFAULT_ENGINE, RuntimeCosts, make_engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.model_config import load_model
@@ -49,8 +50,10 @@ def step_command(
     act_dtype: Annotated[str, Opt(help="bf16, fp16, fp8 (W8A8), int8")] = "bf16",
     kv_dtype: Annotated[str, Opt(help="bf16, fp16, fp8, int8, int4")] = "bf16",
     group_size: Annotated[int, Opt(help="Group size of int4 scales")] = 128,
-    gpu_memory_utilization: Annotated[float, Opt(help="Fraction of HBM the engine may use")] = 0.9,
-    ideal: Annotated[bool, Opt(help="Pure roofline: efficiency 1, no launch or step overhead")] = False,
+    gpu_memory_utilization: Annotated[
+        float | None, Opt(help="Fraction of HBM the engine may use (default: the engine's)")] = None,
+    engine: Annotated[str, Opt(help="Serving engine whose step cost and defaults apply")] = DEFAULT_ENGINE,
+    ideal: Annotated[bool, Opt(help="Pure roofline: efficiency 1, no launch or engine step cost")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Predict one iteration's time with a per-operator breakdown and its bound."""
@@ -71,7 +74,9 @@ def step_command(
         profile = profile.ideal()
     precision = Precision.from_names(weight_dtype, act_dtype, kv_dtype, group_size)
     batch = BatchShape.build(chunks, contexts, [decode_context] * decode_batch)
-    report = analyse_step(spec, profile, batch, tp, precision, gpu_memory_utilization)
+    report = analyse_step(spec, profile, batch, tp, precision, gpu_memory_utilization,
+                          engine=make_engine(engine, {}, "--engine"),
+                          runtime=RuntimeCosts.none() if ideal else None)
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -114,9 +114,10 @@ class ReplicaGroup:
     def num_gpus(self) -> int:
         return self.parallelism.gpus_per_replica * self.replicas
 
-    def cost_model(self) -> CostModel:
-        """Prices this group's steps: the model on its GPUs, as its engine runs them."""
-        return CostModel(self.model, self.hardware, self.tp, self.precision, self.runtime)
+    def cost_model(self, runtime: RuntimeCosts | None = None) -> CostModel:
+        """Prices this group's steps: the model on its GPUs, as its engine runs them (``runtime``
+        replaces the engine's step cost)."""
+        return CostModel(self.model, self.hardware, self.tp, self.precision, runtime or self.runtime)
 
     def describe(self) -> dict[str, object]:
         p = self.precision
