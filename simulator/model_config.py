@@ -8,11 +8,11 @@ do not affect serving cost are ignored; missing or malformed ones raise a one-li
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from servesim.errors import ServesimError
+from servesim.inputs.files import read_json
 from servesim.model_spec import MLASpec, ModelSpec, MoESpec
 from servesim.resources import model_configs_dir
 
@@ -115,16 +115,6 @@ def builtin_model_names() -> list[str]:
     return sorted(p.stem for p in model_configs_dir().glob("*.json"))
 
 
-def _read_json(path: Path, where: str) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ServesimError(where, f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})",
-                            "fix the file") from None
-    except OSError as exc:
-        raise ServesimError(where, f"cannot read {path}: {exc.strerror}", "check the path") from None
-
-
 def load_model(name_or_path: str | Path, where: str = "model") -> ModelSpec:
     """A built-in model by name (``llama-3-8b``) or a local ``config.json`` (or its folder)."""
     text = str(name_or_path)
@@ -136,11 +126,11 @@ def load_model(name_or_path: str | Path, where: str = "model") -> ModelSpec:
             raise ServesimError(where, f"no such file {path}",
                                 "give a built-in model name or the path of a config.json")
         name = path.parent.name if path.name == "config.json" else path.stem
-        return model_from_hf_config(_read_json(path, where), name, where)
+        return model_from_hf_config(read_json(path, where), name, where)
     key = text.lower().split("/")[-1]
     builtin = model_configs_dir() / f"{key}.json"
     if builtin.exists():
-        return model_from_hf_config(_read_json(builtin, where), key, where)
+        return model_from_hf_config(read_json(builtin, where), key, where)
     names = builtin_model_names()
     close = [n for n in names if key.replace("_", "-") in n or n in key]
     hint = f"did you mean {close[0]}? " if close else ""

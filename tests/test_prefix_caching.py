@@ -293,7 +293,7 @@ def test_cli_runs_quickstart_with_prefix_caching_and_prefix_affinity(tmp_path: P
     ("router.name=prefix_affinity", r"^error: router.name: prefix_affinity .*\.enable_prefix_caching: true"),
     ("deployment.enable_prefix_caching=maybe", r"^error: deployment.enable_prefix_caching: .*boolean"),
     ("workload.shared_prefix={tokens: 0, groups: 2}", r"^error: workload.shared_prefix.tokens: "),
-    ("workload.shared_prefix={tokens: 64}", r"^error: workload.shared_prefix.groups: missing"),
+    ("workload.shared_prefix={tokens: 64}", r"^error: workload.shared_prefix.groups: is required"),
     ("policy.name=static", r"^error: deployment.enable_prefix_caching: is not modelled for policy 'static'"),
 ])
 def test_cli_bad_values_give_one_line_errors(override: str, message: str) -> None:

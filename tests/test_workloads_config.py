@@ -109,12 +109,12 @@ def test_lengths_resampled_from_a_trace(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("data", "expected"), [
     ({"arrival": {"process": "poisson", "rat": 8.0}, "num_requests": 3},
-     "workload.arrival.rat: unknown key; allowed keys here: process, rate, burstiness"),
+     "workload.arrival.rat: unknown key; remove it or use one of: process, rate, burstiness"),
     ({"arrivals": {"process": "poisson", "rate": 8.0}},
-     "workload.arrivals: unknown key; allowed keys here: trace, arrival, num_requests"),
+     "workload.arrivals: unknown key; remove it or use one of: trace, arrival, num_requests"),
     ({"arrival": {"process": "poisson", "rate": 1}, "num_requests": 3, "prompt": {"dist": "fixed", "value": 3,
                                                                                  "mean": 2}},
-     "workload.prompt.mean: unknown key; allowed keys here: dist, value"),
+     "workload.prompt.mean: unknown key; remove it or use one of: dist, value"),
     ({"arrival": {"process": "poison", "rate": 8.0}, "num_requests": 3, "lengths": {"preset": "sharegpt"}},
      "workload.arrival.process: Input should be 'poisson', 'gamma' or 'constant'"),
     ({"arrival": {"process": "poisson", "rate": 8.0}, "num_requests": 3, "lengths": {"preset": "azure"}},

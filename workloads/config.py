@@ -37,27 +37,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PositiveFloat,
-    PositiveInt,
-    ValidationError,
-    model_validator,
-)
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from servesim.errors import ServesimError
+from servesim.inputs.schema import StrictModel, parse_model
 from servesim.workloads.presets import PRESETS
 
 TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "sharegpt", "arxiv"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TraceConfig(_Strict):
+class TraceConfig(StrictModel):
     """Replay of a trace file with arrival times (see ``servesim.workloads.traces`` for the formats)."""
 
     path: Path
@@ -82,7 +71,7 @@ class TraceConfig(_Strict):
         return self
 
 
-class ArrivalConfig(_Strict):
+class ArrivalConfig(StrictModel):
     """A renewal arrival process (see ``servesim.workloads.arrivals``)."""
 
     process: Literal["poisson", "gamma", "constant"]
@@ -97,12 +86,12 @@ class ArrivalConfig(_Strict):
         return self
 
 
-class FixedLength(_Strict):
+class FixedLength(StrictModel):
     dist: Literal["fixed"]
     value: PositiveInt
 
 
-class UniformLength(_Strict):
+class UniformLength(StrictModel):
     """Integers uniform on [low, high], both inclusive."""
 
     dist: Literal["uniform"]
@@ -116,7 +105,7 @@ class UniformLength(_Strict):
         return self
 
 
-class LognormalLength(_Strict):
+class LognormalLength(StrictModel):
     """ln(length) ~ Normal(ln median, sigma), rounded, clipped to [min, max]."""
 
     dist: Literal["lognormal"]
@@ -133,11 +122,9 @@ class LognormalLength(_Strict):
 
 
 LengthDist = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="dist")]
-_DISTS: dict[str, type[BaseModel]] = {"fixed": FixedLength, "uniform": UniformLength,
-                                      "lognormal": LognormalLength}
 
 
-class LengthsConfig(_Strict):
+class LengthsConfig(StrictModel):
     """Joint (prompt, output) lengths: a named preset, or pairs resampled from a trace."""
 
     preset: str | None = None
@@ -162,7 +149,7 @@ class LengthsConfig(_Strict):
         return self
 
 
-class PriorityMix(_Strict):
+class PriorityMix(StrictModel):
     """Each request's priority drawn independently: ``classes[i]`` with probability proportional
     to ``weights[i]`` (all equal when omitted). Lower values are served first (vLLM)."""
 
@@ -185,7 +172,7 @@ class PriorityMix(_Strict):
 MAX_REQUESTS = 100_000_000
 """A generous bound on generated requests (about 5 GB of state): beyond it, split the run."""
 
-class SharedPrefixConfig(_Strict):
+class SharedPrefixConfig(StrictModel):
     """``groups`` system prompts of ``tokens`` tokens; each request starts with one of them."""
 
     tokens: PositiveInt
@@ -196,7 +183,7 @@ _GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt",
                    "shared_prefix")
 
 
-class WorkloadConfig(_Strict):
+class WorkloadConfig(StrictModel):
     """Either ``trace`` alone, or ``arrival`` + size + lengths (see the module docstring)."""
 
     trace: TraceConfig | None = None
@@ -241,41 +228,5 @@ def parse_workload_config(data: Any, where: str = "workload") -> WorkloadConfig:
     if not isinstance(data, dict):
         raise ServesimError(where, f"must be a mapping, got {type(data).__name__}",
                             "give trace: {...} or arrival: {...} with num_requests and lengths")
-    try:
-        return WorkloadConfig.model_validate(data)
-    except ValidationError as exc:
-        raise _to_servesim_error(exc, where) from None
-
-
-def _to_servesim_error(exc: ValidationError, where: str) -> ServesimError:
-    errors = exc.errors()
-    # An unknown key (often a misspelling) explains the other errors (the key it should have been
-    # is then missing), so report it first.
-    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = [str(part) for part in error["loc"]]
-    shown = [part for i, part in enumerate(loc)  # drop the union tag pydantic puts in the path
-             if not (i == 1 and loc[0] in ("prompt", "output") and part in _DISTS)]
-    key = ".".join([where, *shown])
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        allowed = ", ".join(model.model_fields) if model is not None else "see workloads/config.py"
-        return ServesimError(key, "unknown key", f"allowed keys here: {allowed}")
-    if error["type"] == "union_tag_not_found":
-        return ServesimError(key, "needs dist", f"use dist: one of {', '.join(_DISTS)}")
-    if error["type"] == "missing":
-        return ServesimError(key, "missing", "add it (see workloads/config.py for the schema)")
-    return ServesimError(key, message)
-
-
-def _model_at(loc: list[str]) -> type[BaseModel] | None:
-    """The model validating the mapping at ``loc`` (for listing its allowed keys)."""
-    if not loc:
-        return WorkloadConfig
-    if len(loc) == 1:
-        return {"trace": TraceConfig, "arrival": ArrivalConfig, "lengths": LengthsConfig,
-                "priority": PriorityMix,
-                "shared_prefix": SharedPrefixConfig}.get(loc[0])
-    if len(loc) == 2 and loc[0] in ("prompt", "output"):
-        return _DISTS.get(loc[1])
-    return None
+    return parse_model(WorkloadConfig, data, at=where,
+                       missing_fix=lambda _, key: f"add {key} (see workloads/config.py for the schema)")

@@ -38,6 +38,7 @@ Line numbers assume one CSV record per line (no quoted newlines), which all thes
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -49,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.errors import ServesimError
+from servesim.inputs.files import read_text
 from servesim.workloads.requests import RequestTable
 
 log = logging.getLogger(__name__)
@@ -165,12 +167,13 @@ def _parse(path: Path, fmt: str, model: str | None) -> _Rows:
     if model is not None and fmt != "burstgpt":
         raise ServesimError("model", f"filtering by model applies to burstgpt traces, not {fmt}",
                             "remove model")
-    rows = _parse_mooncake(path) if fmt == "mooncake" else _parse_csv(path, fmt, model)
+    text = read_text(path, "path")  # the input layer: unreadable or non-UTF-8 is one line
+    rows = _parse_mooncake(path, text) if fmt == "mooncake" else _parse_csv(path, text, fmt, model)
     return _drop_empty(rows, path)
 
 
-def _parse_csv(path: Path, fmt: str, model: str | None) -> _Rows:
-    frame, lines = _read_csv(path, fmt, _HEADERS[fmt] + (["Model"] if model is not None else []))
+def _parse_csv(path: Path, text: str, fmt: str, model: str | None) -> _Rows:
+    frame, lines = _read_csv(path, text, fmt, _HEADERS[fmt] + (["Model"] if model is not None else []))
     notes: list[str] = []
     if model is not None:
         names = frame["Model"].astype(str).str.strip()
@@ -195,18 +198,19 @@ def _parse_csv(path: Path, fmt: str, model: str | None) -> _Rows:
     return _Rows(lines, prompt, output, arrival, priority, notes=notes)
 
 
-def _read_csv(path: Path, fmt: str, required: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
-    """The file as a frame (blank lines skipped) and the file line of each kept row."""
+def _read_csv(path: Path, text: str, fmt: str, required: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
+    """The file's text as a frame (blank lines skipped) and the file line of each kept row."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", pd.errors.ParserWarning)
             # index_col=False: a row with an extra field must not shift the columns silently.
-            frame = pd.read_csv(path, skip_blank_lines=False, skipinitialspace=True, index_col=False)
+            frame = pd.read_csv(io.StringIO(text, newline=""), skip_blank_lines=False,
+                                skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:
         raise ServesimError("path", f"{path} is empty", f"a {fmt} trace starts with the header "
                             f"{','.join(_HEADERS[fmt])}") from None
     except pd.errors.ParserWarning:
-        line, fields, expected = _first_ragged_row(path)
+        line, fields, expected = _first_ragged_row(text)
         raise ServesimError("path", f"{path} line {line} has {fields} fields but the header has {expected}",
                             "fix that line (one value per header column)") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
@@ -225,14 +229,13 @@ def _read_csv(path: Path, fmt: str, required: list[str]) -> tuple[pd.DataFrame, 
     return frame, lines
 
 
-def _first_ragged_row(path: Path) -> tuple[int, int, int]:
+def _first_ragged_row(text: str) -> tuple[int, int, int]:
     """(1-based line, its field count, the header's) of the first row whose width differs."""
-    with path.open(newline="") as handle:
-        rows = csv.reader(handle)
-        header = next(rows, [])
-        for row in rows:
-            if row and len(row) != len(header):
-                return rows.line_num, len(row), len(header)
+    rows = csv.reader(io.StringIO(text, newline=""))
+    header = next(rows, [])
+    for row in rows:
+        if row and len(row) != len(header):
+            return rows.line_num, len(row), len(header)
     return 0, 0, len(header)
 
 
@@ -293,7 +296,7 @@ def _azure_seconds(column: pd.Series, lines: np.ndarray, path: Path) -> np.ndarr
     return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)
 
 
-def _parse_mooncake(path: Path) -> _Rows:
+def _parse_mooncake(path: Path, text: str) -> _Rows:
     """One JSON object per line; parsed line by line so an error can name its line."""
     stamps: list[object] = []
     prompt: list[object] = []
@@ -301,32 +304,32 @@ def _parse_mooncake(path: Path) -> _Rows:
     counts: list[int] = []
     flat: list[object] = []
     lines: list[int] = []
-    with path.open("r", encoding="utf-8") as handle:
-        for lineno, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ServesimError("path", f"malformed JSON at {path} line {lineno} ({exc.msg}, column "
-                                    f"{exc.colno})", "fix or delete that line") from None
-            if not isinstance(record, dict):
-                raise ServesimError("path", f"{path} line {lineno} is not a JSON object",
-                                    "write one object per line") from None
-            for key in ("timestamp", "input_length", "output_length", "hash_ids"):
-                if key not in record:
-                    raise ServesimError(key, f"missing at {path} line {lineno}",
-                                        "every line needs timestamp, input_length, output_length, hash_ids")
-            blocks = record["hash_ids"]
-            if not isinstance(blocks, list):
-                raise ServesimError("hash_ids", f"{_shown(blocks)} at {path} line {lineno} is not a list",
-                                    "give a list of block ids")
-            stamps.append(record["timestamp"])
-            prompt.append(record["input_length"])
-            output.append(record["output_length"])
-            counts.append(len(blocks))
-            flat.extend(blocks)
-            lines.append(lineno)
+    # one JSON record per line of the text the input layer read
+    for lineno, line in enumerate(io.StringIO(text, newline=None), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ServesimError("path", f"malformed JSON at {path} line {lineno} ({exc.msg}, column "
+                                f"{exc.colno})", "fix or delete that line") from None
+        if not isinstance(record, dict):
+            raise ServesimError("path", f"{path} line {lineno} is not a JSON object",
+                                "write one object per line") from None
+        for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+            if key not in record:
+                raise ServesimError(key, f"missing at {path} line {lineno}",
+                                    "every line needs timestamp, input_length, output_length, hash_ids")
+        blocks = record["hash_ids"]
+        if not isinstance(blocks, list):
+            raise ServesimError("hash_ids", f"{_shown(blocks)} at {path} line {lineno} is not a list",
+                                "give a list of block ids")
+        stamps.append(record["timestamp"])
+        prompt.append(record["input_length"])
+        output.append(record["output_length"])
+        counts.append(len(blocks))
+        flat.extend(blocks)
+        lines.append(lineno)
     line_arr = np.asarray(lines, dtype=np.int64)
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])

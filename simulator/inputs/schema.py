@@ -56,7 +56,9 @@ def user_error(exc: ValidationError, root: type[BaseModel], *, at: str = "", fil
     error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0]) if unknown_first \
         else errors[0]
     loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
-    shown = drop(loc) if drop is not None else loc
+    shown = _without_tags(root, loc)
+    if drop is not None:
+        shown = drop(shown)
     field = ".".join([part for part in (at, *shown) if part])
     if file:
         field = f"{file}: {field}" if field else file
@@ -67,6 +69,12 @@ def user_error(exc: ValidationError, root: type[BaseModel], *, at: str = "", fil
         return ServesimError(field, "unknown key", fix)
     if kind == "missing":
         return ServesimError(field, "is required", missing_fix(field, loc[-1] if loc else field))
+    if kind in ("union_tag_not_found", "union_tag_invalid"):
+        key = str(error.get("ctx", {}).get("discriminator", "")).strip("'")
+        tags = _tags_at(root, loc)
+        return ServesimError(field, f"needs {key}" if kind == "union_tag_not_found"
+                             else f"unknown {key} {error.get('ctx', {}).get('tag')!r}",
+                             f"use {key}: one of {', '.join(tags)}" if tags else f"fix {key}")
     got = error.get("input")
     shown_value = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
     message = error["msg"].removeprefix("Value error, ").rstrip(".")
@@ -117,6 +125,42 @@ def allowed_keys(root: type[BaseModel], loc: list[str]) -> list[str]:
                 model = tagged[0]
                 parts.pop(0)
     return list(model.model_fields)
+
+
+def _without_tags(root: type[BaseModel], loc: list[str]) -> list[str]:
+    """``loc`` without the union tags pydantic puts in it (``prompt.fixed.value`` is the key
+    ``prompt.value`` of the ``fixed`` member)."""
+    shown: list[str] = []
+    model: type[BaseModel] | None = root
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        shown.append(part)
+        if model is None or part not in model.model_fields:
+            shown += parts
+            break
+        candidates = _models_in(model.model_fields[part].annotation)
+        model = candidates[0] if candidates else None
+        if len(candidates) > 1 and parts:
+            tagged = [m for m in candidates if _tag(m) == parts[0]]
+            if tagged:
+                model = tagged[0]
+                parts.pop(0)
+    return shown
+
+
+def _tags_at(root: type[BaseModel], loc: list[str]) -> list[str]:
+    """The tags of the union at ``loc`` (the values its discriminator may take)."""
+    model: type[BaseModel] = root
+    for part in loc[:-1]:
+        candidates = _models_in(model.model_fields[part].annotation) if part in model.model_fields else []
+        if not candidates:
+            return []
+        model = candidates[0]
+    last = loc[-1] if loc else ""
+    if last not in model.model_fields:
+        return []
+    return [tag for m in _models_in(model.model_fields[last].annotation) if (tag := _tag(m)) is not None]
 
 
 def _tag(model: type[BaseModel]) -> str | None:
