@@ -12,10 +12,12 @@ from rich.table import Table
 
 from servesim.atomic_io import make_output_dir
 from servesim.cli.console import console
+from servesim.metrics.stats import fmt_seconds
 from servesim.metrics.summary import Summary
 from servesim.pipeline import RunPlan, load_plan, render, simulate
 from servesim.resources import configs_dir, find_builtin
 from servesim.sweep.spec import is_sweep_file
+from servesim.topology.base import Topology
 from servesim.topology.group import ReplicaGroup
 
 GIB = 2**30
@@ -117,7 +119,7 @@ def run_command(
 
         result = simulate(plan, progress=None if quiet else progress)
     render(result, out_dir, report=report)
-    render_summary(result.summary)
+    render_summary(result.summary, plan.topology)
     console.print(f"simulated {len(workload):,} requests, {len(result.steps):,} steps in "
                   f"{result.wall_time_s:.2f} s wall ({len(workload) / max(result.wall_time_s, 1e-9):,.0f} "
                   "requests/s)")
@@ -127,13 +129,7 @@ def run_command(
     console.print(f"wrote {out_dir}/ ({written})")
 
 
-def _fmt(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"
-
-
-def render_summary(summary: Summary) -> None:
+def render_summary(summary: Summary, topology: Topology) -> None:
     table = Table(show_edge=False, box=None, pad_edge=False)
     table.add_column("latency")
     for column in ("mean", "p50", "p90", "p99", "max"):
@@ -141,7 +137,7 @@ def render_summary(summary: Summary) -> None:
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                        ("queueing_s", "queueing")):
         stats = summary.latency(key)
-        table.add_row(label, *(_fmt(getattr(stats, c)) for c in ("mean", "p50", "p90", "p99", "max")))
+        table.add_row(label, *(fmt_seconds(getattr(stats, c)) for c in ("mean", "p50", "p90", "p99", "max")))
     console.print(table)
     t = summary.throughput
     console.print(f"throughput: {t.requests_per_s:.2f} requests/s, {t.output_tokens_per_s:,.0f} "
@@ -151,15 +147,8 @@ def render_summary(summary: Summary) -> None:
     console.print(f"completed {summary.completed:,}, rejected {summary.rejected:,}, preemptions "
                   f"{summary.preemptions:,}; mean batch {batch.mean_size:.1f}; KV use mean "
                   f"{kv.mean_utilization:.0%}, peak {kv.peak_fraction:.0%}")
-    dis = summary.sections.get("disaggregation")
-    if dis:
-        link, pools = dis["link"], dis["pools"]
-        copy, link_wait, room_wait = dis["transfer_s"], dis["link_wait_s"], dis["decode_wait_s"]
-        console.print(f"KV transfers: {link['transfers']:,}, copy p50 {_fmt(copy['p50'])} p99 "
-                      f"{_fmt(copy['p99'])}; link wait p99 {_fmt(link_wait['p99'])}, decode-room wait "
-                      f"p99 {_fmt(room_wait['p99'])}; link busy {link['utilization']:.0%}; prefill pool "
-                      f"busy {pools['prefill']['busy_fraction']:.0%}, decode pool busy "
-                      f"{pools['decode']['busy_fraction']:.0%}")
+    for line in topology.summary_lines(summary.sections):
+        console.print(line)
     swap = summary.swap
     if swap.swaps_out:
         console.print(f"swapped {swap.swaps_out:,} out / {swap.swaps_in:,} in over the host link: "
@@ -174,6 +163,7 @@ def render_summary(summary: Summary) -> None:
         console.print(f"[bold red]{summary.unfinished:,} requests neither completed nor were "
                       "rejected[/]: the policy left them queued (see requests.parquet, status unfinished)")
     if summary.slos:
-        limits = ", ".join(f"{k.removesuffix('_s').upper()} <= {_fmt(v)}" for k, v in summary.slos.items())
+        limits = ", ".join(f"{k.removesuffix('_s').upper()} <= {fmt_seconds(v)}"
+                           for k, v in summary.slos.items())
         console.print(f"SLOs ({limits}): attainment [bold]{summary.slo_attainment:.1%}[/], goodput "
                       f"{summary.goodput_requests_per_s:.2f} requests/s")

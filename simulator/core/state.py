@@ -1,6 +1,6 @@
 """Every request's progress, one NumPy array per field (never a Python object per request).
 
-In the unified token-budget view (DESIGN.md) a request is two numbers: ``computed[r]`` tokens
+In the unified token-budget view (docs/architecture.md) a request is two numbers: ``computed[r]`` tokens
 whose KV is in the cache and ``num_tokens(r) = prompt[r] + generated[r]`` tokens it has. A step
 gives it some new tokens to compute; when ``computed`` reaches ``num_tokens`` the step samples one
 more output token. A prefill, a chunk of one, a decode and a recompute after preemption are all

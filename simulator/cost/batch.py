@@ -102,7 +102,7 @@ class BatchShape:
     @classmethod
     def from_requests(cls, new_tokens: np.ndarray, computed_tokens: np.ndarray,
                       total_tokens: np.ndarray) -> BatchShape:
-        """The engine's view, in the unified token-budget terms of DESIGN.md.
+        """The engine's view, in the unified token-budget terms (docs/architecture.md).
 
         Each scheduled request computes ``new_tokens`` more of its ``total_tokens`` (prompt plus
         output generated so far), ``computed_tokens`` of which are already in its KV cache. A

@@ -72,3 +72,10 @@ def describe_weighted(values: np.ndarray, counts: np.ndarray) -> dict[str, float
     mean = float(np.dot(values, counts) / counts.sum())
     return {"mean": mean, **{f"p{p}": float(v) for p, v in zip(PERCENTILES, points, strict=True)},
             "max": float(values.max())}
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """A latency for people: milliseconds below a second, else seconds; "-" when unknown."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:,.1f} ms" if seconds < 1 else f"{seconds:,.2f} s"

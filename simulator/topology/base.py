@@ -130,6 +130,10 @@ class Topology(ABC):
         """Extra summary sections of this topology (after ``batch``)."""
         return {}
 
+    def summary_lines(self, sections: dict[str, Any]) -> list[str]:
+        """Lines for people about this topology's own summary sections (the CLI prints them)."""
+        return []
+
     def resolved_deployment(self, deployment: dict[str, Any]) -> str:
         """Write the derived limits into the ``deployment`` section of a resolved config (in place);
         returns the header comment's text."""

@@ -54,6 +54,7 @@ from servesim.engines import Engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.metrics.stats import describe as describe_values
+from servesim.metrics.stats import fmt_seconds
 from servesim.metrics.usage import kv_usage
 from servesim.model_config import load_model
 from servesim.policies.base import Policy
@@ -240,6 +241,16 @@ class Disaggregated(Topology):
             "link_wait_s": waits("transfer_start_s", "transfer_queued_s"),
             "transfer_s": waits("transfer_end_s", "transfer_start_s"),
         }}
+
+    def summary_lines(self, sections: dict[str, Any]) -> list[str]:
+        dis = sections["disaggregation"]
+        link, pools = dis["link"], dis["pools"]
+        copy, link_wait, room_wait = dis["transfer_s"], dis["link_wait_s"], dis["decode_wait_s"]
+        return [f"KV transfers: {link['transfers']:,}, copy p50 {fmt_seconds(copy['p50'])} p99 "
+                f"{fmt_seconds(copy['p99'])}; link wait p99 {fmt_seconds(link_wait['p99'])}, decode-room "
+                f"wait p99 {fmt_seconds(room_wait['p99'])}; link busy {link['utilization']:.0%}; prefill "
+                f"pool busy {pools['prefill']['busy_fraction']:.0%}, decode pool busy "
+                f"{pools['decode']['busy_fraction']:.0%}"]
 
     def resolved_deployment(self, deployment: dict[str, Any]) -> str:
         """Each group's derived limits written into its section."""
