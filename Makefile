@@ -1,13 +1,16 @@
 # Developer shortcuts; CI runs .ci/run.
 PY ?= python
 
-.PHONY: test lint bench bench-step bench-engine bench-sweep
+.PHONY: test lint typecheck bench bench-step bench-engine bench-sweep
 
 test:
 	$(PY) -m pytest -q
 
 lint:
 	$(PY) -m ruff check .
+
+typecheck:
+	.ci/typecheck
 
 bench: bench-step bench-engine bench-sweep
 
