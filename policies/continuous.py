@@ -108,7 +108,7 @@ class ContinuousBatching(Policy):
         r, pool = replica.requests, replica.pool
         context = r.computed[running]
         # The token computed this step needs a slot: ceil((context + 1) / block_size) blocks.
-        need = blocks_for(context + 1, pool.block_size) - pool.held[running]
+        need = blocks_for(context, pool.block_size, plus=1) - pool.held[running]
         shortfall = int(need.sum()) - pool.free
         preempted = 0
         if shortfall > 0:
