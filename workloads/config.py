@@ -273,9 +273,10 @@ def _model_at(loc: list[str]) -> type[BaseModel] | None:
     if not loc:
         return WorkloadConfig
     if len(loc) == 1:
-        return {"trace": TraceConfig, "arrival": ArrivalConfig, "lengths": LengthsConfig,
-                "priority": PriorityMix,
-                "shared_prefix": SharedPrefixConfig}.get(loc[0])
+        sections: dict[str, type[BaseModel]] = {
+            "trace": TraceConfig, "arrival": ArrivalConfig, "lengths": LengthsConfig,
+            "priority": PriorityMix, "shared_prefix": SharedPrefixConfig}
+        return sections.get(loc[0])
     if len(loc) == 2 and loc[0] in ("prompt", "output"):
         return _DISTS.get(loc[1])
     return None

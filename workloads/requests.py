@@ -123,6 +123,7 @@ class RequestTable:
     def take(self, rows: np.ndarray) -> RequestTable:
         """The requests at ``rows`` (indices or a boolean mask), prefix blocks carried along."""
         rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows, dtype=np.int64)
+        assert self.priority is not None  # __post_init__ fills it in
         offsets = ids = None
         if self.prefix_block_offsets is not None and self.prefix_block_ids is not None:
             starts, ends = self.prefix_block_offsets[rows], self.prefix_block_offsets[rows + 1]
