@@ -9,6 +9,7 @@ faster than with rotating weights).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -30,6 +31,13 @@ def _fp8_fn(torch: Any, a: Any, b: Any) -> Any:
     return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
 
+def _times_next(a: Any, weights: Rotating) -> Callable[[], Any]:
+    """A kernel that multiplies ``a`` by the next of the ``weights`` at each call."""
+    def call() -> Any:
+        return a @ weights.next()
+    return call
+
+
 def bench_gemm(device: str, quick: bool) -> pd.DataFrame:
     torch = import_torch()
     timing = Timing.for_run(device, quick)
@@ -46,11 +54,11 @@ def bench_gemm(device: str, quick: bool) -> pd.DataFrame:
         base = {"m": shape.m, "n": shape.n, "k": shape.k, "model": shape.model, "tp": shape.tp,
                 "op": shape.op}
         rows.append({**base, "dtype": "bf16",
-                     "time_s": median_seconds(lambda a=a, b=b: a @ b.next(), device, timing)})
+                     "time_s": median_seconds(_times_next(a, b), device, timing)})
         if fp8 and shape.m % 16 == 0 and shape.k % 16 == 0 and shape.n % 16 == 0:
             fp8_calls = Rotating([_fp8_fn(torch, a, w) for w in weights])
             rows.append({**base, "dtype": "fp8",
-                         "time_s": median_seconds(lambda c=fp8_calls: c.next()(), device, timing)})
+                         "time_s": median_seconds(fp8_calls.call_next, device, timing)})
     table = pd.DataFrame(rows)
     table["source"] = f"servesim bench ({device}, flop cap {FLOP_CAP[(device, quick)]:.0e})"
     return table

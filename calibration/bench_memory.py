@@ -48,7 +48,7 @@ def bench_memory(device: str, quick: bool) -> pd.DataFrame:
         for op, (_, nbytes) in sets[0].items():
             calls = Rotating([kernels[op][0] for kernels in sets])
             rows.append({"bytes": nbytes, "op": op,
-                         "time_s": median_seconds(lambda c=calls: c.next()(), device, timing)})
+                         "time_s": median_seconds(calls.call_next, device, timing)})
     table = pd.DataFrame(rows)
     table["source"] = f"servesim bench ({device}, copy/add/rms_norm/silu_mul)"
     return table

@@ -101,8 +101,9 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         measured = table["time_s"].to_numpy(float)
         errors = {name: ape(predict(family, table, p), measured)
                   for name, p in (("spec", profile.ideal()), ("prior", profile), ("fit", fitted))}
-        row = {"profile": profile.name, "family": family, "rows_fit": int((~held).sum()),
-               "rows_held_out": int(held.sum())}
+        rows_fit, rows_held_out = int((~held).sum()), int(held.sum())
+        row: dict[str, object] = {"profile": profile.name, "family": family, "rows_fit": rows_fit,
+                                  "rows_held_out": rows_held_out}
         for name in ("spec", "prior"):
             row[f"{name}_median_%"], row[f"{name}_p90_%"] = error_stats(errors[name][held])
         row["fit_in_median_%"], row["fit_in_p90_%"] = error_stats(errors["fit"][~held])
@@ -112,9 +113,9 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         detail = "; ".join(sorted(table["source"].astype(str).unique())) if "source" in table else ""
         provenance[key] = (
             f"fitted {date} by servesim calibrate from {source}{f' [{detail}]' if detail else ''} "
-            f"({family}: {row['rows_fit']} rows "
-            f"fitted, {row['rows_held_out']} held out, every other {family} shape-axis value); method: "
-            f"{_method(family, row['rows_fit'])}; "
+            f"({family}: {rows_fit} rows "
+            f"fitted, {rows_held_out} held out, every other {family} shape-axis value); method: "
+            f"{_method(family, rows_fit)}; "
             f"in-sample {_fmt(error_stats(errors['fit'][~held]))}, held-out "
             f"{_fmt(error_stats(errors['fit'][held]))} (spec-sheet roofline on the held-out rows: "
             f"{_fmt(error_stats(errors['spec'][held]))})")

@@ -90,6 +90,10 @@ class Rotating:
         self.i = (self.i + 1) % len(self.items)
         return self.items[self.i]
 
+    def call_next(self) -> Any:
+        """Call the next item, when the items are the kernels themselves."""
+        return self.next()()
+
 
 def copies_for(nbytes: float) -> int:
     """How many copies of ``nbytes`` of inputs make up the rotation."""

@@ -44,8 +44,9 @@ def predictions(tables: dict[str, pd.DataFrame], profile: HardwareProfile) -> pd
                                   "kv_heads", "head_dim", "bytes", "world") if c in table.columns]
         frames.append(pd.concat([frame, table[shape_cols].reset_index(drop=True)], axis=1))
     rows = pd.concat(frames, ignore_index=True)
-    rows["ape"] = ape(rows["predicted_s"], rows["measured_s"])
-    rows["spec_ape"] = ape(rows["spec_roofline_s"], rows["measured_s"])
+    measured = rows["measured_s"].to_numpy()
+    rows["ape"] = ape(rows["predicted_s"].to_numpy(), measured)
+    rows["spec_ape"] = ape(rows["spec_roofline_s"].to_numpy(), measured)
     return rows
 
 

@@ -25,7 +25,7 @@ are TGI's (1.2 and 20; TGI later lowered the ratio to 0.3).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -53,13 +53,15 @@ class ContinuousOptions(PolicyOptions):
 @register_policy
 class ContinuousBatching(Policy):
     name = "continuous"
-    Options = ContinuousOptions
-    options: ContinuousOptions
+    Options: ClassVar[type[PolicyOptions]] = ContinuousOptions
+    options: PolicyOptions
+    """:class:`ContinuousOptions` here and in ``sjf``; ``priority``, which has its own admission
+    loop, has its own knobs and no ``order`` knob."""
 
-    def __init__(self, replica: ReplicaState, options: ContinuousOptions) -> None:
+    def __init__(self, replica: ReplicaState, options: PolicyOptions) -> None:
         super().__init__(replica, options)
-        # Subclasses with their own admission loop (``priority``) have no ``order`` knob.
-        self._decode_first = getattr(options, "order", "prefill_first") == "decode_first"
+        self._order = options if isinstance(options, ContinuousOptions) else None
+        self._decode_first = self._order is not None and self._order.order == "decode_first"
         self._steps_since_prefill = 0
         keys = self.admission_keys()
         if keys is not None:
@@ -82,9 +84,10 @@ class ContinuousBatching(Policy):
         running = int(self.replica.running.size)
         if not self._decode_first or running == 0:
             return False
-        if self._steps_since_prefill >= self.options.max_waiting_steps:
+        assert self._order is not None  # decode_first is an order knob
+        if self._steps_since_prefill >= self._order.max_waiting_steps:
             return False
-        return admissible < int(running * self.options.waiting_served_ratio)
+        return admissible < int(running * self._order.waiting_served_ratio)
 
     def _admit_prefills(self, now: float) -> Batch | None:
         replica = self.replica

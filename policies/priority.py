@@ -61,8 +61,10 @@ class PriorityScheduling(ContinuousBatching):
     options: PriorityOptions
 
     def __init__(self, replica: ReplicaState, options: PriorityOptions) -> None:
+        priority = replica.requests.table.priority
+        assert priority is not None  # RequestTable.__post_init__ fills it in
+        self.priority = priority  # before the base's __init__, which calls admission_keys
         super().__init__(replica, options)
-        self.priority = replica.requests.table.priority
         self._carried_s = 0.0
         self._preempt_count = 0
         if self.options.preemption_mode == "swap":
@@ -73,7 +75,7 @@ class PriorityScheduling(ContinuousBatching):
             replica.swap = HostSwap(path, self.options.swap_space_gib, len(replica.requests))
 
     def admission_keys(self) -> np.ndarray:
-        return self.replica.requests.table.priority.astype(np.float64)
+        return self.priority.astype(np.float64)
 
     def schedule(self, now: float) -> Batch | None:
         self._preempt_count = 0
@@ -142,9 +144,9 @@ class PriorityScheduling(ContinuousBatching):
         if not prefills:
             return None  # only swap-ins: they decode with the others in this step
         ids = np.array(prefills, dtype=np.int64)
-        new = np.array(new_tokens, dtype=np.int64)
+        tokens = np.array(new_tokens, dtype=np.int64)
         computed = replica.requests.computed[ids]
-        return Batch.of(ids, new, computed, computed + new)
+        return Batch.of(ids, tokens, computed, computed + tokens)
 
     def _preempt_lower(self, request: int, blocks_short: int, seats_short: int) -> np.ndarray:
         """Preempt the fewest running requests of lower priority than ``request`` (from the tail:

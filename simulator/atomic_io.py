@@ -24,8 +24,9 @@ def _current_umask() -> int:
 _FILE_MODE = 0o666 & ~_current_umask()
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``
+    (whatever ``write`` returns, such as a count of bytes written, is ignored)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

@@ -153,3 +153,13 @@ def test_layers_the_core_knows_no_policy_engine_or_topology() -> None:
     for module in (name for name in graph if name.startswith("servesim.policies")):
         assert not _reaches(graph, module, "servesim.topology"), module
         assert not _reaches(graph, module, "servesim.pipeline"), module
+
+
+def test_the_wheel_lists_every_subpackage() -> None:
+    """setuptools installs only the packages pyproject.toml names: a new folder of the package
+    that is not listed would be missing from a wheel (the editable install would hide it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert found <= listed, sorted(found - listed)

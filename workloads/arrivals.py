@@ -51,9 +51,13 @@ def arrival_times(process: str, rate: float, rng: np.random.Generator, *,
         raise ServesimError("duration_s", f"must be > 0, got {duration_s}", "give a positive duration")
 
     if process == "constant":
-        n = num_requests if duration_s is None else math.ceil(duration_s * rate) + 1
-        if num_requests is not None:
-            n = min(n, num_requests)
+        if duration_s is None:
+            assert num_requests is not None  # checked above: one of the two is given
+            n = num_requests
+        else:
+            n = math.ceil(duration_s * rate) + 1
+            if num_requests is not None:
+                n = min(n, num_requests)
         times = np.arange(1, n + 1, dtype=np.float64) / rate
     elif duration_s is None:
         assert num_requests is not None

@@ -18,7 +18,7 @@ from servesim.workloads.arrivals import arrival_times
 from servesim.workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
 from servesim.workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths
 from servesim.workloads.presets import get_preset
-from servesim.workloads.requests import RequestTable
+from servesim.workloads.requests import PrefixBlocks, RequestTable
 from servesim.workloads.traces import read_lengths, read_trace
 
 
@@ -65,18 +65,18 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         share = weights / weights.sum()
         priority = priority_rng.choice(classes, size=n, p=share)
         parts.append("priority " + "/".join(f"{c}:{p:.0%}" for c, p in zip(classes, share, strict=True)))
-    prefixes: dict[str, object] = {}
+    prefixes: PrefixBlocks = {}
     if config.shared_prefix is not None:
         shared = config.shared_prefix
         prompt, prefixes = with_shared_prefix(prompt, shared.tokens, shared.groups, prefix_rng)
         parts.append(f"shared prefix {shared.tokens} tokens x {shared.groups} groups")
     parts.append(f"seed {seed}")
     return RequestTable(arrivals, prompt, output, priority=priority, source="generated: " + ", ".join(parts),
-                        **prefixes)  # type: ignore[arg-type]
+                        **prefixes)
 
 
 def with_shared_prefix(prompt: np.ndarray, tokens: int, groups: int, rng: np.random.Generator
-                       ) -> tuple[np.ndarray, dict[str, object]]:
+                       ) -> tuple[np.ndarray, PrefixBlocks]:
     """Prepend one of ``groups`` system prompts of ``tokens`` tokens (uniformly drawn) to each
     prompt. Each request gets one prefix block id, its group, naming a ``tokens``-token block, in
     the same CSR form as a Mooncake trace's ``hash_ids`` (``prefix_block_size = tokens``)."""

@@ -17,11 +17,27 @@ Conventions (the engine and every reader rely on them):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
 
 from servesim.errors import ServesimError
+
+
+class PrefixBlocks(TypedDict, total=False):
+    """:class:`RequestTable`'s prefix-block fields, as keyword arguments."""
+
+    prefix_block_offsets: np.ndarray | None
+    prefix_block_ids: np.ndarray | None
+    prefix_block_size: int
+
+
+class RequestFields(PrefixBlocks, total=False):
+    """:class:`RequestTable`'s optional fields, as keyword arguments."""
+
+    priority: np.ndarray | None
+    source: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,6 +139,7 @@ class RequestTable:
     def take(self, rows: np.ndarray) -> RequestTable:
         """The requests at ``rows`` (indices or a boolean mask), prefix blocks carried along."""
         rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows, dtype=np.int64)
+        assert self.priority is not None  # __post_init__ fills it in
         offsets = ids = None
         if self.prefix_block_offsets is not None and self.prefix_block_ids is not None:
             starts, ends = self.prefix_block_offsets[rows], self.prefix_block_offsets[rows + 1]
@@ -136,11 +153,11 @@ class RequestTable:
 
     @classmethod
     def unsorted(cls, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 **kwargs: object) -> RequestTable:
+                 **kwargs: Unpack[RequestFields]) -> RequestTable:
         """Build from columns in any order: sorted by arrival (stable, so ties keep file order)."""
         arrivals = np.asarray(arrival_s, dtype=np.float64).reshape(-1)
         order = np.argsort(arrivals, kind="stable")
-        scratch = cls(np.zeros(arrivals.size), prompt_tokens, output_tokens, **kwargs)  # type: ignore[arg-type]
+        scratch = cls(np.zeros(arrivals.size), prompt_tokens, output_tokens, **kwargs)
         return replace(scratch.take(order), arrival_s=arrivals[order])
 
     def to_frame(self) -> pd.DataFrame:

@@ -243,11 +243,15 @@ _MAX_WHOLE = 2.0**53
 """Larger counts are not token counts (and would not survive the conversion to int64 exactly)."""
 
 
+def _is_bool(value: object) -> bool:
+    return type(value) is bool
+
+
 def _whole(column: pd.Series, name: str, lines: np.ndarray, path: Path, *,
            negative_ok: bool = False) -> np.ndarray:
     """A column of whole numbers (>= 0 unless ``negative_ok``), or an error at its first bad row."""
     is_bool = (np.ones(len(column), bool) if pd.api.types.is_bool_dtype(column.dtype)
-               else column.map(type).eq(bool).to_numpy() if column.dtype == object
+               else column.map(_is_bool).to_numpy(dtype=bool) if column.dtype == object
                else np.zeros(len(column), bool))
     if is_bool.any():
         i = int(np.argmax(is_bool))

@@ -78,6 +78,8 @@ def search_rate(evaluate: Evaluate, first_guess: float, precision: float,
         return bool(record["passed"])
 
     rate = first_guess
+    low: float | None
+    high: float | None
     if passes(rate):
         low, high = rate, None
         for _ in range(max_doublings):
@@ -99,6 +101,7 @@ def search_rate(evaluate: Evaluate, first_guess: float, precision: float,
             high = rate
         if low is None:
             return SearchResult("unattainable", 0.0, high, first_guess, evaluations)
+    assert low is not None and high is not None  # both branches return without a bracket
     while (high - low) / low > precision:
         middle = math.sqrt(low * high)
         if passes(middle):

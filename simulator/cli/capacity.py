@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -173,9 +174,10 @@ def _num(value: float | None, fmt: str = ".2f") -> str:
 def render(answer: dict[str, Any]) -> None:
     target = answer["target_rate"]
     table = Table(show_edge=False, box=None, pad_edge=False)
-    columns = [("#", "right"), ("candidate", "left"), ("GPUs", "right"), ("max rate", "right"),
-               ("per replica", "right"), ("$/hour", "right"), ("$/1M out tok", "right"),
-               ("SLO margins", "left"), ("breaks first", "left"), ("bound", "left"), ("KV", "left")]
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("#", "right"), ("candidate", "left"), ("GPUs", "right"), ("max rate", "right"),
+        ("per replica", "right"), ("$/hour", "right"), ("$/1M out tok", "right"),
+        ("SLO margins", "left"), ("breaks first", "left"), ("bound", "left"), ("KV", "left")]
     if target is not None:
         columns.append(("verified", "left"))
     for name, justify in columns:

@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.console import JustifyMethod
 from rich.table import Table
 
 from servesim.cli.console import console as _console
@@ -98,8 +99,9 @@ def render(report: StepReport) -> None:
                    f"{b.num_logits} sampled")
 
     table = Table(show_edge=False, box=None, pad_edge=False)
-    for column, justify in (("operator", "left"), ("time (ms)", "right"), ("share", "right"),
-                            ("bound", "left")):
+    columns: list[tuple[str, JustifyMethod]] = [("operator", "left"), ("time (ms)", "right"),
+                                                ("share", "right"), ("bound", "left")]
+    for column, justify in columns:
         table.add_column(column, justify=justify)
     bounds = report.operator_bounds()
     for name, seconds in cost.breakdown.items():

@@ -48,7 +48,7 @@ def sweep_command(
 ) -> None:
     """Run a parameter sweep: results.parquet (one row per point, mean and 95% CI over
     replications), one folder per run under points/, resumable by rerunning."""
-    check_backend(backend)
+    chosen = check_backend(backend)
     sweep = load_sweep(find_sweep(sweep_file), overrides)
     out_dir = out or Path("sweeps") / sweep.name
     if dry_run:
@@ -84,7 +84,7 @@ def sweep_command(
     try:
         with Progress(*columns, console=console, disable=quiet, transient=True) as bar:
             task = bar.add_task("sweep", total=len(prepared.todo))
-            outcome = prepared.run(backend, workers, ray_address, on_run=advance)  # type: ignore[arg-type]
+            outcome = prepared.run(chosen, workers, ray_address, on_run=advance)
     except KeyboardInterrupt:
         console.print(f"interrupted: the {prepared.skipped + finished} finished runs are kept in "
                       f"{out_dir}/points; run the same command again to resume")

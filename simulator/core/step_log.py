@@ -72,16 +72,24 @@ class StepLog:
         """``blocks_total`` and (runs with several replica groups) ``groups`` are per replica
         index; the group names go into the ``pool`` column (its name in the files)."""
         rows = self.records()
+        assert ROW.names is not None  # a structured dtype
         frame = pd.DataFrame({name: rows[name] for name in ROW.names if name != "bound"})
         frame.insert(2, "duration_s", frame.pop("duration_s"))
         frame.insert(1, "step", frame.groupby("replica").cumcount().astype(np.int64))
-        frame.insert(frame.columns.get_loc("num_decodes") + 1, "batch_size",
+        frame.insert(_after(frame, "num_decodes"), "batch_size",
                      frame["num_prefills"] + frame["num_decodes"])
         totals = np.asarray(blocks_total, dtype=np.int64)
-        frame.insert(frame.columns.get_loc("kv_blocks_used") + 1, "kv_blocks_total",
+        frame.insert(_after(frame, "kv_blocks_used"), "kv_blocks_total",
                      totals[frame["replica"].to_numpy()])
-        frame.insert(frame.columns.get_loc("preempted") + 1, "bound",
+        frame.insert(_after(frame, "preempted"), "bound",
                      np.asarray(BOUNDS, dtype=object)[rows["bound"]])
         if groups is not None:
             frame.insert(1, "pool", np.asarray(groups, dtype=object)[frame["replica"].to_numpy()])
         return frame
+
+
+def _after(frame: pd.DataFrame, column: str) -> int:
+    """The position just after ``column`` (the frame's columns are unique, so it has one)."""
+    position = frame.columns.get_loc(column)
+    assert isinstance(position, int)
+    return position + 1

@@ -69,6 +69,7 @@ def describe_weighted(values: np.ndarray, counts: np.ndarray) -> dict[str, float
     if values.size == 0:
         return dict.fromkeys(STAT_KEYS)
     points = weighted_percentile(values, counts, np.asarray(PERCENTILES, dtype=float))
+    assert isinstance(points, np.ndarray)  # an array of q gives an array back
     mean = float(np.dot(values, counts) / counts.sum())
     return {"mean": mean, **{f"p{p}": float(v) for p, v in zip(PERCENTILES, points, strict=True)},
             "max": float(values.max())}

@@ -68,8 +68,8 @@ def render(result: RunResult, out_dir: Path, report: bool = True) -> list[Path]:
     make_output_dir(out_dir)
     written = []
     files = result_files(result)
-    for name, data in files.items():
-        atomic_write_bytes(out_dir / name, data)
+    for name, content in files.items():
+        atomic_write_bytes(out_dir / name, content)
         written.append(out_dir / name)
     full = result.plan.config.output == "full"
     if report and full:

@@ -9,6 +9,7 @@ data, and the page stays light next to the ~4.8 MB plotly.js bundle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -187,7 +188,10 @@ def throughput_chart(data: RunData, t_range: tuple[float, float]) -> Chart:
 
 
 def _replica_groups(data: RunData) -> dict[int, np.ndarray]:
-    return {int(r): idx for r, idx in data.steps.groupby("replica", sort=True).indices.items()}
+    # cast: pandas-stubs types ``indices`` as Hashable -> ndarray | list | Index; grouping by the
+    # integer replica column gives integer keys and arrays of positions.
+    indices = cast("dict[int, np.ndarray]", data.steps.groupby("replica", sort=True).indices)
+    return {int(r): idx for r, idx in indices.items()}
 
 
 def batch_kv_chart(data: RunData, t_range: tuple[float, float]) -> Chart:

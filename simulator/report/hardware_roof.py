@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -39,6 +40,12 @@ class Roof:
         return self.peak_flops / self.bandwidth_Bps
 
 
+def _section(config: dict[str, Any], key: str) -> dict[str, Any]:
+    """``config[key]`` when it is a mapping, else an empty one."""
+    value = config.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def roof_from_config(config_text: str | None, run_dir: Path) -> Roof | str:
     """The run's roof, or a sentence saying why there is none."""
     if config_text is None:
@@ -49,8 +56,8 @@ def roof_from_config(config_text: str | None, run_dir: Path) -> Roof | str:
         return "config.resolved.yaml is not valid YAML"
     if not isinstance(config, dict) or not config.get("hardware"):
         return "config.resolved.yaml names no hardware"
-    deployment = config.get("deployment") if isinstance(config.get("deployment"), dict) else {}
-    precision = config.get("precision") if isinstance(config.get("precision"), dict) else {}
+    deployment = _section(config, "deployment")
+    precision = _section(config, "precision")
     name = str(config["hardware"])
     try:
         tp = int(deployment.get("tp") or 1)

@@ -39,8 +39,9 @@ REQUEST_COLUMNS = ("replica", "arrival_s", "output_tokens", "status", "first_tok
 REQUEST_OPTIONAL = {"reject_reason": "", "max_itl_s": np.nan, "preemptions": 0}
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes", "prefill_tokens",
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
-STEP_OPTIONAL = {"bound": "unknown", "preempted": 0, "flops": np.nan, "hbm_bytes": np.nan,
-                 "pool": "", **dict.fromkeys(OP_COLUMNS, np.nan)}
+STEP_OPTIONAL: dict[str, str | float] = {
+    "bound": "unknown", "preempted": 0, "flops": np.nan, "hbm_bytes": np.nan, "pool": "",
+    **dict.fromkeys(OP_COLUMNS, np.nan)}
 ITL_COLUMNS = ("itl_s", "count")
 
 

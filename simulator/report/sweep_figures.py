@@ -243,6 +243,7 @@ def _cell_best(
     """For each (x, y) cell, the best point over the other keys: value and its hover text."""
     frame = data.ok.copy()
     if metric.column == "_max_rate_meeting":
+        assert data.rate_axis is not None  # _heatmap_metrics offers this metric only with a rate axis
         frame["_max_rate_meeting"] = np.where(frame["meets"], _values(data, frame, data.rate_axis), np.nan)
     xs = [format_value(v) for v in pd.unique(data.frame[x].dropna())]
     ys = [format_value(v) for v in pd.unique(data.frame[y].dropna())]
@@ -254,7 +255,7 @@ def _cell_best(
     frame["_v"] = values
     for (xv, yv), cell in frame.groupby(["_x", "_y"], sort=False):
         finite = cell[np.isfinite(cell["_v"])]
-        i, j = ys.index(yv), xs.index(xv)
+        i, j = ys.index(str(yv)), xs.index(str(xv))  # the keys are format_value's strings
         if not len(finite):
             text[i, j] = "no point meets the SLOs" if metric.column == "_max_rate_meeting" else "no value"
             continue

@@ -80,7 +80,7 @@ OBJECTIVES = (
 def best_points(data: SweepData) -> list[tuple[Objective, pd.Series | None, float]]:
     """Per objective, the winning point (None when no point qualifies) and its value."""
     ok = data.ok
-    out = []
+    out: list[tuple[Objective, pd.Series | None, float]] = []
     for objective in OBJECTIVES:
         pool = ok[ok["meets"]] if data.slos and objective.needs_slos else ok
         values = objective.value(data, pool)

@@ -78,12 +78,15 @@ def import_ray():
     return ray
 
 
-def check_backend(backend: str) -> None:
-    """Fail before planning a sweep, not after, on a backend that cannot run."""
-    if backend not in ("local", "ray"):
-        raise ServesimError("--backend", f"unknown backend {backend!r}", "use local or ray")
+def check_backend(backend: str) -> Backend:
+    """Fail before planning a sweep, not after, on a backend that cannot run; returns the name
+    as a :data:`Backend`."""
+    if backend == "local":
+        return "local"
     if backend == "ray":
         import_ray()
+        return "ray"
+    raise ServesimError("--backend", f"unknown backend {backend!r}", "use local or ray")
 
 
 def exit_with_parent(parent: int, every_s: float = 1.0) -> None:

@@ -101,8 +101,8 @@ def run_sweep(sweep: Sweep, out_dir: Path, backend: Backend = "local", workers: 
 
 def write_tables(plan: SweepPlan, out_dir: Path) -> None:
     runs, results = tables(plan, out_dir / "points")
-    for name, frame in (("points", runs), ("results", results)):
-        atomic_write(out_dir / f"{name}.parquet", lambda tmp, frame=frame: frame.to_parquet(tmp, index=False))
+    atomic_write(out_dir / "points.parquet", lambda tmp: runs.to_parquet(tmp, index=False))
+    atomic_write(out_dir / "results.parquet", lambda tmp: results.to_parquet(tmp, index=False))
 
 
 def resolved_yaml(plan: SweepPlan) -> str:
