@@ -228,47 +228,5 @@ def parse_workload_config(data: Any, where: str = "workload") -> WorkloadConfig:
     if not isinstance(data, dict):
         raise ServesimError(where, f"must be a mapping, got {type(data).__name__}",
                             "give trace: {...} or arrival: {...} with num_requests and lengths")
-<<<<<<< HEAD
     return parse_model(WorkloadConfig, data, at=where,
                        missing_fix=lambda _, key: f"add {key} (see workloads/config.py for the schema)")
-=======
-    try:
-        return WorkloadConfig.model_validate(data)
-    except ValidationError as exc:
-        raise _to_servesim_error(exc, where) from None
-
-
-def _to_servesim_error(exc: ValidationError, where: str) -> ServesimError:
-    errors = exc.errors()
-    # An unknown key (often a misspelling) explains the other errors (the key it should have been
-    # is then missing), so report it first.
-    error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = [str(part) for part in error["loc"]]
-    shown = [part for i, part in enumerate(loc)  # drop the union tag pydantic puts in the path
-             if not (i == 1 and loc[0] in ("prompt", "output") and part in _DISTS)]
-    key = ".".join([where, *shown])
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        allowed = ", ".join(model.model_fields) if model is not None else "see workloads/config.py"
-        return ServesimError(key, "unknown key", f"allowed keys here: {allowed}")
-    if error["type"] == "union_tag_not_found":
-        return ServesimError(key, "needs dist", f"use dist: one of {', '.join(_DISTS)}")
-    if error["type"] == "missing":
-        return ServesimError(key, "missing", "add it (see workloads/config.py for the schema)")
-    return ServesimError(key, message)
-
-
-def _model_at(loc: list[str]) -> type[BaseModel] | None:
-    """The model validating the mapping at ``loc`` (for listing its allowed keys)."""
-    if not loc:
-        return WorkloadConfig
-    if len(loc) == 1:
-        sections: dict[str, type[BaseModel]] = {
-            "trace": TraceConfig, "arrival": ArrivalConfig, "lengths": LengthsConfig,
-            "priority": PriorityMix, "shared_prefix": SharedPrefixConfig}
-        return sections.get(loc[0])
-    if len(loc) == 2 and loc[0] in ("prompt", "output"):
-        return _DISTS.get(loc[1])
-    return None
->>>>>>> mypy
