@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, StrictInt, ValidationError, field_validator
 
 from servesim.engines.base import DEFAULT_ENGINE
 from servesim.errors import ServesimError
 from servesim.inputs.files import yaml_mapping
 from servesim.inputs.overrides import apply_overrides
-from servesim.inputs.schema import StrictModel, user_error
+from servesim.inputs.schema import NamedSection, StrictModel, user_error
 from servesim.topology.keys import DecodeGroupKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
@@ -89,34 +89,24 @@ class PrecisionConfig(StrictModel):
     group_size: int = Field(128, ge=1, description="int4 scale group")
 
 
-class EngineConfig(BaseModel):
+class EngineConfig(NamedSection):
     """``name`` picks the serving engine; the other keys are its knobs (each engine checks its
     own). A bare string is the name."""
 
-    model_config = ConfigDict(extra="allow")
     name: str = DEFAULT_ENGINE
 
-    def knobs(self) -> dict[str, Any]:
-        return {k: v for k, v in self.model_dump().items() if k != "name"}
 
-
-class PolicyConfig(BaseModel):
+class PolicyConfig(NamedSection):
     """``name`` picks the policy (default: the engine's); the other keys are its knobs (each
     policy checks its own)."""
 
-    model_config = ConfigDict(extra="allow")
     name: str | None = None
 
-    def knobs(self) -> dict[str, Any]:
-        return {k: v for k, v in self.model_dump().items() if k != "name"}
 
+class RouterConfig(NamedSection):
+    """``name`` picks the router; the other keys are its knobs."""
 
-class RouterConfig(BaseModel):
-    model_config = ConfigDict(extra="allow")
     name: str = "round_robin"
-
-    def knobs(self) -> dict[str, Any]:
-        return {k: v for k, v in self.model_dump().items() if k != "name"}
 
 
 class SloConfig(StrictModel):

@@ -9,7 +9,14 @@ line and column) and the fix, through one converter (:func:`~servesim.inputs.sch
 
 from servesim.inputs.files import read_json, read_text, read_yaml, yaml_mapping
 from servesim.inputs.overrides import apply_overrides, parse_override
-from servesim.inputs.schema import FrozenModel, StrictModel, allowed_keys, parse_model, user_error
+from servesim.inputs.schema import (
+           FrozenModel,
+           NamedSection,
+           StrictModel,
+           allowed_keys,
+           parse_model,
+           user_error,
+)
 
-__all__ = ["FrozenModel", "StrictModel", "allowed_keys", "apply_overrides", "parse_model", "parse_override",
-           "read_json", "read_text", "read_yaml", "user_error", "yaml_mapping"]
+__all__ = ["FrozenModel", "NamedSection", "StrictModel", "allowed_keys", "apply_overrides", "parse_model",
+           "parse_override", "read_json", "read_text", "read_yaml", "user_error", "yaml_mapping"]

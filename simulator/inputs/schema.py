@@ -37,6 +37,17 @@ class FrozenModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class NamedSection(BaseModel):
+    """A section that picks a component by ``name`` and passes the other keys to it as knobs
+    (``policy``, ``router``, ``engine``): the component's own schema checks them once it is known."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+
+    def knobs(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if k != "name"}
+
+
 def _default_missing_fix(field: str, key: str) -> str:
     return f"add {key}: ..."
 
