@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -71,11 +71,19 @@ PolicyOptions = Knobs
 """The knobs of a policy (the name policies subclass)."""
 
 
-class Policy(ABC):
-    """Decides each iteration's batch on one replica."""
+class Component:
+    """A registered policy or router: built over what it runs on, with its knobs."""
 
     name: ClassVar[str]
     Options: ClassVar[type[Knobs]] = Knobs
+
+    def __init__(self, target: Any, options: Knobs) -> None:
+        self.options = options
+
+
+class Policy(Component, ABC):
+    """Decides each iteration's batch on one replica."""
+
     chunks_prefills: ClassVar[bool] = False
     """Splits prompts across steps, so its token budget may be below ``max_model_len`` (and the
     engine's chunked default budget applies)."""
@@ -85,8 +93,8 @@ class Policy(ABC):
     """Why not, when it does not (shown in the error)."""
 
     def __init__(self, replica: ReplicaState, options: Knobs) -> None:
+        super().__init__(replica, options)
         self.replica = replica
-        self.options = options
 
     @classmethod
     def check_limits(cls, options: Any, limits: EngineLimits) -> None:
@@ -98,7 +106,7 @@ class Policy(ABC):
     def schedule(self, now: float) -> Batch | None:
         """The next iteration's batch, or None when nothing can run now."""
 
-    def after_step(self, batch: Batch, finished: np.ndarray, now: float) -> None:  # noqa: B027 (optional hook)
+    def after_step(self, batch: Batch, finished: np.ndarray, now: float) -> None:
         """Hook after a step is credited (``finished`` emitted their last token)."""
 
     def wake_at(self, now: float) -> float | None:
@@ -136,6 +144,47 @@ def lookup(registry: dict[str, Any], kind: str, name: str, options: dict[str, An
         raise ServesimError(f"{kind}.name", f"unknown {kind} {name!r}",
                             f"use one of: {', '.join(sorted(registry))}{hint}")
     return cls, parse_model(cls.Options, options, at=kind)
+
+
+C = TypeVar("C", bound=Component)
+
+
+@dataclass(frozen=True)
+class Choice(Generic[C]):
+    """A registered component (a policy, a router) chosen by name, with its validated knobs, ready
+    to build over what it runs on (a replica's state, a group's replicas)."""
+
+    name: str
+    cls: type[C]
+    options: Knobs
+    knobs: dict[str, Any]
+    """The knobs as written (for descriptions and resolved configs)."""
+
+    def make(self, target: Any) -> C:
+        return self.cls(target, self.options)
+
+
+def choose(registry: dict[str, Any], kind: str, name: str, knobs: dict[str, Any],
+           where: str | None = None) -> Choice[Any]:
+    """:func:`lookup` as a :class:`Choice`; errors name ``where`` (``deployment.decode.policy``)
+    instead of ``kind`` when given."""
+    try:
+        cls, options = lookup(registry, kind, name, knobs)
+    except ServesimError as exc:
+        field = exc.field if where is None else exc.field.replace(kind, where, 1)
+        raise ServesimError(field, exc.problem, exc.fix) from None
+    return Choice(name, cls, options, knobs)
+
+
+def choose_policy(name: str, knobs: dict[str, Any], where: str = "policy") -> Choice[Policy]:
+    """The policy ``name`` with its knobs checked; errors name ``where`` (``policy``,
+    ``deployment.decode.policy``)."""
+    return choose(POLICIES, "policy", name, knobs, where)
+
+
+def prefix_caching_policies() -> list[str]:
+    """The registered policies that admit through the prefix cache."""
+    return sorted(name for name, cls in POLICIES.items() if cls.supports_prefix_caching)
 
 
 def check_policy(name: str, options: dict[str, Any]) -> tuple[type[Policy], Knobs]:

@@ -19,13 +19,11 @@ deterministic and breaks ties by the lowest replica index.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import Field
 
-from servesim.errors import ServesimError
-from servesim.policies.base import Knobs, lookup
+from servesim.policies.base import Choice, Component, Knobs, choose, lookup
 
 if TYPE_CHECKING:  # the core runs routers; routers only name its types
     from servesim.core.replica_state import ReplicaState
@@ -35,15 +33,14 @@ class RouterOptions(Knobs):
     """A router's knobs (none by default); subclasses add fields."""
 
 
-class Router(ABC):
-    name: ClassVar[str]
-    Options: ClassVar[type[RouterOptions]] = RouterOptions
+class Router(Component, ABC):
+    Options: ClassVar[type[Knobs]] = RouterOptions
     needs_prefix_cache: ClassVar[bool] = False
     """Reads the replicas' prefix caches, so it needs prefix caching on."""
 
-    def __init__(self, replicas: list[ReplicaState], options: RouterOptions) -> None:
+    def __init__(self, replicas: list[ReplicaState], options: Knobs) -> None:
+        super().__init__(replicas, options)
         self.replicas = replicas
-        self.options = options
 
     @abstractmethod
     def route(self, request: int, now: float) -> int:
@@ -147,17 +144,8 @@ class PrefixAffinity(Router):
         return _least_loaded(loads)
 
 
-@dataclass(frozen=True)
-class RouterChoice:
-    """A router by name with its validated knobs, ready to build over a group's replicas."""
-
-    name: str
-    cls: type[Router]
-    options: RouterOptions
-    knobs: dict[str, Any]
-
-    def make(self, replicas: list[ReplicaState]) -> Router:
-        return self.cls(replicas, self.options)
+RouterChoice = Choice[Router]
+"""A router chosen by name with its validated knobs; ``make(replicas)`` builds it."""
 
 
 def check_router(name: str, options: dict[str, Any]) -> tuple[type[Router], RouterOptions]:
@@ -165,11 +153,7 @@ def check_router(name: str, options: dict[str, Any]) -> tuple[type[Router], Rout
 
 
 def choose_router(name: str, knobs: dict[str, Any], where: str = "router") -> RouterChoice:
-    try:
-        cls, options = check_router(name, knobs)
-    except ServesimError as exc:
-        raise ServesimError(exc.field.replace("router", where, 1), exc.problem, exc.fix) from None
-    return RouterChoice(name, cls, options, knobs)
+    return choose(ROUTERS, "router", name, knobs, where)
 
 
 def make_router(name: str, options: dict[str, Any], replicas: list[ReplicaState]) -> Router:

@@ -20,7 +20,8 @@ from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
 from servesim.memory import MemoryPlan
 from servesim.model_spec import ModelSpec
-from servesim.topology.group import GroupKeys, ReplicaGroup, choose_policy, resolve_group
+from servesim.policies.base import choose_policy
+from servesim.topology.group import GroupKeys, ReplicaGroup, resolve_group
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ from servesim.engines import Engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.model_config import load_model
+from servesim.policies.base import choose_policy
 from servesim.policies.routers import RouterChoice, choose_router
 from servesim.topology.base import Built, Topology, build_group, register_topology
-from servesim.topology.group import GroupKeys, ReplicaGroup, choose_policy, resolve_group
+from servesim.topology.group import GroupKeys, ReplicaGroup, resolve_group
 
 if TYPE_CHECKING:
     from servesim.config import ExperimentConfig

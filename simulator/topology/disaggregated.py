@@ -57,12 +57,12 @@ from servesim.metrics.stats import describe as describe_values
 from servesim.metrics.stats import fmt_seconds
 from servesim.metrics.usage import kv_usage
 from servesim.model_config import load_model
-from servesim.policies.base import Policy
+from servesim.policies.base import Policy, choose_policy
 from servesim.policies.handoff import KvReceiver, LeastKvLoad
 from servesim.policies.routers import ROUTERS, RouterChoice, choose_router
 from servesim.topology.base import Built, Topology, build_group, register_topology
 from servesim.topology.colocated import deployment_keys, experiment_policy, precision_of
-from servesim.topology.group import ReplicaGroup, choose_policy, resolve_group
+from servesim.topology.group import ReplicaGroup, resolve_group
 from servesim.topology.keys import GROUP_ENGINE_KEYS, DecodeGroupKeys, GroupKeys, LinkKeys
 
 if TYPE_CHECKING:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from servesim.core.replica_state import EngineLimits, ReplicaState
+from servesim.core.replica_state import EngineLimits
 from servesim.core.swap import SwapPath
 from servesim.cost import CostModel
 from servesim.dtypes import Precision
@@ -22,7 +21,7 @@ from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
 from servesim.memory import MemoryPlan, plan_memory
 from servesim.model_spec import ModelSpec
-from servesim.policies.base import POLICIES, Policy, PolicyOptions, check_policy
+from servesim.policies.base import Choice, Policy, prefix_caching_policies
 
 
 @dataclass(frozen=True)
@@ -39,35 +38,6 @@ class Parallelism:
 
     def describe(self) -> dict[str, int]:
         return {"tp": self.tp}
-
-
-@dataclass(frozen=True)
-class PolicyChoice:
-    """A group's scheduling policy: its class and validated knobs."""
-
-    name: str
-    cls: type[Policy]
-    options: PolicyOptions
-    knobs: dict[str, Any]
-    """The knobs as written (for descriptions and resolved configs)."""
-
-    def make(self, state: ReplicaState) -> Policy:
-        return self.cls(state, self.options)
-
-
-def prefix_caching_policies() -> list[str]:
-    """The registered policies that admit through the prefix cache."""
-    return sorted(name for name, cls in POLICIES.items() if cls.supports_prefix_caching)
-
-
-def choose_policy(name: str, knobs: dict[str, Any], where: str = "policy") -> PolicyChoice:
-    """The policy ``name`` with its knobs checked; errors name ``where`` (``policy``,
-    ``deployment.decode.policy``)."""
-    try:
-        cls, options = check_policy(name, knobs)
-    except ServesimError as exc:
-        raise ServesimError(exc.field.replace("policy", where, 1), exc.problem, exc.fix) from None
-    return PolicyChoice(name, cls, options, knobs)
 
 
 @dataclass(frozen=True)
@@ -102,7 +72,7 @@ class ReplicaGroup:
     memory: MemoryPlan
     limits: EngineLimits
     replicas: int
-    policy: PolicyChoice
+    policy: Choice[Policy]
     settings: GroupKeys
     """The group's deployment keys with the engine's defaults filled in (what it ran with)."""
 
@@ -133,7 +103,7 @@ class ReplicaGroup:
 
 
 def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: HardwareProfile,
-                  precision: Precision, engine: Engine, policy: PolicyChoice) -> ReplicaGroup:
+                  precision: Precision, engine: Engine, policy: Choice[Policy]) -> ReplicaGroup:
     """Fill in the engine's defaults and check every limit of one group (errors name the
     ``deployment`` key; a topology relabels them for its groups)."""
     defaults = engine.defaults
