@@ -43,12 +43,15 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, Valid
 from servesim.engines.base import DEFAULT_ENGINE
 from servesim.errors import ServesimError
 from servesim.inputs.files import yaml_mapping
+from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import StrictModel, user_error
 from servesim.topology.keys import DecodeGroupKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
 TOPOLOGY_KINDS = ("colocated", "disaggregated")
+MAX_SEED = 2**62
+"""Seeds (plus a sweep's replications) stay within the int64 columns of the result tables."""
 
 
 class MigrationNote(UserWarning):
@@ -132,8 +135,8 @@ class SloConfig(StrictModel):
 
 
 class ExperimentConfig(StrictModel):
-    name: str = "experiment"
-    seed: StrictInt = Field(0, ge=0, description="seed of the workload generator")
+    name: RunName = "experiment"
+    seed: StrictInt = Field(0, ge=0, le=MAX_SEED, description="seed of the workload generator")
     model: str
     hardware: str
     engine: EngineConfig = EngineConfig()

@@ -41,6 +41,7 @@ from pydantic import Field, StrictInt, ValidationError, field_validator, model_v
 
 from servesim.config import EngineConfig, PolicyConfig, PrecisionConfig, RouterConfig, read_yaml_document
 from servesim.errors import ServesimError
+from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import StrictModel, user_error
 from servesim.workloads import WorkloadConfig, parse_workload_config
@@ -138,7 +139,7 @@ class SearchConfig(StrictModel):
 
 
 class CapacityConfig(StrictModel):
-    name: str = "capacity"
+    name: RunName = "capacity"
     seed: StrictInt = Field(0, ge=0, description="first seed; replication k uses seed + k")
     model: str
     workload: WorkloadConfig
