@@ -169,9 +169,9 @@ def _parse(path: Path, fmt: str, model: str | None) -> _Rows:
         raise ServesimError("model", f"filtering by model applies to burstgpt traces, not {fmt}",
                             "remove model")
     text = read_text(path, "path", MAX_TRACE_BYTES)  # the input layer: unreadable, huge or non-UTF-8
-    rows = text.count("\n") + 1
-    check_memory(rows * BYTES_PER_REQUEST["summary"] + 4 * len(text), "path",
-                 f"{path}'s {rows:,} rows", "replay a part of it (cut the file, or read it as "
+    lines = text.count("\n") + 1
+    check_memory(lines * BYTES_PER_REQUEST["summary"] + 4 * len(text), "path",
+                 f"{path}'s {lines:,} rows", "replay a part of it (cut the file, or read it as "
                  "lengths: {trace: ...} under a generated arrival process with fewer requests)")
     rows = _parse_mooncake(path, text) if fmt == "mooncake" else _parse_csv(path, text, fmt, model)
     return _drop_empty(rows, path)
