@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 from servesim.cli.console import console
+from servesim.cli.interrupt import Interrupted
 from servesim.sweep import find_sweep, load_sweep
 from servesim.sweep.axes import point_label
 from servesim.sweep.backends import Backend, check_backend, default_workers
@@ -87,7 +88,7 @@ def sweep_command(
         with Progress(*columns, console=console, disable=quiet, transient=True) as bar:
             task = bar.add_task("sweep", total=len(prepared.todo))
             outcome = prepared.run(chosen, workers, ray_address, on_run=advance)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         console.print(f"interrupted: the {prepared.skipped + finished} finished runs are kept in "
                       f"{out_dir}/points; run the same command again to resume")
         raise typer.Exit(130) from None

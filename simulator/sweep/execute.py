@@ -24,6 +24,7 @@ from typing import Any
 
 from servesim.atomic_io import write_error
 from servesim.config import validate_document
+from servesim.core.progress import StalledError
 from servesim.errors import ServesimError
 from servesim.pipeline import prepare, result_files, simulate
 from servesim.sweep.plan import RunTask
@@ -53,6 +54,8 @@ def execute_run(task: RunTask) -> RunFiles:
     try:
         config = validate_document(task.document, task.run_id)
         result = simulate(prepare(config, base_dir=Path(task.base_dir)))
+    except StalledError as exc:  # a bug, not a property of the deployment
+        record.update(status=FAILED, reason=str(exc))
     except ServesimError as exc:
         record.update(status="infeasible", reason=str(exc))
     else:
