@@ -121,8 +121,9 @@ class BoundedLoader(yaml.SafeLoader):
 
 def load_yaml_text(text: str, source: str, field: str) -> Any:
     """Parse YAML ``text`` read from ``source`` (a path, or ``--set``)."""
-    loader = BoundedLoader(text)
+    loader: BoundedLoader | None = None
     try:
+        loader = BoundedLoader(text)  # the reader refuses control characters here
         return loader.get_single_data()
     except _Mark as exc:
         where = f" at line {exc.mark.line + 1}, column {exc.mark.column + 1}" if exc.mark else ""
@@ -131,6 +132,9 @@ def load_yaml_text(text: str, source: str, field: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         detail = getattr(exc, "problem", None) or "cannot parse"
+        if isinstance(exc, yaml.reader.ReaderError):  # a control character (YAML forbids them)
+            where = f" at line {text.count(chr(10), 0, exc.position) + 1}"
+            detail = f"character {exc.character!r} is not allowed in YAML"
         column = f" at column {mark.column + 1}" if mark else ""
         raise ServesimError(field, f"{source}: malformed YAML{where}",
                             f"fix the syntax{column} ({detail})") from None
@@ -138,7 +142,8 @@ def load_yaml_text(text: str, source: str, field: str) -> Any:
         raise ServesimError(field, f"{source}: YAML nested too deeply to read",
                             "flatten the document") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml(path: Path, field: str) -> Any:
