@@ -90,6 +90,7 @@ def run_ray(tasks: Sequence[RunTask], on_done: OnDone, workers: int | None, addr
     CPUs (default: all) is started and shut down; with one (``auto``, ``ray://host:10001``), the
     cluster's CPUs are used and every node needs servesim installed."""
     ray = import_ray()
+    import ray.exceptions as ray_errors
     started = False
     if not ray.is_initialized():
         options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
@@ -108,9 +109,9 @@ def run_ray(tasks: Sequence[RunTask], on_done: OnDone, workers: int | None, addr
             for ref in done:
                 try:
                     files = ray.get(ref)
-                except ray.exceptions.RayTaskError:
+                except ray_errors.RayTaskError:
                     raise  # a bug inside the run: shown, as in a local worker
-                except ray.exceptions.RayError as exc:  # its worker or node died (killed, OOM)
+                except ray_errors.RayError as exc:  # its worker or node died (killed, OOM)
                     reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
                     files = failed_run(by_ref[ref], f"its Ray worker died twice ({reason})")
                 on_done(files)
