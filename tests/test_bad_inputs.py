@@ -262,6 +262,8 @@ def test_capacity_absurd_values(tmp_path: Path) -> None:
     refused(lambda: validate_capacity({**document, "prices": {"h100-sxm-80gb": math.nan}}),
             "prices", "finite")
     refused(lambda: validate_capacity({**document, "name": "../up"}), "name: is not a safe folder name")
+    candidates = {**document["candidates"], "policy": 1}  # found by the fuzzer: was a TypeError
+    refused(lambda: validate_capacity({**document, "candidates": candidates}), "candidates.policy.0")
     line = one_line(servesim("capacity", "llama3-8b-chat", "--decode-context", "100000000", "--limits-only"))
     assert "decode_context: 100,000,000 tokens of context is beyond max_model_len 8,192" in line
 

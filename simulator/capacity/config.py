@@ -101,7 +101,8 @@ class CandidatesConfig(StrictModel):
     @field_validator("policy", mode="before")
     @classmethod
     def _named(cls, value: Any) -> Any:
-        return [{"name": v} if isinstance(v, str) else v for v in value]
+        values = value if isinstance(value, list) else [value]  # may run before _listify
+        return [{"name": v} if isinstance(v, str) else v for v in values]
 
     @field_validator("tp", "replicas")
     @classmethod
