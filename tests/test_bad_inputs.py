@@ -20,7 +20,7 @@ from servesim.hardware_io import load_hardware, profile_to_yaml
 from servesim.inputs.files import load_yaml_text, read_json
 from servesim.inputs.limits import MAX_DEPTH, MAX_DOCUMENT_BYTES
 from servesim.model_config import load_model, model_from_hf_config
-from servesim.pipeline import prepare
+from servesim.pipeline import load_plan, prepare, render, simulate
 from servesim.report.run_data import load_run
 from servesim.resources import configs_dir, model_configs_dir
 from servesim.sweep import load_sweep, parse_sweep, plan_sweep
@@ -97,8 +97,8 @@ def quickstart_bytes() -> bytes:
 
 def test_report_inputs_that_are_not_utf8_or_not_json(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    assert servesim("run", "quickstart", "--set", "workload.num_requests=30", "--out", str(run),
-                    "--quiet", "--no-report").returncode == 0
+    render(simulate(load_plan(configs_dir() / "quickstart.yaml", ["workload.num_requests=30"])), run,
+           report=False)
     (run / "summary.json").write_bytes(b'{"x": "' + LATIN1 + b'"}')
     refused(lambda: load_run(run), "summary.json is not UTF-8")
     (run / "summary.json").write_text('{"x": NaN}')

@@ -269,11 +269,9 @@ def test_a_different_sweep_into_a_folder_is_refused_without_force(tmp_path: Path
     assert f"--out: {out} holds another sweep: it holds sweep 'faults' with other grid" in line
     assert "run into a new --out folder, or add --force to replace it" in line
     assert (out / "results.parquet").read_bytes() == before  # untouched
-    same = servesim("sweep", str(first), "--out", str(out), "--quiet", "--no-report")  # a resume
-    assert same.returncode == 0 and "skipped 6 finished runs" in same.stdout, same.stderr
-    forced = servesim("sweep", str(second), "--out", str(out), "--quiet", "--no-report", "--force")
-    assert forced.returncode == 0, forced.stderr
-    assert "skipped 2 finished runs" in forced.stdout  # rate 20 is shared
+    assert run_sweep(load_sweep(first), out, workers=1).runs_skipped == 6  # the same sweep: a resume
+    forced = run_sweep(load_sweep(second), out, workers=1, force=True)  # what --force does
+    assert (forced.runs_skipped, forced.runs_done) == (2, 2)  # rate 20 is shared
     assert len(list((out / "points").iterdir())) == 4  # the other runs are gone, not orphaned
     assert list(pd.read_parquet(out / "results.parquet")["workload.arrival.rate"]) == [20.0, 40.0]
 
