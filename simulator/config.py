@@ -241,7 +241,8 @@ def validate_document(document: dict[str, Any], source: str = "config") -> Exper
         config = ExperimentConfig.model_validate(document)
     except ValidationError as exc:
         error = user_error(exc, ExperimentConfig, missing_fix=lambda _, key: f"add {key}: ... to {source}",
-                           value_fix="fix the value in the config", unknown_first=False)
+                           value_fix=f"fix the value in {'the config' if source == 'config' else source}",
+                           unknown_first=False)
         raise (legacy_relabel(error) if legacy else error) from None
     config._legacy_disaggregated = legacy
     return config
