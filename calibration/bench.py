@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from servesim.atomic_io import atomic_write_text
 from servesim.calibration.schema import METADATA, write_family
 from servesim.calibration.timing import import_torch
 from servesim.errors import ServesimError
@@ -101,5 +102,5 @@ def run_bench(device: str, out: Path, quick: bool = False,
             write_family(out, family, table)
             meta["seconds"][family] = round(time.perf_counter() - t0, 2)
     meta["seconds"]["total"] = round(time.perf_counter() - start, 2)
-    (out / METADATA).write_text(json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(out / METADATA, json.dumps(meta, indent=2) + "\n")  # last: the run is whole
     return meta

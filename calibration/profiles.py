@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from servesim.atomic_io import atomic_write_text
 from servesim.calibration.profile_fit import FitReport, fit_profile
 from servesim.calibration.vidur import PROFILE_OF, vidur_tables
 from servesim.hardware import HardwareProfile
@@ -35,7 +36,7 @@ def write_profile(profile: HardwareProfile, path: Path, note: str) -> Path:
                 header.append(line)
     header.append(f"# Calibrated: {note}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(header) + "\n" + profile_to_yaml(profile))
+    atomic_write_text(path, "\n".join(header) + "\n" + profile_to_yaml(profile))
     return path
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from servesim.atomic_io import atomic_write
 from servesim.errors import ServesimError
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -34,7 +35,7 @@ METADATA = "metadata.json"
 
 def write_family(out: Path, family: str, rows: pd.DataFrame) -> Path:
     path = out / f"{family}.csv"
-    rows.to_csv(path, index=False)
+    atomic_write(path, lambda tmp: rows.to_csv(tmp, index=False))  # whole or absent on Ctrl-C
     return path
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from servesim.atomic_io import atomic_write
 from servesim.calibration.profile_fit import error_stats
 from servesim.calibration.schema import holdout_mask, read_measurements
 from servesim.calibration.vidur import gpu_of, vidur_tables
@@ -90,8 +91,8 @@ def validate(source: Path, profile: HardwareProfile, out: Path | None = None,
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        summary.to_csv(out / "validation_summary.csv", index=False)
-        rows.to_csv(out / "validation_rows.csv", index=False)
+        atomic_write(out / "validation_summary.csv", lambda tmp: summary.to_csv(tmp, index=False))
+        atomic_write(out / "validation_rows.csv", lambda tmp: rows.to_csv(tmp, index=False))
         chart(rows, f"{profile.name}: predicted vs measured kernel time", out / "validation.html")
     return summary, rows
 

@@ -43,12 +43,15 @@ from pydantic import Field, PrivateAttr, StrictInt, ValidationError, field_valid
 from servesim.engines.base import DEFAULT_ENGINE
 from servesim.errors import ServesimError
 from servesim.inputs.files import yaml_mapping
+from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import NamedSection, StrictModel, user_error
 from servesim.topology.keys import DecodeGroupKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
 TOPOLOGY_KINDS = ("colocated", "disaggregated")
+MAX_SEED = 2**62
+"""Seeds (plus a sweep's replications) stay within the int64 columns of the result tables."""
 
 
 class MigrationNote(UserWarning):
@@ -122,8 +125,8 @@ class SloConfig(StrictModel):
 
 
 class ExperimentConfig(StrictModel):
-    name: str = "experiment"
-    seed: StrictInt = Field(0, ge=0, description="seed of the workload generator")
+    name: RunName = "experiment"
+    seed: StrictInt = Field(0, ge=0, le=MAX_SEED, description="seed of the workload generator")
     model: str
     hardware: str
     engine: EngineConfig = EngineConfig()
@@ -228,7 +231,8 @@ def validate_document(document: dict[str, Any], source: str = "config") -> Exper
         config = ExperimentConfig.model_validate(document)
     except ValidationError as exc:
         error = user_error(exc, ExperimentConfig, missing_fix=lambda _, key: f"add {key}: ... to {source}",
-                           value_fix="fix the value in the config", unknown_first=False)
+                           value_fix=f"fix the value in {'the config' if source == 'config' else source}",
+                           unknown_first=False)
         raise (legacy_relabel(error) if legacy else error) from None
     config._legacy_disaggregated = legacy
     return config

@@ -19,4 +19,8 @@ class ServesimError(Exception):
         message = f"{field}: {problem}" if field else problem
         if fix:
             message = f"{message}; {fix}"
-        super().__init__(" ".join(message.split()))
+        self.message = " ".join(message.split())
+        super().__init__(field, problem, fix)  # args that rebuild it (pickling, SimPy's re-raise)
+
+    def __str__(self) -> str:
+        return self.message

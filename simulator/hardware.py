@@ -48,8 +48,8 @@ class Curve(FrozenModel):
     def _check(self) -> Curve:
         if len(self.x) != len(self.y) or not self.x:
             raise ValueError(f"x and y need the same non-zero length, got {len(self.x)} and {len(self.y)}")
-        if any(v <= 0 for v in self.x) or list(self.x) != sorted(self.x):
-            raise ValueError("x must be positive and increasing")
+        if any(v <= 0 for v in self.x) or any(b <= a for a, b in zip(self.x, self.x[1:], strict=False)):
+            raise ValueError("x must be positive and strictly increasing (each knot once)")
         if any(not 0 < v <= 1 for v in self.y):
             raise ValueError("y must be efficiencies in (0, 1]")
         for i in range(len(self.x) - 1):

@@ -8,6 +8,7 @@ number lists on one line and large numbers in a float form PyYAML reads back.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import yaml
 
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
-from servesim.inputs.files import read_yaml
+from servesim.inputs.files import file_version, read_yaml
 from servesim.inputs.schema import parse_model
 from servesim.resources import hardware_profiles_dir
 
@@ -38,7 +39,20 @@ def hardware_from_dict(data: Any, where: str) -> HardwareProfile:
 
 
 def load_hardware_file(path: Path) -> HardwareProfile:
+    """The profile in ``path``, parsed once while the file is unchanged (profiles are immutable)."""
+    version = file_version(path)
+    if version is None:
+        return _parse_hardware_file(path)
+    return _cached_hardware_file(path, version)
+
+
+def _parse_hardware_file(path: Path) -> HardwareProfile:
     return hardware_from_dict(read_yaml(path, str(path)), str(path))
+
+
+@lru_cache(maxsize=64)
+def _cached_hardware_file(path: Path, version: tuple[str, int, int]) -> HardwareProfile:
+    return _parse_hardware_file(path)
 
 
 def load_hardware(name_or_path: str | Path, where: str = "hardware") -> HardwareProfile:

@@ -102,12 +102,34 @@ def _build_plan(model: ModelSpec, hardware: HardwareProfile, tp: int, precision:
     )
 
 
+def check_group_size(model: ModelSpec, precision: Precision, tp: int) -> None:
+    """A grouped format (int4) keeps one scale per ``group_size`` consecutive input rows of each
+    weight matrix, on each GPU's shard: the group must divide the rows of every GEMM's input, as
+    GPTQ/AWQ kernels require (``input_size_per_partition % group_size == 0`` in vLLM)."""
+    if not precision.weight.is_grouped:
+        return
+    group = precision.group_size
+    rows = {"hidden_size": model.hidden_size}
+    if model.num_dense_layers:
+        rows["intermediate_size / tp"] = model.intermediate_size // tp
+    if model.moe is not None:
+        rows["moe_intermediate_size / tp"] = model.moe.expert_intermediate // tp
+    for name, count in rows.items():
+        if count % group:
+            divisors = [g for g in (32, 64, 128) if all(c % g == 0 for c in rows.values())]
+            hint = f"use group_size {divisors[-1]}" if divisors else "use another weight format"
+            raise ServesimError("precision.group_size", f"{group} does not divide {model.name}'s "
+                                f"{name} ({count} rows), so {precision.weight.value} groups cannot tile "
+                                "the weights", hint)
+
+
 def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
                 precision: Precision | None = None, gpu_memory_utilization: float = 0.9,
                 max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> MemoryPlan:
     """The per-GPU budget; raises when the weights and workspace alone do not fit."""
     precision = precision or Precision()
     model.check_tensor_parallel(tp)
+    check_group_size(model, precision, tp)
     if not 0 < gpu_memory_utilization <= 1:
         raise ServesimError("gpu_memory_utilization",
                             f"must be in (0, 1], got {gpu_memory_utilization}", "use e.g. 0.9")

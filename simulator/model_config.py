@@ -8,11 +8,12 @@ do not affect serving cost are ignored; missing or malformed ones raise a one-li
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from servesim.errors import ServesimError
-from servesim.inputs.files import read_json
+from servesim.inputs.files import file_version, read_json
 from servesim.model_spec import MLASpec, ModelSpec, MoESpec
 from servesim.resources import model_configs_dir
 
@@ -21,36 +22,98 @@ NON_GATED_FAMILIES = frozenset(
 """Model types whose MLP is ``down(act(up(x)))``; every other family is gated (SwiGLU-style)."""
 
 
-def _first(config: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> Any:
+MAX_DIMENSION = 2**31 - 1
+"""Widths, vocabularies and context lengths above this are not a real model's (and would overflow
+the cost model's integer arithmetic)."""
+MAX_LAYERS = 10_000
+"""More layers than this is a typo (the deepest published models have a few hundred)."""
+FIX = "fix the value in the config.json"
+
+
+def _first(config: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> tuple[str, Any]:
+    """(the first of ``keys`` the config sets, its value), or (``keys[0]``, ``default``)."""
     for key in keys:
         if config.get(key) is not None:
-            return config[key]
-    return default
+            return key, config[key]
+    return keys[0], default
 
 
-def _positive_int(config: dict[str, Any], keys: tuple[str, ...], where: str,
-                  default: Any = None) -> int:
-    value = _first(config, keys, default)
-    if value is None:
-        raise ServesimError(f"{where}: {keys[0]}", "missing",
-                            "add it to the config.json (it is in every Hugging Face config)")
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ServesimError(f"{where}: {keys[0]}", f"must be a positive integer, got {value!r}",
-                            "fix the value in the config.json")
+def _whole(value: Any, key: str, where: str, minimum: int, maximum: int = MAX_DIMENSION) -> int:
+    """``value`` as an integer in [minimum, maximum]; JSON true/false, 8.5, "8" and 8.0 are
+    errors (a float count would be truncated silently)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        if maximum != MAX_DIMENSION:
+            kind = f"a whole number in [{minimum}, {maximum:,}]"
+        else:
+            kind = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
+        raise ServesimError(f"{where}: {key}", f"must be {kind}, got {value!r}", FIX)
     return value
 
 
-def _moe_layer_indices(config: dict[str, Any], layers: int) -> tuple[int, ...]:
+def _positive_int(config: dict[str, Any], keys: tuple[str, ...], where: str,
+                  default: Any = None, maximum: int = MAX_DIMENSION) -> int:
+    key, value = _first(config, keys, default)
+    if value is None:
+        raise ServesimError(f"{where}: {keys[0]}", "missing",
+                            "add it to the config.json (it is in every Hugging Face config)")
+    return _whole(value, key, where, 1, maximum)
+
+
+def _optional_int(config: dict[str, Any], key: str, where: str, minimum: int = 0) -> int | None:
+    """An optional count: absent or null is None."""
+    value = config.get(key)
+    return None if value is None else _whole(value, key, where, minimum)
+
+
+def _flag(config: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    """A JSON boolean; absent or null is ``default``. A string such as ``"false"`` is an error
+    (Python would read any non-empty string as true)."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ServesimError(f"{where}: {key}", f"must be true or false, got {value!r}",
+                            "write a JSON boolean (true or false, unquoted)")
+    return value
+
+
+def _extension(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """servesim's own block in a config.json (``_servesim: {gated_mlp, source}``)."""
+    extra = config.get("_servesim")
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict):
+        raise ServesimError(f"{where}: _servesim", f"must be a JSON object, got {extra!r}",
+                            'write e.g. "_servesim": {"gated_mlp": true, "source": "..."}')
+    return extra
+
+
+def _moe_layer_indices(config: dict[str, Any], layers: int, where: str) -> tuple[int, ...]:
     """Which layers are MoE, by each family's rule as its Hugging Face modelling code applies it:
     Qwen-MoE ``(i + 1) % decoder_sparse_step == 0`` minus ``mlp_only_layers``; DeepSeek
     ``i >= first_k_dense_replace and i % moe_layer_freq == 0``; Mixtral every layer."""
-    if config.get("decoder_sparse_step"):
-        step = int(config["decoder_sparse_step"])
-        dense = set(config.get("mlp_only_layers") or ())
+    step = _optional_int(config, "decoder_sparse_step", where, minimum=1)
+    if step:
+        dense_layers = config.get("mlp_only_layers") or []
+        if not isinstance(dense_layers, list):
+            raise ServesimError(f"{where}: mlp_only_layers", f"must be a list of layer indices, got "
+                                f"{dense_layers!r}", FIX)
+        dense = {_whole(i, "mlp_only_layers", where, 0, layers - 1) for i in dense_layers}
         return tuple(i for i in range(layers) if (i + 1) % step == 0 and i not in dense)
-    first = int(config.get("first_k_dense_replace") or 0)
-    freq = int(config.get("moe_layer_freq") or 1)
+    first = _optional_int(config, "first_k_dense_replace", where) or 0
+    freq = _optional_int(config, "moe_layer_freq", where, minimum=1) or 1
     return tuple(i for i in range(layers) if i >= first and i % freq == 0)
+
+
+def _sliding_window(config: dict[str, Any], max_context: int, where: str) -> int | None:
+    """The attention window, or None for full attention (unset, null, 0, switched off with
+    ``use_sliding_window: false``, or no narrower than the context)."""
+    use = _flag(config, "use_sliding_window", where, True)
+    window = config.get("sliding_window")
+    if window is None or (window == 0 and not isinstance(window, bool)):
+        return None
+    window = _whole(window, "sliding_window", where, 1)
+    return window if use and window < max_context else None
 
 
 def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model") -> ModelSpec:
@@ -58,12 +121,13 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
     if not isinstance(config, dict):
         raise ServesimError(where, "config.json must hold a JSON object", "check the file")
     model_type = str(config.get("model_type", "")).lower()
-    extra = config.get("_servesim", {}) or {}
+    extra = _extension(config, where)
     hidden = _positive_int(config, ("hidden_size", "n_embd", "d_model"), where)
-    layers = _positive_int(config, ("num_hidden_layers", "n_layer", "num_layers"), where)
+    layers = _positive_int(config, ("num_hidden_layers", "n_layer", "num_layers"), where,
+                           maximum=MAX_LAYERS)
     heads = _positive_int(config, ("num_attention_heads", "n_head", "num_heads"), where)
     kv_heads = _positive_int(config, ("num_key_value_heads", "num_kv_heads"), where, heads)
-    head_dim = _positive_int(config, ("head_dim",), where, hidden // heads)
+    head_dim = _positive_int(config, ("head_dim",), where, max(1, hidden // heads))
     intermediate = _positive_int(config, ("intermediate_size", "ffn_dim", "n_inner"), where,
                                  4 * hidden)
     vocab = _positive_int(config, ("vocab_size",), where)
@@ -76,43 +140,61 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
                             "fix the config.json")
 
     moe = None
-    num_experts = _first(config, ("num_local_experts", "n_routed_experts", "num_experts"))
-    if num_experts:
+    experts_key, num_experts = _first(config, ("num_local_experts", "n_routed_experts", "num_experts"))
+    if num_experts is not None and num_experts != 0:
+        num_experts = _whole(num_experts, experts_key, where, 1)
         top_k = _positive_int(config, ("num_experts_per_tok", "moe_top_k"), where)
         expert_i = _positive_int(config, ("moe_intermediate_size",), where, intermediate)
-        shared_i = int(config.get("n_shared_experts") or 0) * expert_i
-        shared_i = int(config.get("shared_expert_intermediate_size") or shared_i)
+        shared_i = (_optional_int(config, "n_shared_experts", where) or 0) * expert_i
+        shared_i = _optional_int(config, "shared_expert_intermediate_size", where) or shared_i
         if top_k > num_experts:
             raise ServesimError(f"{where}: num_experts_per_tok",
                                 f"{top_k} exceeds the {num_experts} experts", "fix the config.json")
-        moe = MoESpec(num_experts=int(num_experts), top_k=top_k, expert_intermediate=expert_i,
-                      shared_intermediate=shared_i, layers=_moe_layer_indices(config, layers))
+        moe = MoESpec(num_experts=num_experts, top_k=top_k, expert_intermediate=expert_i,
+                      shared_intermediate=shared_i, layers=_moe_layer_indices(config, layers, where))
 
     mla = None
-    if config.get("kv_lora_rank"):
-        mla = MLASpec(q_lora_rank=config.get("q_lora_rank"),
+    if config.get("kv_lora_rank") is not None:
+        mla = MLASpec(q_lora_rank=_optional_int(config, "q_lora_rank", where, minimum=1),
                       kv_lora_rank=_positive_int(config, ("kv_lora_rank",), where),
                       qk_nope_head_dim=_positive_int(config, ("qk_nope_head_dim",), where),
                       qk_rope_head_dim=_positive_int(config, ("qk_rope_head_dim",), where),
                       v_head_dim=_positive_int(config, ("v_head_dim",), where))
 
-    window = config.get("sliding_window")
-    if config.get("use_sliding_window") is False or not window or window >= max_context:
-        window = None
-    gated = bool(extra.get("gated_mlp", model_type not in NON_GATED_FAMILIES))
+    window = _sliding_window(config, max_context, where)
+    gated_default = model_type not in NON_GATED_FAMILIES
+    gated = _flag(extra, "gated_mlp", f"{where}: _servesim", gated_default)
     return ModelSpec(
         name=name, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, intermediate_size=intermediate, vocab_size=vocab,
         max_context=max_context, gated_mlp=gated,
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
-        sliding_window=int(window) if window else None, moe=moe, mla=mla,
+        tie_word_embeddings=_flag(config, "tie_word_embeddings", where, False),
+        attention_bias=_flag(config, "attention_bias", where, model_type == "qwen2"),
+        sliding_window=window, moe=moe, mla=mla,
         source=str(extra.get("source", "")),
     )
 
 
 def builtin_model_names() -> list[str]:
     return sorted(p.stem for p in model_configs_dir().glob("*.json"))
+
+
+def _read_model(path: Path, name: str, where: str) -> ModelSpec:
+    """The model in ``path``, parsed once while the file is unchanged (specs are immutable)."""
+    version = file_version(path)
+    try:
+        if version is None:
+            return model_from_hf_config(read_json(path, where), name, where)
+        return _cached_model(path, name, version, where)
+    except ServesimError as exc:
+        if str(path) in str(exc):
+            raise
+        raise ServesimError(exc.field, exc.problem, f"{exc.fix} ({path})") from None
+
+
+@lru_cache(maxsize=64)
+def _cached_model(path: Path, name: str, version: tuple[str, int, int], where: str) -> ModelSpec:
+    return model_from_hf_config(read_json(path, where), name, where)
 
 
 def load_model(name_or_path: str | Path, where: str = "model") -> ModelSpec:
@@ -126,11 +208,11 @@ def load_model(name_or_path: str | Path, where: str = "model") -> ModelSpec:
             raise ServesimError(where, f"no such file {path}",
                                 "give a built-in model name or the path of a config.json")
         name = path.parent.name if path.name == "config.json" else path.stem
-        return model_from_hf_config(read_json(path, where), name, where)
+        return _read_model(path, name, where)
     key = text.lower().split("/")[-1]
     builtin = model_configs_dir() / f"{key}.json"
     if builtin.exists():
-        return model_from_hf_config(read_json(builtin, where), key, where)
+        return _read_model(builtin, key, where)
     names = builtin_model_names()
     close = [n for n in names if key.replace("_", "-") in n or n in key]
     hint = f"did you mean {close[0]}? " if close else ""

@@ -39,3 +39,17 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not present at {SHARED_DATA} (optional: only for real-data checks)")
     return SHARED_DATA
+
+
+PROPERTY_TEST_S = 300
+"""Per-test deadline of every hypothesis test (pytest-timeout): a bug that stops the engine's
+progress fails that test instead of hanging the suite (the engine's own guard,
+``servesim.core.progress``, normally stops such a run within the test's first example)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        function = getattr(item, "obj", None)
+        is_property = getattr(function, "is_hypothesis_test", False)
+        if is_property and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(PROPERTY_TEST_S))

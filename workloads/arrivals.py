@@ -24,12 +24,18 @@ import numpy as np
 from servesim.errors import ServesimError
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "constant")
+MAX_DRAWS = 2**31
+"""The most gaps drawn in one array (a run checks its memory before drawing, see
+:mod:`servesim.pipeline.budget`; this only keeps a direct caller from asking NumPy for more)."""
 
 
 def interarrival_gaps(process: str, rate: float, n: int, rng: np.random.Generator,
                       burstiness: float = 1.0) -> np.ndarray:
     """``n`` gaps in seconds (float64) of the named process at ``rate`` requests/s."""
     _check(process, rate, burstiness)
+    if n > MAX_DRAWS:
+        raise ServesimError("workload", f"{n:,} arrivals are more than one run can draw",
+                            "ask for fewer requests or a shorter duration_s")
     if process == "poisson":
         return rng.exponential(1.0 / rate, size=n)
     if process == "gamma":
@@ -55,13 +61,14 @@ def arrival_times(process: str, rate: float, rng: np.random.Generator, *,
             assert num_requests is not None  # checked above: one of the two is given
             n = num_requests
         else:
-            n = math.ceil(duration_s * rate) + 1
+            n = min(math.ceil(duration_s * rate) + 1, MAX_DRAWS + 1)
             if num_requests is not None:
                 n = min(n, num_requests)
         times = np.arange(1, n + 1, dtype=np.float64) / rate
     elif duration_s is None:
         assert num_requests is not None
-        times = np.cumsum(interarrival_gaps(process, rate, num_requests, rng, burstiness))
+        with np.errstate(over="ignore"):  # absurdly late arrivals become inf; the table refuses them
+            times = np.cumsum(interarrival_gaps(process, rate, num_requests, rng, burstiness))
     else:
         times = _until(process, rate, duration_s, rng, burstiness, num_requests)
     if duration_s is not None:
@@ -76,7 +83,7 @@ def _until(process: str, rate: float, duration_s: float, rng: np.random.Generato
     """Arrivals up to ``duration_s`` (and past it by one): draws gaps in large chunks sized from
     the expected count plus ten standard deviations, so one chunk almost always suffices."""
     expected = rate * duration_s
-    chunk = int(expected + 10.0 * math.sqrt(expected / min(burstiness, 1.0)) + 16)
+    chunk = int(min(expected + 10.0 * math.sqrt(expected / min(burstiness, 1.0)) + 16, MAX_DRAWS))
     if cap is not None:
         chunk = min(chunk, cap)
     parts: list[np.ndarray] = []

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from servesim.errors import ServesimError
 from servesim.workloads.arrivals import arrival_times
 from servesim.workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
 from servesim.workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths
 from servesim.workloads.presets import get_preset
-from servesim.workloads.requests import PrefixBlocks, RequestTable
+from servesim.workloads.requests import MAX_CLOCK_S, PrefixBlocks, RequestTable
 from servesim.workloads.traces import read_lengths, read_trace
 
 
@@ -37,6 +38,11 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
     arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng, num_requests=config.num_requests,
                              duration_s=config.duration_s, burstiness=burstiness)
     n = arrivals.size
+    if n and not arrivals[-1] <= MAX_CLOCK_S:
+        raise ServesimError("workload.arrival.rate", f"at {arrival.rate:g} requests/s request {n - 1} "
+                            f"arrives at {arrivals[-1]:.3g} s, beyond the {MAX_CLOCK_S:.0e} s the "
+                            "simulated clock resolves to a microsecond", "raise the rate or ask for fewer "
+                            "requests")
     parts = [f"{arrival.process} {arrival.rate:g} req/s"
              + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
     prompt = output = None

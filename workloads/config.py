@@ -71,12 +71,18 @@ class TraceConfig(StrictModel):
         return self
 
 
+MIN_BURSTINESS = 0.01
+"""The burstiest gamma process modelled (gap CV 10)."""
+
+
 class ArrivalConfig(StrictModel):
     """A renewal arrival process (see ``servesim.workloads.arrivals``)."""
 
     process: Literal["poisson", "gamma", "constant"]
     rate: PositiveFloat
-    burstiness: PositiveFloat | None = None  # gamma only: CV of gaps = 1/sqrt(burstiness)
+    burstiness: Annotated[float, Field(ge=MIN_BURSTINESS)] | None = None
+    """gamma only: CV of gaps = 1/sqrt(burstiness). Below :data:`MIN_BURSTINESS` most gaps
+    underflow to exactly 0 s, so the process is no longer the one asked for."""
 
     @model_validator(mode="after")
     def _check(self) -> ArrivalConfig:
@@ -86,17 +92,23 @@ class ArrivalConfig(StrictModel):
         return self
 
 
+MAX_TOKENS = 2**31 - 1
+"""Token counts above this are no model's (and would overflow the engine's integer columns)."""
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+"""A positive token count."""
+
+
 class FixedLength(StrictModel):
     dist: Literal["fixed"]
-    value: PositiveInt
+    value: Tokens
 
 
 class UniformLength(StrictModel):
     """Integers uniform on [low, high], both inclusive."""
 
     dist: Literal["uniform"]
-    low: PositiveInt
-    high: PositiveInt
+    low: Tokens
+    high: Tokens
 
     @model_validator(mode="after")
     def _check(self) -> UniformLength:
@@ -111,8 +123,8 @@ class LognormalLength(StrictModel):
     dist: Literal["lognormal"]
     median: PositiveFloat
     sigma: Annotated[float, Field(ge=0)]
-    min: PositiveInt = 1
-    max: PositiveInt | None = None
+    min: Tokens = 1
+    max: Tokens | None = None
 
     @model_validator(mode="after")
     def _check(self) -> LognormalLength:
@@ -153,7 +165,7 @@ class PriorityMix(StrictModel):
     """Each request's priority drawn independently: ``classes[i]`` with probability proportional
     to ``weights[i]`` (all equal when omitted). Lower values are served first (vLLM)."""
 
-    classes: Annotated[list[int], Field(min_length=1)]
+    classes: Annotated[list[Annotated[int, Field(ge=-2**62, le=2**62)]], Field(min_length=1)]
     weights: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = None
 
     @model_validator(mode="after")
@@ -169,14 +181,15 @@ class PriorityMix(StrictModel):
         return self
 
 
-MAX_REQUESTS = 100_000_000
-"""A generous bound on generated requests (about 5 GB of state): beyond it, split the run."""
+MAX_REQUESTS = 2**40
+"""Only keeps the count an integer NumPy can hold; what a run can actually afford is its memory,
+checked against this machine before the workload is drawn (:mod:`servesim.pipeline.budget`)."""
 
 class SharedPrefixConfig(StrictModel):
     """``groups`` system prompts of ``tokens`` tokens; each request starts with one of them."""
 
-    tokens: PositiveInt
-    groups: PositiveInt
+    tokens: Tokens
+    groups: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 
 _GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output", "priority",
@@ -189,6 +202,7 @@ class WorkloadConfig(StrictModel):
     trace: TraceConfig | None = None
     arrival: ArrivalConfig | None = None
     num_requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] | None = None
+    """At most :data:`MAX_REQUESTS`; the run checks what this machine's memory holds."""
     duration_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     lengths: LengthsConfig | None = None
     prompt: LengthDist | None = None

@@ -24,6 +24,10 @@ import numpy as np
 
 from servesim.errors import ServesimError
 
+MAX_DRAWN_TOKENS = 2**31 - 1
+"""Where an unbounded lognormal is clipped: beyond any context length (so such a request is
+rejected, not served), and within the int64 the engine counts tokens in."""
+
 
 def fixed_lengths(value: int, n: int) -> np.ndarray:
     if value < 1:
@@ -46,8 +50,9 @@ def lognormal_lengths(median: float, sigma: float, n: int, rng: np.random.Genera
     if not sigma >= 0:
         raise ServesimError("sigma", f"must be >= 0, got {sigma}", "give the std of ln(length)")
     _check_clip(min_tokens, max_tokens)
-    draws = median * np.exp(sigma * rng.standard_normal(n))
-    upper = np.inf if max_tokens is None else max_tokens
+    with np.errstate(over="ignore"):  # an absurd sigma overflows to inf, then clipped
+        draws = median * np.exp(sigma * rng.standard_normal(n))
+    upper = MAX_DRAWN_TOKENS if max_tokens is None else max_tokens
     return np.clip(np.rint(draws), min_tokens, upper).astype(np.int64)
 
 

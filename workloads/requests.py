@@ -40,6 +40,12 @@ class RequestFields(PrefixBlocks, total=False):
     source: str
 
 
+MAX_CLOCK_S = 1e9
+"""The latest arrival a run accepts. The clock is a float64 of seconds, whose resolution at 1e9 s is
+0.1 us; much later, a millisecond step would no longer move it (now + dt == now) and every
+latency would read 0."""
+
+
 @dataclass(frozen=True, eq=False)
 class RequestTable:
     """Requests sorted by arrival, one array per field (see the module docstring)."""
@@ -73,6 +79,12 @@ class RequestTable:
                                     "give one value per request")
         if n and not np.all(np.isfinite(self.arrival_s)):
             raise ServesimError("arrival_s", f"not finite{where}", "give finite arrival times")
+        if n and self.arrival_s.max() > MAX_CLOCK_S:
+            late = int(np.argmax(self.arrival_s > MAX_CLOCK_S))
+            raise ServesimError("arrival_s", f"request {late} arrives at {self.arrival_s[late]:.4g} s, "
+                                f"beyond the {MAX_CLOCK_S:.0e} s (31 years) the simulated clock resolves "
+                                f"to a microsecond{where}",
+                                "shorten the timeline (a higher rate, or rate_scale and start_s for a trace)")
         if n and self.arrival_s.min() < 0:
             raise ServesimError("arrival_s", f"negative arrival time{where}", "start the trace at 0 or later")
         if n > 1 and np.any(np.diff(self.arrival_s) < 0):

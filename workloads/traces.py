@@ -51,6 +51,7 @@ import pandas as pd
 
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
+from servesim.inputs.limits import BYTES_PER_REQUEST, MAX_TRACE_BYTES, check_memory
 from servesim.workloads.requests import RequestTable
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,11 @@ def _parse(path: Path, fmt: str, model: str | None) -> _Rows:
     if model is not None and fmt != "burstgpt":
         raise ServesimError("model", f"filtering by model applies to burstgpt traces, not {fmt}",
                             "remove model")
-    text = read_text(path, "path")  # the input layer: unreadable or non-UTF-8 is one line
+    text = read_text(path, "path", MAX_TRACE_BYTES)  # the input layer: unreadable, huge or non-UTF-8
+    lines = text.count("\n") + 1
+    check_memory(lines * BYTES_PER_REQUEST["summary"] + 4 * len(text), "path",
+                 f"{path}'s {lines:,} rows", "replay a part of it (cut the file, or read it as "
+                 "lengths: {trace: ...} under a generated arrival process with fewer requests)")
     rows = _parse_mooncake(path, text) if fmt == "mooncake" else _parse_csv(path, text, fmt, model)
     return _drop_empty(rows, path)
 

@@ -41,6 +41,7 @@ from pydantic import Field, StrictInt, ValidationError, field_validator, model_v
 
 from servesim.config import EngineConfig, PolicyConfig, PrecisionConfig, RouterConfig, read_yaml_document
 from servesim.errors import ServesimError
+from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import StrictModel, user_error
 from servesim.workloads import WorkloadConfig, parse_workload_config
@@ -100,7 +101,8 @@ class CandidatesConfig(StrictModel):
     @field_validator("policy", mode="before")
     @classmethod
     def _named(cls, value: Any) -> Any:
-        return [{"name": v} if isinstance(v, str) else v for v in value]
+        values = value if isinstance(value, list) else [value]  # may run before _listify
+        return [{"name": v} if isinstance(v, str) else v for v in values]
 
     @field_validator("tp", "replicas")
     @classmethod
@@ -138,7 +140,7 @@ class SearchConfig(StrictModel):
 
 
 class CapacityConfig(StrictModel):
-    name: str = "capacity"
+    name: RunName = "capacity"
     seed: StrictInt = Field(0, ge=0, description="first seed; replication k uses seed + k")
     model: str
     workload: WorkloadConfig

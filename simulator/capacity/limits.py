@@ -20,6 +20,7 @@ from typing import Any
 
 from servesim.core.kv_cache import blocks_for
 from servesim.cost import BatchShape
+from servesim.errors import ServesimError
 from servesim.topology.group import ReplicaGroup
 
 _MAX_BATCH = 1 << 20
@@ -50,6 +51,10 @@ def decode_batch_limits(group: ReplicaGroup, context: float, tpot_s: float | Non
     cost = group.cost_model()
     limits, memory = group.limits, group.memory
     ctx = max(0, round(context))
+    if ctx >= limits.max_model_len:
+        raise ServesimError("decode_context", f"{ctx:,} tokens of context is beyond max_model_len "
+                            f"{limits.max_model_len:,} of {group.model.name}, so no sequence decodes there",
+                            f"use a context below {limits.max_model_len:,}")
 
     def step_time(batch: int, c: int) -> float:
         return cost.step_time(BatchShape.decode(batch, c))

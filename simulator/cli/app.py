@@ -14,6 +14,7 @@ from typing import TextIO
 import typer
 from rich.markup import escape
 
+from servesim.cli import interrupt
 from servesim.cli.calibrate import calibrate_app
 from servesim.cli.capacity import capacity_command
 from servesim.cli.catalog import hardware_command, models_command
@@ -57,8 +58,12 @@ _default_showwarning = warnings.showwarning
 def main() -> None:
     """Console-script entry point."""
     warnings.showwarning = _show_note
+    interrupt.install()
     try:
         app()
     except ServesimError as exc:
         error_console.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(2)
+    except interrupt.Interrupted:
+        error_console.print(interrupt.MESSAGE, markup=False)
+        sys.exit(130)

@@ -20,10 +20,11 @@ from rich.progress import (
 from rich.table import Table
 
 from servesim.cli.console import console
+from servesim.cli.interrupt import Interrupted
 from servesim.sweep import find_sweep, load_sweep
 from servesim.sweep.axes import point_label
 from servesim.sweep.backends import Backend, check_backend, default_workers
-from servesim.sweep.runner import prepare
+from servesim.sweep.runner import SweepOutcome, prepare
 
 SHOWN_METRICS = (("ttft_s.p99", "p99 TTFT", "s"), ("tpot_s.p50", "p50 TPOT", "s"),
                  ("throughput.requests_per_s", "req/s", ""), ("goodput_requests_per_s", "goodput", ""),
@@ -44,6 +45,8 @@ def sweep_command(
         help="Ray cluster to join (e.g. auto, ray://head:10001); default: start a local Ray")] = None,
     report: Annotated[bool, typer.Option(help="Write the sweep's report.html")] = True,
     dry_run: Annotated[bool, typer.Option(help="Check every point and list them; run nothing")] = False,
+    force: Annotated[bool, typer.Option(
+        help="Replace the sweep the --out folder holds (keeping the runs both share)")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
 ) -> None:
     """Run a parameter sweep: results.parquet (one row per point, mean and 95% CI over
@@ -60,7 +63,7 @@ def sweep_command(
             console.print(f"{point.point_id}  {escape(point_label(point.values))}{note}")
         console.print(f"{len(plan.points)} points, {len(plan.runs)} runs: all valid")
         return
-    prepared = prepare(sweep, out_dir)
+    prepared = prepare(sweep, out_dir, force)
     plan = prepared.plan
     infeasible = sum(p.status != "ok" for p in plan.points)
     console.print(f"[bold]{escape(sweep.name)}[/]: {len(plan.points)} points x {sweep.spec.replications} "
@@ -85,7 +88,7 @@ def sweep_command(
         with Progress(*columns, console=console, disable=quiet, transient=True) as bar:
             task = bar.add_task("sweep", total=len(prepared.todo))
             outcome = prepared.run(chosen, workers, ray_address, on_run=advance)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         console.print(f"interrupted: the {prepared.skipped + finished} finished runs are kept in "
                       f"{out_dir}/points; run the same command again to resume")
         raise typer.Exit(130) from None
@@ -93,9 +96,21 @@ def sweep_command(
     render_results(results, plan.keys)
     runs = f"{outcome.runs_done} run{'s' if outcome.runs_done != 1 else ''}"
     console.print(f"ran {runs} in {outcome.wall_s:.1f} s wall")
+    _report_faults(outcome)
     console.print(f"wrote {out_dir}/ (results.parquet, points.parquet, sweep.resolved.yaml, points/)")
     if report:
         _write_report(out_dir)
+
+
+def _report_faults(outcome: SweepOutcome) -> None:
+    """Worker deaths and failed runs, so a sweep that carried on past them says so."""
+    if outcome.deaths:
+        deaths = escape("; ".join(outcome.deaths))
+        console.print(f"[yellow]{len(outcome.deaths)} worker death(s)[/]: {deaths}")
+    if outcome.failures:
+        run, reason = outcome.failures[0]
+        console.print(f"[bold red]{len(outcome.failures)} run(s) failed[/] (first: {run}, {escape(reason)}); "
+                      "the other runs are in the tables; run the same command again to retry the failed ones")
 
 
 def _where(backend: Backend | str, workers: int | None, address: str | None) -> str:

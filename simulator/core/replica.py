@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
+from servesim.core.progress import MAX_IDLE_WAKES, describe, stalled
 from servesim.core.replica_state import ReplicaState
 from servesim.core.step_log import StepLog
 from servesim.cost import CostModel
@@ -55,16 +56,23 @@ class Replica:
         requests, pool = state.requests, state.pool
         step_record, append, index = self.cost.step_record, steps.append, state.index
         prompts_done = self.prompts_done
+        idle_wakes, steps_seen = 0, -1  # the livelock guard: counted on the idle path only
         while True:
             now = env.now
             batch = policy.schedule(now)
             if batch is None:
-                self._idle = env.event()
+                self._idle = idle = env.event()
                 wake = policy.wake_at(now)
                 if wake is None:
-                    yield self._idle
+                    yield idle
                 else:
-                    yield self._idle | env.timeout(max(0.0, wake - now))
+                    yield idle | env.timeout(max(0.0, wake - now))
+                    if not idle.triggered:  # woken by its own timer, not by new work
+                        idle_wakes = idle_wakes + 1 if len(steps) == steps_seen else 1
+                        steps_seen = len(steps)
+                        if idle_wakes > MAX_IDLE_WAKES:
+                            raise stalled(env.now, describe(state), f"its policy woke it {MAX_IDLE_WAKES:,} "
+                                          "times in a row without scheduling anything")
                 self._idle = None
                 continue
             shape = batch.shape

@@ -16,25 +16,80 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from servesim.errors import ServesimError
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class StrictModel(BaseModel):
-    """A YAML section: unknown keys are errors."""
+def _number_kind(annotation: Any) -> str:
+    """``"number"`` when ``annotation`` admits numbers and no bool (``int``, ``float | None``,
+    ``Annotated[float, ...]``), ``"items"`` when it is a list, tuple or mapping of such numbers,
+    ``""`` otherwise (``bool``, ``str``, ``Any``, models)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _number_kind(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        kinds = {_number_kind(arg) for arg in typing.get_args(annotation) if arg is not type(None)}
+        return kinds.pop() if len(kinds) == 1 else ""
+    if origin in (list, tuple, dict):
+        args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+        return "items" if args and _number_kind(args[-1]) == "number" else ""
+    if annotation in (int, float):
+        return "number"
+    return ""
 
-    model_config = ConfigDict(extra="forbid")
+
+def _refuse_bools(value: Any, kind: str) -> None:
+    """YAML reads ``yes``, ``on`` and ``true`` as booleans, and pydantic would take them as 1:
+    a number field given one is an error instead."""
+    if kind == "number" and isinstance(value, bool):
+        raise ValueError(f"Input should be a number, not {str(value).lower()}")
+    if kind == "items" and isinstance(value, dict | list | tuple):
+        items = value.values() if isinstance(value, dict) else value
+        for item in items:
+            if isinstance(item, bool):
+                raise ValueError(f"Input should hold numbers, not {str(item).lower()}")
 
 
-class FrozenModel(BaseModel):
+class _InputModel(BaseModel):
+    """What every user-facing schema shares: unknown keys are errors, a float must be finite
+    (``.inf`` and ``.nan`` are refused wherever a number is read, so no infinity reaches a
+    summary, a hash or the clock), and a boolean is not a number."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    _number_kinds: ClassVar[dict[str, str]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            kinds = cls.__dict__.get("_number_kinds")
+            if kinds is None:
+                kinds = {name: kind for name, f in cls.model_fields.items()
+                         if (kind := _number_kind(f.annotation))}
+                type.__setattr__(cls, "_number_kinds", kinds)
+            for name, kind in kinds.items():
+                if name in data:
+                    try:
+                        _refuse_bools(data[name], kind)
+                    except ValueError as exc:
+                        raise PydanticCustomError("bool_number", str(exc), {"field": name}) from None
+        return data
+
+
+class StrictModel(_InputModel):
+    """A YAML section: unknown keys are errors, numbers finite and not booleans."""
+
+
+class FrozenModel(_InputModel):
     """A YAML section whose parsed value is immutable (hashable knobs, shared profiles)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class NamedSection(BaseModel):
@@ -67,6 +122,8 @@ def user_error(exc: ValidationError, root: type[BaseModel], *, at: str = "", fil
     error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0]) if unknown_first \
         else errors[0]
     loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
+    if error["type"] == "bool_number":  # raised for the whole model, about one of its keys
+        loc.append(str(error.get("ctx", {}).get("field", "")))
     shown = _without_tags(root, loc)
     if drop is not None:
         shown = drop(shown)

@@ -17,6 +17,7 @@ import numpy as np
 from servesim.config import ExperimentConfig, load_experiment
 from servesim.core.state import REJECT_REASONS
 from servesim.errors import ServesimError
+from servesim.pipeline.budget import check_run_size
 from servesim.topology.base import Topology
 from servesim.topology.resolve import resolve_topology
 from servesim.workloads import build_workload
@@ -62,6 +63,7 @@ def prepare(config: ExperimentConfig, *, workload: RequestTable | None = None,
             base_dir: Path | None = None) -> RunPlan:
     """Resolve ``config`` (and build its workload, unless ``workload`` is given)."""
     topology = resolve_topology(config)
+    check_run_size(config, topology)
     if workload is None:
         workload = build_workload(config.workload, config.seed, base_dir)
     codes = topology.rejection_codes(workload.prompt_tokens, workload.output_tokens)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from servesim.atomic_io import atomic_write_bytes, make_output_dir
+from servesim.atomic_io import atomic_write_bytes, make_output_dir, write_error
 from servesim.config import absolute_trace_paths
 from servesim.pipeline.result import RunResult
 
@@ -25,6 +28,7 @@ SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.resolved.yaml"
 TABLE_FILES = ("requests.parquet", "steps.parquet", "itl.parquet")
 REPORT_FILE = "report.html"
+STAGING_PREFIX = ".tmp-render-"
 OUTPUT_FILES = (*TABLE_FILES, REPORT_FILE)
 """Written for ``output: full``; removed from the folder otherwise, so none is left from an earlier
 run beside the new summary."""
@@ -64,24 +68,54 @@ def result_files(result: RunResult) -> dict[str, bytes]:
 
 
 def render(result: RunResult, out_dir: Path, report: bool = True) -> list[Path]:
-    """Write the run directory (see the module docstring); returns the files written."""
-    make_output_dir(out_dir)
-    written = []
-    files = result_files(result)
-    for name, content in files.items():
-        atomic_write_bytes(out_dir / name, content)
-        written.append(out_dir / name)
-    full = result.plan.config.output == "full"
-    if report and full:
-        # plotly loads only when a report is written
-        from servesim.report.run_data import RunData
-        from servesim.report.run_report import write_run_report
+    """Write the run directory (see the module docstring); returns the files written.
 
-        data = RunData.from_result(result, out_dir, files[CONFIG_FILE].decode())
-        written.append(write_run_report(out_dir, data=data))
-    else:
-        (out_dir / REPORT_FILE).unlink(missing_ok=True)
-    if not full:
+    Every file is first written into a staging folder inside ``out_dir``, so a full disk or an
+    interrupt leaves an earlier run in ``out_dir`` untouched; only then are the files renamed into
+    place, ``summary.json`` last. A folder with a ``summary.json`` is therefore always a whole
+    run, and one without it never looks like one."""
+    make_output_dir(out_dir)
+    remove_stale_staging(out_dir)
+    files = result_files(result)
+    full = result.plan.config.output == "full"
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
+    except OSError as exc:
+        raise write_error(out_dir, exc) from None
+    try:
+        for name, content in files.items():
+            atomic_write_bytes(staging / name, content)
+        if report and full:
+            # plotly loads only when a report is written
+            from servesim.report.run_data import RunData
+            from servesim.report.run_report import write_run_report
+
+            data = RunData.from_result(result, out_dir, files[CONFIG_FILE].decode())
+            write_run_report(out_dir, out=staging / REPORT_FILE, data=data)
+        return _publish(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish(staging: Path, out_dir: Path) -> list[Path]:
+    """Rename the staged files into ``out_dir`` (renames take no space), the summary last, and
+    remove the outputs an earlier run left that this one does not write."""
+    written = []
+    try:
+        (out_dir / SUMMARY_FILE).unlink(missing_ok=True)  # from here the folder is not a finished run
+        staged = sorted(p.name for p in staging.iterdir() if p.name != SUMMARY_FILE)
         for name in OUTPUT_FILES:
-            (out_dir / name).unlink(missing_ok=True)
+            if name not in staged:
+                (out_dir / name).unlink(missing_ok=True)
+        for name in (*staged, SUMMARY_FILE):
+            os.replace(staging / name, out_dir / name)
+            written.append(out_dir / name)
+    except OSError as exc:
+        raise write_error(out_dir, exc) from None
     return written
+
+
+def remove_stale_staging(out_dir: Path) -> None:
+    """Delete staging folders an interrupted render left (kill -9 gives no chance to clean up)."""
+    for folder in out_dir.glob(f"{STAGING_PREFIX}*") if out_dir.is_dir() else ():
+        shutil.rmtree(folder, ignore_errors=True)

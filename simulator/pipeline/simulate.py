@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from servesim.core.progress import check_finished
 from servesim.core.sim import Progress, Sim, run_until_done
 from servesim.pipeline.plan import RunPlan
 from servesim.pipeline.result import RunResult
@@ -15,6 +16,7 @@ def simulate(plan: RunPlan, progress: Progress | None = None) -> RunResult:
     sim = Sim.start(plan.workload, plan.seed)
     built = plan.topology.build(sim, plan.reject_codes)
     run_until_done(sim, built.entry, progress)
+    check_finished(sim.requests, (state for group in built.groups for state in group.states), sim.env.now)
     end = sim.steps.end_s()
     for link in built.links:
         end = max(end, link.last_end_s)

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from servesim.dtypes import DType, Precision
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
 from servesim.hardware_io import load_hardware
+from servesim.inputs.files import load_yaml_text
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,8 @@ def roof_from_config(config_text: str | None, run_dir: Path) -> Roof | str:
     if config_text is None:
         return "no config.resolved.yaml in the run folder"
     try:
-        config = yaml.safe_load(config_text)
-    except yaml.YAMLError:
+        config = load_yaml_text(config_text, "config.resolved.yaml", "run_dir")
+    except ServesimError:
         return "config.resolved.yaml is not valid YAML"
     if not isinstance(config, dict) or not config.get("hardware"):
         return "config.resolved.yaml names no hardware"

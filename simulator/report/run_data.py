@@ -9,7 +9,6 @@ columns: the summary is read as a mapping with defaults, and optional columns ge
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 
 from servesim.core.step_log import OP_COLUMNS
 from servesim.errors import ServesimError
+from servesim.inputs.files import read_json, read_text
 from servesim.report.hardware_roof import Roof, roof_of
 
 if TYPE_CHECKING:
@@ -96,19 +96,27 @@ def _missing_file(run_dir: Path, name: str) -> ServesimError:
     )
 
 
+def _unreadable(path: Path, exc: Exception) -> ServesimError:
+    detail = " ".join(str(exc).split())[:120]
+    return ServesimError("run_dir", f"{path.name} is not a readable Parquet file ({detail})",
+                         "re-run the simulation to rewrite it")
+
+
 def _read_table(path: Path, required: tuple[str, ...], optional: dict[str, Any]) -> pd.DataFrame:
     """Read only the needed columns; a column the engine did not write is an error or a default."""
     try:
         names = set(pq.read_schema(path).names)
     except Exception as exc:  # pyarrow raises several types for a corrupt or non-Parquet file
-        raise ServesimError("run_dir", f"{path.name} is not a readable Parquet file ({exc})",
-                            "re-run the simulation to rewrite it") from exc
+        raise _unreadable(path, exc) from None
     missing = [c for c in required if c not in names]
     if missing:
         raise ServesimError("run_dir", f"{path.name} lacks column(s) {', '.join(missing)}",
                             "re-run the simulation with this version of servesim")
     present_optional = [c for c in optional if c in names]
-    frame = pq.read_table(path, columns=[*required, *present_optional]).to_pandas()
+    try:
+        frame = pq.read_table(path, columns=[*required, *present_optional]).to_pandas()
+    except Exception as exc:  # a valid footer over corrupt pages
+        raise _unreadable(path, exc) from None
     for column, default in optional.items():
         if column not in names:
             frame[column] = default
@@ -117,10 +125,9 @@ def _read_table(path: Path, required: tuple[str, ...], optional: dict[str, Any])
 
 def _read_summary(path: Path) -> dict[str, Any]:
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ServesimError("run_dir", f"{path.name} is not valid JSON ({exc.msg} at line {exc.lineno})",
-                            "re-run the simulation to rewrite it") from exc
+        summary = read_json(path, "run_dir")
+    except ServesimError as exc:
+        raise ServesimError("run_dir", exc.problem, "re-run the simulation to rewrite it") from None
     if not isinstance(summary, dict):
         raise ServesimError("run_dir", f"{path.name} does not hold a JSON object",
                             "re-run the simulation to rewrite it")
@@ -144,7 +151,7 @@ def load_run(run_dir: Path) -> RunData:
     steps = _read_table(run_dir / STEPS_FILE, STEP_COLUMNS, STEP_OPTIONAL)
     itl = _read_table(run_dir / ITL_FILE, ITL_COLUMNS, {})
     config_path = run_dir / CONFIG_FILE
-    config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
+    config_text = read_text(config_path, "run_dir") if config_path.is_file() else None
     return RunData(
         run_dir=run_dir,
         requests=requests,

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-import yaml
 
 from servesim.errors import ServesimError
+from servesim.inputs.files import load_yaml_text, read_text
 from servesim.report.format import METRICS
 
 RESULTS_FILE = "results.parquet"
@@ -112,8 +112,8 @@ def _yaml_document(text: str | None) -> Any:
     if text is None:
         return None
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return load_yaml_text(text, RESOLVED_FILE, "sweep_dir")
+    except ServesimError:  # only orders the axes and supplies SLOs: the table alone still reports
         return None
 
 
@@ -223,11 +223,19 @@ def config_text(frame: pd.DataFrame, axes: list[str]) -> list[str]:
     return ["<br>".join(f"{k} = {format_value(row[k])}" for k in keys) for _, row in frame[keys].iterrows()]
 
 
+def _optional_text(path: Path) -> str | None:
+    """A file the report can do without: its text, or None when missing or unreadable."""
+    try:
+        return read_text(path, "sweep_dir") if path.is_file() else None
+    except ServesimError:
+        return None
+
+
 def load_sweep(sweep_dir: Path) -> SweepData:
     sweep_dir = Path(sweep_dir)
     frame = _read(sweep_dir)
     resolved = sweep_dir / RESOLVED_FILE
-    text = resolved.read_text(encoding="utf-8") if resolved.is_file() else None
+    text = _optional_text(resolved)
     document = _yaml_document(text)
     axes = find_axes(frame, document)
     slos = find_slos(frame, document)

@@ -22,6 +22,9 @@ Axis = list[Point]
 or a random sample)."""
 
 RANGE_KINDS = ("uniform", "loguniform", "randint")
+MAX_BOUND = 2.0**62
+"""Range bounds beyond this (and .inf, .nan, which fail the comparison) are refused: a draw must be
+a finite number, and ``randint`` must fit in a 64-bit integer."""
 
 
 def expand(spec: SweepSpec) -> list[Point]:
@@ -66,9 +69,10 @@ def _sampler(key: str, how: Any) -> Any:
                             "{randint: [lo, hi]}")
     kind, bounds = next(iter(how.items()))
     if not (isinstance(bounds, list) and len(bounds) == 2
-            and all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds)
+            and all(isinstance(b, int | float) and not isinstance(b, bool) and abs(b) <= MAX_BOUND
+                    for b in bounds)
             and bounds[0] <= bounds[1]):
-        raise ServesimError(field, f"{kind} needs [lo, hi] numbers with lo <= hi (got {bounds!r})",
+        raise ServesimError(field, f"{kind} needs [lo, hi] finite numbers with lo <= hi (got {bounds!r})",
                             f"write e.g. {{{kind}: [1, 10]}}")
     lo, hi = bounds
     if kind == "uniform":

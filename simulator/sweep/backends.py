@@ -5,22 +5,20 @@ finished run to ``on_done`` in the driver process, which stores it (so the sweep
 on the driver's disk only, and a Ray cluster needs no shared filesystem). Results do not depend on
 the backend or the number of workers: a run's output is a pure function of its task.
 
-The local pool uses the ``spawn`` start method: the driver runs a progress-bar thread, and forking
-a process that has threads is unsafe (and no longer Python's default on Linux from 3.14).
+The local pool (:mod:`servesim.sweep.local_pool`) survives a worker's death: the run it held is
+retried once, then recorded as failed with the reason, and the others carry on; Ray retries a task
+whose worker died once, then the run is recorded the same way.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import threading
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Literal
 
 from servesim.errors import ServesimError
-from servesim.sweep.execute import RunFiles, execute_run
+from servesim.sweep.execute import RunFiles, execute_run, failed_run
+from servesim.sweep.local_pool import WorkerPool
 from servesim.sweep.plan import RunTask
 
 Backend = Literal["local", "ray"]
@@ -32,36 +30,34 @@ def default_workers() -> int:
 
 
 def run_tasks(tasks: Sequence[RunTask], on_done: OnDone, backend: Backend = "local",
-              workers: int | None = None, ray_address: str | None = None) -> None:
+              workers: int | None = None, ray_address: str | None = None,
+              deaths: list[str] | None = None) -> None:
     if workers is not None and workers < 1:
         raise ServesimError("--workers", f"must be at least 1 (got {workers})", "give a positive count")
     check_backend(backend)
     if backend == "local":
-        run_local(tasks, on_done, workers or default_workers())
+        run_local(tasks, on_done, workers or default_workers(), deaths)
     else:
         run_ray(tasks, on_done, workers, ray_address)
 
 
-def run_local(tasks: Sequence[RunTask], on_done: OnDone, workers: int) -> None:
-    """In this process for one worker (no start-up cost), else a pool of ``workers`` processes."""
+def run_local(tasks: Sequence[RunTask], on_done: OnDone, workers: int,
+              deaths: list[str] | None = None) -> None:
+    """In this process for one worker (no start-up cost), else ``workers`` worker processes that
+    survive a worker's death (:mod:`servesim.sweep.local_pool`); ``deaths`` collects one line per
+    worker that died."""
     if not tasks:
         return
     if workers == 1 or len(tasks) == 1:
         for task in tasks:
             on_done(execute_run(task))
         return
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(tasks)),
-                               mp_context=multiprocessing.get_context("spawn"),
-                               initializer=exit_with_parent, initargs=(os.getpid(),))
+    pool = WorkerPool(min(workers, len(tasks)))
     try:
-        pending = {pool.submit(execute_run, task) for task in tasks}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                on_done(future.result())
+        pool.run(tasks, on_done)
     finally:
-        # On an error or Ctrl-C: drop queued runs instead of finishing them all before exiting.
-        pool.shutdown(wait=True, cancel_futures=True)
+        if deaths is not None:
+            deaths.extend(pool.deaths)
 
 
 def import_ray():
@@ -89,24 +85,12 @@ def check_backend(backend: str) -> Backend:
     raise ServesimError("--backend", f"unknown backend {backend!r}", "use local or ray")
 
 
-def exit_with_parent(parent: int, every_s: float = 1.0) -> None:
-    """Pool worker initializer: leave when the sweep's process is gone. A killed driver (SIGTERM,
-    SIGKILL, a closed terminal) otherwise leaves its idle workers blocked on the task queue
-    forever; its unfinished runs are simply redone by the next, resumed, sweep."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
 def run_ray(tasks: Sequence[RunTask], on_done: OnDone, workers: int | None, address: str | None) -> None:
     """Each run is one Ray task (1 CPU). Without ``address`` a local Ray instance with ``workers``
     CPUs (default: all) is started and shut down; with one (``auto``, ``ray://host:10001``), the
     cluster's CPUs are used and every node needs servesim installed."""
     ray = import_ray()
+    import ray.exceptions as ray_errors
     started = False
     if not ray.is_initialized():
         options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
@@ -115,13 +99,22 @@ def run_ray(tasks: Sequence[RunTask], on_done: OnDone, workers: int | None, addr
         else:
             ray.init(num_cpus=workers or default_workers(), **options)
         started = True
-    remote = ray.remote(num_cpus=1)(execute_run)
-    pending = [remote.remote(task) for task in tasks]
+    # Ray retries a task whose worker died once (max_retries); a second death is a failed run.
+    remote = ray.remote(num_cpus=1, max_retries=1)(execute_run)
+    by_ref = {remote.remote(task): task for task in tasks}
+    pending = list(by_ref)
     try:
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                on_done(ray.get(ref))
+                try:
+                    files = ray.get(ref)
+                except ray_errors.RayTaskError:
+                    raise  # a bug inside the run: shown, as in a local worker
+                except ray_errors.RayError as exc:  # its worker or node died (killed, OOM)
+                    reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                    files = failed_run(by_ref[ref], f"its Ray worker died twice ({reason})")
+                on_done(files)
     finally:
         for ref in pending:
             ray.cancel(ref)

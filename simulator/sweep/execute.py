@@ -22,12 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from servesim.atomic_io import write_error
 from servesim.config import validate_document
+from servesim.core.progress import StalledError
 from servesim.errors import ServesimError
 from servesim.pipeline import prepare, result_files, simulate
 from servesim.sweep.plan import RunTask
 
 RUN_RECORD = "run.json"
+FAILED = "failed"
+"""The status of a run whose worker died twice (see :mod:`servesim.sweep.local_pool`)."""
 TEMP_PREFIX = ".tmp-"
 
 
@@ -50,6 +54,8 @@ def execute_run(task: RunTask) -> RunFiles:
     try:
         config = validate_document(task.document, task.run_id)
         result = simulate(prepare(config, base_dir=Path(task.base_dir)))
+    except StalledError as exc:  # a bug, not a property of the deployment
+        record.update(status=FAILED, reason=str(exc))
     except ServesimError as exc:
         record.update(status="infeasible", reason=str(exc))
     else:
@@ -59,25 +65,38 @@ def execute_run(task: RunTask) -> RunFiles:
     return RunFiles(task.run_id, files)
 
 
+def failed_run(task: RunTask, reason: str) -> RunFiles:
+    """The record of a run that could not complete (its worker died): no results, and not
+    finished, so the next sweep into the folder tries it again."""
+    record = {"run": task.run_id, "point": task.point_id, "replication": task.replication,
+              "seed": task.seed, "status": FAILED, "reason": reason, "wall_s": 0.0}
+    return RunFiles(task.run_id, {RUN_RECORD: (json.dumps(record, indent=2) + "\n").encode()})
+
+
 def store_run(run: RunFiles, points_dir: Path) -> Path:
-    """Write a run's folder atomically (temp folder, then rename); returns the final folder."""
+    """Write a run's folder atomically (temp folder, then rename); returns the final folder. A
+    full disk is one line naming the run's folder; the temp folder is removed."""
     final = points_dir / run.run_id
-    points_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{run.run_id}-", dir=points_dir))
+    tmp: Path | None = None
     try:
+        points_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{run.run_id}-", dir=points_dir))
         for name, data in run.files.items():
             (tmp / name).write_bytes(data)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
         if final.exists() and not is_finished(final):
-            shutil.rmtree(final)  # not ours (never renamed half-written): replace it
+            shutil.rmtree(final)  # not ours (never renamed half-written) or a failed run: replace it
         try:
             os.rename(tmp, final)
         except OSError:
             if not is_finished(final):
                 raise
             # another process finished the same run first: same inputs, same bytes; keep theirs
+    except OSError as exc:
+        raise write_error(final, exc) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -87,11 +106,12 @@ def run_point(task: RunTask, points_dir: Path) -> Path:
 
 
 def is_finished(folder: Path) -> bool:
+    """A run folder whose record is whole and not a failure (a failed run is tried again)."""
     try:
-        json.loads((folder / RUN_RECORD).read_text())
+        record = json.loads((folder / RUN_RECORD).read_text())
     except (OSError, ValueError):
         return False
-    return True
+    return isinstance(record, dict) and record.get("status") != FAILED
 
 
 def remove_stale_temps(points_dir: Path) -> int:

@@ -42,6 +42,7 @@ machine.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +50,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from servesim.config import absolute_trace_paths, read_yaml_document
 from servesim.errors import ServesimError
+from servesim.inputs.names import RunName
 from servesim.inputs.overrides import parse_override
 from servesim.inputs.overrides import set_dotted as set_path
 from servesim.inputs.schema import StrictModel, user_error
@@ -65,7 +67,7 @@ class RandomBlock(StrictModel):
 
 
 class SweepSpec(StrictModel):
-    name: str | None = None
+    name: RunName | None = None
     base: str | dict[str, Any]
     set: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
@@ -155,6 +157,31 @@ def parse_sweep(document: dict[str, Any], folder: Path, source: str = "sweep",
     return Sweep(spec, name, base_document, base_dir, source)
 
 
+MAX_SWEEP_RUNS = 50_000
+"""Runs one sweep may hold. Points are planned (each validated) before anything runs and every run
+is a folder, so a grid of 200,000 points or a billion random samples would exhaust time and
+memory before the first result; such a sweep is refused up front, counted from the axes' lengths
+without expanding them."""
+
+
+def count_runs(spec: SweepSpec) -> tuple[int, int]:
+    """(points, runs) of ``spec``, from the axes' lengths alone."""
+    points = math.prod(len(values) for values in spec.grid.values())
+    for group in spec.zip:
+        points *= len(next(iter(group.values()), []))
+    if spec.random is not None:
+        points *= spec.random.n
+    return points, points * spec.replications
+
+
+def _check_size(spec: SweepSpec, source: str) -> None:
+    points, runs = count_runs(spec)
+    if runs > MAX_SWEEP_RUNS:
+        raise ServesimError(source, f"has {points:,} points x {spec.replications:,} replications = "
+                            f"{runs:,} runs, more than the {MAX_SWEEP_RUNS:,} one sweep may hold",
+                            "split it into smaller sweeps, or sample the space with random: {n: ...}")
+
+
 def _check_axes(spec: SweepSpec, source: str) -> None:
     seen: dict[str, str] = {}
     axes: list[tuple[str, str, list[Any] | Any]] = [(f"grid.{k}", k, v) for k, v in spec.grid.items()]
@@ -177,6 +204,7 @@ def _check_axes(spec: SweepSpec, source: str) -> None:
         seen[key] = place
         if isinstance(values, list) and not values:
             raise ServesimError(place, "has no values", "list at least one value")
+    _check_size(spec, source)
     for key in spec.set:
         if key in FORBIDDEN_AXES and key != "seed":
             raise ServesimError(f"set.{key}", f"{key} cannot be set here", FORBIDDEN_AXES[key])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from servesim.core.replica_state import EngineLimits
 from servesim.core.swap import SwapPath
-from servesim.cost import CostModel
+from servesim.cost import BatchShape, CostModel
 from servesim.dtypes import Precision
 from servesim.engines import Engine, RuntimeCosts
 from servesim.errors import ServesimError
@@ -22,6 +22,10 @@ from servesim.hardware import HardwareProfile
 from servesim.memory import MemoryPlan, plan_memory
 from servesim.model_spec import ModelSpec
 from servesim.policies.base import Choice, Policy, prefix_caching_policies
+
+GPUS_PER_NODE = 8
+"""GPUs in one server of every shipped profile (HGX/DGX boards, MI300X platforms): a TP group lives
+inside one, since the profile's interconnect is the node's NVLink/Infinity Fabric."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,10 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
         raise ServesimError("deployment.enable_prefix_caching",
                             f"is not modelled for policy {policy.name!r} ({policy.cls.prefix_caching_note})",
                             f"remove it or use {', '.join(prefix_caching_policies())}")
+    if keys.tp > GPUS_PER_NODE:
+        raise ServesimError("deployment.tp", f"{keys.tp} exceeds the {GPUS_PER_NODE} GPUs of one "
+                            f"{hardware.name} node (tensor parallelism is modelled over one node's "
+                            "interconnect)", f"use tp <= {GPUS_PER_NODE} and more replicas")
     max_model_len = keys.max_model_len or model.max_context
     if max_model_len > model.max_context:
         raise ServesimError("deployment.max_model_len",
@@ -133,6 +141,10 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
     utilization = keys.gpu_memory_utilization or defaults.gpu_memory_utilization
     memory = plan_memory(model, hardware, keys.tp, precision, utilization, budget, max_num_seqs)
     block_size = keys.block_size or defaults.block_size
+    if block_size > max_model_len:
+        raise ServesimError("deployment.block_size", f"{block_size} tokens per KV block exceeds "
+                            f"max_model_len {max_model_len}, so every request would hold one mostly "
+                            "empty block", f"use a block size of at most {max_model_len} (vLLM uses 16)")
     num_blocks = memory.num_blocks(block_size)
     if keys.num_gpu_blocks is not None:
         if keys.num_gpu_blocks > num_blocks:
@@ -155,5 +167,31 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                          block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                          max_model_len=max_model_len, watermark=watermark, num_gpu_blocks=keys.num_gpu_blocks,
                          enable_prefix_caching=prefix_caching)
-    return ReplicaGroup(name, model, hardware, Parallelism(tp=keys.tp), precision, engine,
-                        engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings)
+    group = ReplicaGroup(name, model, hardware, Parallelism(tp=keys.tp), precision, engine,
+                         engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings)
+    check_step_time(group)
+    return group
+
+
+MAX_STEP_S = 3600.0
+"""No real iteration takes an hour: a longer one means a profile's number is off by orders of
+magnitude (a bandwidth in GB/s written as B/s), and a run would report years of latency."""
+
+
+def check_step_time(group: ReplicaGroup) -> None:
+    """Price the largest step the group may run (a full prompt budget with every other seat
+    decoding at the longest context) and refuse a deployment whose steps are not finite and
+    plausible, before a run reports nonsense (or infinity, which JSON cannot hold)."""
+    lim = group.limits
+    seats = max(0, min(lim.max_num_seqs, lim.max_num_batched_tokens) - 1)
+    shape = BatchShape.build([min(lim.max_num_batched_tokens, lim.max_model_len)], None,
+                             [lim.max_model_len - 1] * seats)
+    try:
+        seconds = group.cost_model().step_time(shape)
+    except ServesimError:
+        return  # the cost model refuses this deployment itself, when a run prices its first step
+    if not 0 < seconds <= MAX_STEP_S:
+        raise ServesimError("hardware", f"{group.hardware.name} would take {seconds:.3g} s for one step of "
+                            f"{group.model.name} (a full token budget), which no GPU does",
+                            "check the profile's peak_flops, memory and interconnect numbers (units: "
+                            "FLOP/s, bytes, bytes/s)")
