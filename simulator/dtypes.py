@@ -79,6 +79,9 @@ class Precision:
     activation: DType = DType.BF16
     kv_cache: DType = DType.BF16
     group_size: int = 128
+    expert_weight: DType | None = None
+    """The routed experts' format when it differs from the other layers' (gpt-oss: MXFP4 experts,
+    16-bit attention); None: ``weight``."""
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATION_DTYPES:
@@ -109,6 +112,11 @@ class Precision:
     @property
     def weight_bytes(self) -> float:
         return self.weight.bytes_per_element(self.group_size)
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes per routed-expert weight, scales included."""
+        return (self.expert_weight or self.weight).bytes_per_element(self.group_size)
 
     @property
     def act_bytes(self) -> float:

@@ -182,6 +182,12 @@ class HardwareProfile(FrozenModel):
     memory: Memory
     interconnect: Link
     host_link: Link
+    fast_domain_gpus: int | None = Field(
+        None, ge=1, description="GPUs that share the peer interconnect (the scale-up domain: 8 in an "
+        "HGX node, 72 in a GB200 NVL72 rack); collectives and pipeline sends beyond it use scale_out")
+    scale_out: Link | None = Field(
+        None, description="the network between fast domains, per GPU and direction (InfiniBand or "
+        "RoCE: one NIC per GPU in the usual rail-optimised layout)")
     efficiency: Efficiency
     cost_per_gpu_hour: float | None = Field(None, ge=0)
     provenance: dict[str, Any] = Field(default_factory=dict)

@@ -77,6 +77,15 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     source: str = ""
+    layer_types: tuple[str, ...] = ()
+    """Attention of each layer, by Hugging Face's ``layer_types`` names: ``full_attention``,
+    ``sliding_attention`` (over the last ``sliding_window`` tokens) or ``chunked_attention`` (within
+    blocks of ``attention_chunk_size`` tokens, Llama 4's local layers). Empty: every layer alike
+    (sliding when ``sliding_window`` is set, else full)."""
+    attention_chunk_size: int | None = None
+    kv_sharing: int = 1
+    """Cross-layer KV sharing (CLA, Brandon et al. 2024): each group of this many consecutive layers
+    caches one K/V, computed by its first layer and read by all of them. 1: none."""
 
     # ----------------------------------------------------------------- attention layout
     @property
@@ -105,6 +114,35 @@ class ModelSpec:
     @cached_property
     def num_moe_layers(self) -> int:
         return len(self.moe.layers) if self.moe is not None else 0
+
+    def attention_type(self, layer: int) -> str:
+        """``full_attention``, ``sliding_attention`` or ``chunked_attention`` for layer ``layer``."""
+        if self.layer_types:
+            return self.layer_types[layer]
+        return "sliding_attention" if self.sliding_window else "full_attention"
+
+    def attention_window(self, kind: str) -> int | None:
+        """The key window of one kind of layer (``None``: no window)."""
+        return self.sliding_window if kind == "sliding_attention" else None
+
+    def layer_counts(self, start: int = 0, stop: int | None = None) -> dict[str, int]:
+        """Layers ``[start, stop)`` by kind: ``moe`` and ``dense`` MLPs, and each attention type."""
+        stop = self.num_layers if stop is None else stop
+        moe = sum(1 for i in self.moe.layers if start <= i < stop) if self.moe is not None else 0
+        counts = {"moe": moe, "dense": stop - start - moe}
+        for i in range(start, stop):
+            kind = self.attention_type(i)
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    @cached_property
+    def kv_layers(self) -> int:
+        """Layers that own a KV cache: all of them, or one per CLA group."""
+        return -(-self.num_layers // self.kv_sharing)
+
+    def kv_layers_in(self, start: int, stop: int) -> int:
+        """KV-owning layers among ``[start, stop)`` (the first layer of each CLA group owns it)."""
+        return sum(1 for i in range(start, stop) if i % self.kv_sharing == 0)
 
     @cached_property
     def num_dense_layers(self) -> int:
@@ -197,20 +235,35 @@ class ModelSpec:
         return self.num_layers * (q_down + h * m.cache_width + m.kv_lora_rank)
 
     def weight_bytes(self, dtype: DType | str = DType.BF16, group_size: int = 128,
-                     tp: int = 1) -> float:
+                     tp: int = 1, expert_dtype: DType | str | None = None) -> float:
         """Weight bytes on one GPU of a ``tp``-way group (``tp=1``: the whole model).
 
         Four disjoint classes: the embedding and LM head (16-bit in quantised checkpoints, split
         over the vocabulary), the norms and router (16-bit, replicated), MLA's down-projections
         and any replicated KV heads (``dtype``, replicated), and everything else (``dtype``,
-        sharded).
+        sharded). ``expert_dtype`` stores the routed experts in another format (gpt-oss ships
+        MXFP4 experts beside 16-bit attention).
         """
         per_elem = DType.parse(dtype, "weight_dtype").bytes_per_element(group_size)
         vocab_16bit = self.embedding_params + self.lm_head_params
         replicated_16bit = self.norm_params + self.num_moe_layers * self.router_params
         sharded = self.param_count - vocab_16bit - replicated_16bit - self.mla_down_params
         replicated = self.mla_down_params + self._kv_replica_params(tp)
-        return (sharded / tp + replicated) * per_elem + (vocab_16bit / tp + replicated_16bit) * 2.0
+        if expert_dtype is None:
+            return (sharded / tp + replicated) * per_elem + (vocab_16bit / tp + replicated_16bit) * 2.0
+        expert_elem = DType.parse(expert_dtype, "expert_weights").bytes_per_element(group_size)
+        routed = self.routed_expert_params
+        return ((sharded - routed) / tp + replicated) * per_elem + routed / tp * expert_elem \
+            + (vocab_16bit / tp + replicated_16bit) * 2.0
+
+    @cached_property
+    def routed_expert_params(self) -> int:
+        """Every routed expert's weights (what expert parallelism splits)."""
+        return self.num_moe_layers * self.moe.num_experts * self.expert_params if self.moe else 0
+
+    def norm_params_in(self, start: int, stop: int, last: bool) -> int:
+        """Norm weights of layers ``[start, stop)``, plus the final norm on the last stage."""
+        return (2 * (stop - start) + (1 if last else 0)) * self.hidden_size
 
     def _kv_replica_params(self, tp: int) -> float:
         """Extra K/V projection weights each GPU holds when there are fewer KV heads than GPUs
@@ -237,7 +290,7 @@ class ModelSpec:
         """KV-cache bytes one token occupies on one GPU (all layers)."""
         dtype = DType.parse(dtype, "kv_dtype")
         per_layer = self.kv_elements_per_token_per_layer(tp)
-        return per_layer * self.num_layers * dtype.bytes_per_element(group_size)
+        return per_layer * self.kv_layers * dtype.bytes_per_element(group_size)
 
     # ----------------------------------------------------------------- FLOPs
     @property
