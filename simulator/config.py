@@ -100,6 +100,9 @@ class PrecisionConfig(StrictModel):
     activations: str = "bf16"
     kv_cache: str = "bf16"
     group_size: int = Field(128, ge=1, description="int4 scale group")
+    expert_weights: str | None = Field(
+        None, description="format of the routed experts' weights when it differs from weights "
+        "(gpt-oss ships mxfp4 experts); default: weights")
 
 
 class EngineConfig(BaseModel):

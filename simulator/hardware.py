@@ -204,7 +204,7 @@ class HardwareProfile(FrozenModel):
 
     def peak(self, math_dtype: DType) -> float:
         """Dense peak FLOP/s for GEMMs whose math runs in ``math_dtype``."""
-        key = DType.BF16 if math_dtype is DType.FP16 else math_dtype
+        key = DType.BF16 if math_dtype is DType.FP16 else math_dtype.math_format
         if key not in self.peak_flops:
             have = ", ".join(sorted(d.value for d in self.peak_flops))
             raise ServesimError(
@@ -232,7 +232,8 @@ class HardwareProfile(FrozenModel):
             "fp8_tflops": round(fp8 / 1e12) if fp8 else None,
             "hbm_gib": round(self.memory.capacity_bytes / 2**30, 1),
             "hbm_tbps": round(self.memory.bandwidth_Bps / 1e12, 2),
-            "link": f"{self.interconnect.kind} {self.interconnect.bandwidth_Bps / 1e9:.0f} GB/s",
+            "link": f"{self.interconnect.kind} {self.interconnect.bandwidth_Bps / 1e9:.0f} GB/s"
+                    + (f" x{self.fast_domain_gpus}" if self.fast_domain_gpus else ""),
             "ridge_flop_per_byte": round(self.ridge_point()),
             "calibration": "spec-only" if self.spec_only else "calibrated",
             "usd_per_gpu_hour": self.cost_per_gpu_hour,

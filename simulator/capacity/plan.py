@@ -49,7 +49,7 @@ def check_inputs(config: CapacityConfig) -> tuple[dict[str, float | None], set[s
     GPU-hour of each candidate hardware (by profile name) and the names whose price was given."""
     load_model(config.model, "model")
     p = config.precision
-    Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
+    Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size, p.expert_weights)
     engine = make_engine(config.engine.name, config.engine.knobs())
     for policy in config.candidates.policy:
         check_policy(policy.name or engine.defaults.policy, policy.knobs())

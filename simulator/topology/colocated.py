@@ -48,7 +48,7 @@ def experiment_policy(config: ExperimentConfig, engine: Engine) -> tuple[str, di
 
 def precision_of(config: ExperimentConfig) -> Precision:
     p = config.precision
-    return Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
+    return Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size, p.expert_weights)
 
 
 @register_topology
