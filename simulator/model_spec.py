@@ -86,6 +86,16 @@ class ModelSpec:
     kv_sharing: int = 1
     """Cross-layer KV sharing (CLA, Brandon et al. 2024): each group of this many consecutive layers
     caches one K/V, computed by its first layer and read by all of them. 1: none."""
+    attention_output_bias: bool = False
+    """O projection bias (gpt-oss; Qwen2's ``attention_bias`` covers q, k, v only)."""
+    attention_sinks: bool = False
+    """One learned sink logit per head and layer (gpt-oss): parameters, no measurable cost."""
+    qk_norm: bool = False
+    """RMSNorm over each query and key head (Qwen3, Gemma 3): ``2 x head_dim`` weights per layer."""
+    norms_per_layer: int = 2
+    """Gemma 3 normalises before and after both attention and MLP: 4."""
+    expert_bias: bool = False
+    """Biases on the routed experts' projections and the router (gpt-oss)."""
 
     # ----------------------------------------------------------------- attention layout
     @property
@@ -150,8 +160,24 @@ class ModelSpec:
 
     # ----------------------------------------------------------------- parameter counts
     @cached_property
+    def kv_projection_params(self) -> int:
+        """K and V projections of one layer (with biases): what a CLA-sharing layer does not hold."""
+        if self.mla is not None:
+            return 0
+        width = 2 * self.num_kv_heads * self.head_dim
+        return width * self.hidden_size + (width if self.attention_bias else 0)
+
+    def attention_params_in(self, start: int, stop: int) -> float:
+        """Attention weights of layers ``[start, stop)``: every layer's, less the K/V projections of
+        layers that read a shared KV (CLA)."""
+        layers = stop - start
+        return layers * self.attention_params_per_layer \
+            - (layers - self.kv_layers_in(start, stop)) * self.kv_projection_params
+
+    @cached_property
     def attention_params_per_layer(self) -> int:
-        """Q, K, V and O projections (and their biases and MLA's latent norms) of one layer."""
+        """Q, K, V and O projections (and their biases, sinks, q/k norms and MLA's latent norms) of
+        one layer."""
         h, nh = self.hidden_size, self.num_heads
         if self.mla is not None:
             m = self.mla
@@ -163,7 +189,9 @@ class ModelSpec:
             return q + kv + o
         qkv_width = (nh + 2 * self.num_kv_heads) * self.head_dim
         bias = qkv_width if self.attention_bias else 0
-        return h * qkv_width + bias + nh * self.head_dim * h
+        extras = (h if self.attention_output_bias else 0) + (nh if self.attention_sinks else 0) \
+            + (2 * self.head_dim if self.qk_norm else 0)
+        return h * qkv_width + bias + nh * self.head_dim * h + extras
 
     def _mlp_params(self, intermediate: int) -> int:
         matrices = 3 if self.gated_mlp else 2
@@ -175,8 +203,13 @@ class ModelSpec:
 
     @cached_property
     def expert_params(self) -> int:
-        """Weights of one routed expert."""
-        return self._mlp_params(self.moe.expert_intermediate) if self.moe else 0
+        """Weights of one routed expert (with its biases where the family has them)."""
+        if not self.moe:
+            return 0
+        bias = 0
+        if self.expert_bias:
+            bias = (2 if self.gated_mlp else 1) * self.moe.expert_intermediate + self.hidden_size
+        return self._mlp_params(self.moe.expert_intermediate) + bias
 
     @cached_property
     def shared_expert_params(self) -> int:
@@ -184,7 +217,9 @@ class ModelSpec:
 
     @cached_property
     def router_params(self) -> int:
-        return self.hidden_size * self.moe.num_experts if self.moe else 0
+        if not self.moe:
+            return 0
+        return (self.hidden_size + (1 if self.expert_bias else 0)) * self.moe.num_experts
 
     @cached_property
     def embedding_params(self) -> int:
@@ -197,7 +232,7 @@ class ModelSpec:
 
     @cached_property
     def norm_params(self) -> int:
-        return (2 * self.num_layers + 1) * self.hidden_size
+        return (self.norms_per_layer * self.num_layers + 1) * self.hidden_size
 
     @cached_property
     def param_count(self) -> int:
@@ -205,7 +240,7 @@ class ModelSpec:
         moe_layer = (self.router_params + self.moe.num_experts * self.expert_params
                      + self.shared_expert_params) if self.moe else 0
         return (self.embedding_params + self.lm_head_params + self.norm_params
-                + self.num_layers * self.attention_params_per_layer
+                + int(self.attention_params_in(0, self.num_layers))
                 + self.num_dense_layers * self.dense_mlp_params
                 + self.num_moe_layers * moe_layer)
 
@@ -263,7 +298,7 @@ class ModelSpec:
 
     def norm_params_in(self, start: int, stop: int, last: bool) -> int:
         """Norm weights of layers ``[start, stop)``, plus the final norm on the last stage."""
-        return (2 * (stop - start) + (1 if last else 0)) * self.hidden_size
+        return (self.norms_per_layer * (stop - start) + (1 if last else 0)) * self.hidden_size
 
     def _kv_replica_params(self, tp: int) -> float:
         """Extra K/V projection weights each GPU holds when there are fewer KV heads than GPUs
@@ -271,7 +306,7 @@ class ModelSpec:
         if self.mla is not None or self.num_kv_heads >= tp:
             return 0.0
         per_head = 2 * self.head_dim * (self.hidden_size + (1 if self.attention_bias else 0))
-        return self.num_layers * per_head * (1 - self.num_kv_heads / tp)
+        return self.kv_layers * per_head * (1 - self.num_kv_heads / tp)
 
     # ----------------------------------------------------------------- KV cache
     def kv_elements_per_token_per_layer(self, tp: int = 1) -> int:
@@ -301,12 +336,17 @@ class ModelSpec:
 
     def flops_per_token(self, context: int = 0) -> float:
         """Forward FLOPs of one token attending over ``context`` earlier tokens (plus itself):
-        ``2 * matmul params + layers * attention FLOPs per context token * (context + 1)``."""
-        attended = context + 1
-        if self.sliding_window:
-            attended = min(attended, self.sliding_window)
-        return (2.0 * self.matmul_params_per_token
-                + self.num_layers * self.attention_flops_per_context_token * attended)
+        ``2 * matmul params + attention FLOPs per context token * keys attended``, summed over the
+        layers (a sliding layer sees at most its window, a chunked layer its chunk so far)."""
+        keys = 0
+        for kind, layers in self.layer_counts().items():
+            if kind == "full_attention":
+                keys += layers * (context + 1)
+            elif kind == "sliding_attention":
+                keys += layers * min(context + 1, self.sliding_window or context + 1)
+            elif kind == "chunked_attention":
+                keys += layers * (context % (self.attention_chunk_size or context + 1) + 1)
+        return 2.0 * self.matmul_params_per_token + self.attention_flops_per_context_token * keys
 
     # ----------------------------------------------------------------- parallelism
     def check_tensor_parallel(self, tp: int) -> None:

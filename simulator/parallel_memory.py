@@ -47,7 +47,7 @@ def stage_weight_bytes(model: ModelSpec, p: Parallelism, precision: Precision, s
     dense, moe = counts["dense"], counts["moe"]
     down_per_layer = model.mla_down_params / model.num_layers
     replica_kv = model._kv_replica_params(p.tp) * layers / model.num_layers
-    sharded = float(layers * (model.attention_params_per_layer - down_per_layer)
+    sharded = float(model.attention_params_in(stage.start, stage.stop) - layers * down_per_layer
                     + dense * model.dense_mlp_params
                     + moe * model.shared_expert_params)
     experts = 0.0

@@ -410,8 +410,15 @@ class CostModel:
         h, layers = m.hidden_size, self._layers
         heads = m.num_heads // tp
         ops = [self._elementwise("embedding", 2 * tokens * h, tokens, 1, 1)] if stage.first else []
-        for k, n in self._attn_gemms:
-            ops.append(self._gemm("qkv_proj", tokens, k, n, layers))
+        if m.kv_sharing > 1 and m.mla is None:
+            # CLA: every layer projects its queries, only the first of each group its keys/values
+            kv_heads = max(1, m.num_kv_heads // tp)
+            owners = m.kv_layers_in(stage.start, stage.stop)
+            ops.append(self._gemm("qkv_proj", tokens, h, heads * m.head_dim, layers))
+            ops.append(self._gemm("qkv_proj", tokens, h, 2 * kv_heads * m.head_dim, owners))
+        else:
+            for k, n in self._attn_gemms:
+                ops.append(self._gemm("qkv_proj", tokens, k, n, layers))
         ops.append(self._gemm("o_proj", tokens, heads * m.v_head_dim, h, layers))
 
         dense, sparse = self._dense, self._sparse
