@@ -142,12 +142,15 @@ class Placement:
     scale_out: Link | None
 
     def stage_send_link(self, parallelism: Parallelism, boundary: int) -> Link:
-        """The link a send from stage ``boundary`` to the next crosses: GPU ``g`` of stage ``s``
-        sends to GPU ``g + tp*dp``, which is in another domain unless both fit one."""
+        """The link a send from stage ``boundary`` to the next crosses. Stages are packed whole
+        into domains (``domain // (tp x dp)`` per domain, none split while it fits one), so the
+        send stays inside a domain unless the next stage starts a new one; a stage wider than a
+        domain always sends to GPUs of other domains."""
         width = parallelism.stage_gpus
-        first = boundary * width
-        crosses = any((g // self.domain_gpus) != ((g + width) // self.domain_gpus)
-                      for g in range(first, first + width))
+        if width > self.domain_gpus:
+            return self._outside()
+        per_domain = self.domain_gpus // width
+        crosses = boundary // per_domain != (boundary + 1) // per_domain
         return self._outside() if crosses else self.fast
 
     def stage_spans_domains(self, parallelism: Parallelism) -> bool:
@@ -221,11 +224,11 @@ def _check_fast_domain(model: ModelSpec, hardware: HardwareProfile, p: Paralleli
             f"domains of {domain} GPUs on {hardware.name}: every layer's two all-reduces would cross "
             "the scale-out network",
             f"use tp {max(fits) if fits else 1} (or less) and pp or dp to span domains")
-    if domain % p.tp:
+    if p.stage_gpus > domain and domain % p.tp:
         fitting = [t for t in _valid_tp(model, domain) if domain % t == 0]
         raise ServesimError(f"{where}.tp", f"tp {p.tp} does not divide the {domain} GPUs of a "
-                            f"{hardware.interconnect.kind} domain on {hardware.name}, so a TP group "
-                            "would straddle two domains",
+                            f"{hardware.interconnect.kind} domain on {hardware.name}, so a stage of "
+                            f"{p.stage_gpus} GPUs would split a TP group over two domains",
                             f"use one of {_listing(fitting)}")
     if gpus > domain and hardware.scale_out is None:
         raise ServesimError(f"{where}.pp" if p.pp > 1 else f"{where}.dp",

@@ -165,3 +165,19 @@ def test_a_pipeline_over_two_nodes_sends_over_the_scale_out_network() -> None:
     nv = H100.interconnect
     gather = nv.latency_s + 7 / 8 * total / (nv.bandwidth_Bps * nv.efficiency)
     assert cost.price([BatchShape.prefill(tokens)]).send_s[0] == pytest.approx(copy + gather, rel=1e-12)
+
+
+def test_the_fast_domain_decides_which_sends_leave_the_node() -> None:
+    from servesim.parallelism import placement
+    h100, gb200 = load_hardware("h100-sxm-80gb"), load_hardware("gb200-nvl72")
+    # TP4 x PP4 on 8-GPU nodes: two stages per node, so only the middle send crosses InfiniBand
+    p = Parallelism(tp=4, pp=4)
+    links = [placement(h100, p).stage_send_link(p, s).kind for s in range(3)]
+    assert links == ["nvlink", "infiniband", "nvlink"]
+    # the same pipeline inside one NVL72 rack never leaves NVLink, and TP16 is allowed there
+    assert {placement(gb200, p).stage_send_link(p, s).kind for s in range(3)} == {"nvlink"}
+    resolve_topology(experiment({"tp": 16, "pp": 1}, engine="vllm-v0", model="llama-3.1-405b",
+                                hardware="gb200-nvl72"))
+    with pytest.raises(ServesimError, match=r"^deployment\.tp: tp 16 spans 2 nvlink domains"):
+        resolve_topology(experiment({"tp": 16}, engine="vllm-v0", model="llama-3.1-405b",
+                                    hardware="h100-sxm-80gb"))
