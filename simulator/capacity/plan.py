@@ -131,7 +131,7 @@ def _add_costs(record: dict[str, Any], prices: dict[str, float | None], overridd
     record["usd_per_gpu_hour"] = price
     record["price_source"] = (("prices" if record["hardware"] in overridden else "hardware profile")
                               if price is not None else None)
-    gpus_per_set = record["tp"] * record["replicas"]
+    gpus_per_set = record.get("gpus_per_replica", record["tp"]) * record["replicas"]
     search = record.get("search", {})
     rate = search.get("max_rate") or 0.0
     per_set = price * gpus_per_set if price is not None else None
