@@ -38,7 +38,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from servesim.engines.base import DEFAULT_ENGINE
 from servesim.errors import ServesimError
@@ -103,6 +113,14 @@ class PrecisionConfig(StrictModel):
     expert_weights: str | None = Field(
         None, description="format of the routed experts' weights when it differs from weights "
         "(gpt-oss ships mxfp4 experts); default: weights")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_experts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Written out only when set, so configs and answers without it read as before."""
+        data: dict[str, Any] = handler(self)
+        if data.get("expert_weights") is None:
+            data.pop("expert_weights", None)
+        return data
 
 
 class EngineConfig(BaseModel):

@@ -40,7 +40,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from servesim.config import EngineConfig, PolicyConfig, PrecisionConfig, RouterConfig, read_yaml_document
 from servesim.errors import ServesimError
@@ -107,6 +115,16 @@ class CandidatesConfig(StrictModel):
     @classmethod
     def _named(cls, value: Any) -> Any:
         return [{"name": v} if isinstance(v, str) else v for v in value]
+
+    @model_serializer(mode="wrap")
+    def _omit_single_layouts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """pp, dp and ep are written out only when searched, so answers without them read as
+        before."""
+        data: dict[str, Any] = handler(self)
+        for key in ("pp", "dp", "ep"):
+            if data.get(key) == [1]:
+                data.pop(key)
+        return data
 
     @field_validator("tp", "pp", "dp", "ep", "replicas")
     @classmethod
