@@ -190,7 +190,10 @@ def _valid_tp(model: ModelSpec, limit: int) -> list[int]:
 
 
 def _listing(values: list[int]) -> str:
-    return ", ".join(str(v) for v in values)
+    """``1`` for one value, ``one of 1, 2, 4`` for several."""
+    if len(values) == 1:
+        return str(values[0])
+    return "one of " + ", ".join(str(v) for v in values)
 
 
 def check_parallelism(model: ModelSpec, hardware: HardwareProfile, p: Parallelism,
@@ -229,7 +232,7 @@ def _check_fast_domain(model: ModelSpec, hardware: HardwareProfile, p: Paralleli
         raise ServesimError(f"{where}.tp", f"tp {p.tp} does not divide the {domain} GPUs of a "
                             f"{hardware.interconnect.kind} domain on {hardware.name}, so a stage of "
                             f"{p.stage_gpus} GPUs would split a TP group over two domains",
-                            f"use one of {_listing(fitting)}")
+                            f"use {_listing(fitting)}")
     if gpus > domain and hardware.scale_out is None:
         raise ServesimError(f"{where}.pp" if p.pp > 1 else f"{where}.dp",
                             f"a replica of {gpus} GPUs spans {math.ceil(gpus / domain)} domains of "
@@ -271,7 +274,7 @@ def _check_experts(model: ModelSpec, p: Parallelism, where: str) -> None:
             good = [e for e in _divisors(p.tp) if moe.num_experts % e == 0]
             raise ServesimError(
                 f"{where}.ep", f"{p.ep} does not divide tp {p.tp}: without data-parallel ranks the "
-                "experts are split over the GPUs of the TP group", f"use one of {_listing(good)}, or "
+                "experts are split over the GPUs of the TP group", f"use {_listing(good)}, or "
                 "set dp so that ep = tp x dp (DeepSeek's layout)")
     elif p.ep not in (1, gpus):
         raise ServesimError(
@@ -281,7 +284,7 @@ def _check_experts(model: ModelSpec, p: Parallelism, where: str) -> None:
     if moe.num_experts % p.ep:
         good = [e for e in _divisors(gpus) if moe.num_experts % e == 0]
         raise ServesimError(f"{where}.ep", f"{p.ep} does not divide {model.name}'s {moe.num_experts} "
-                            "experts", f"use one of {_listing(good)}")
+                            "experts", f"use {_listing(good)}")
     if p.moe_tp > 1 and moe.expert_intermediate % p.moe_tp:
         raise ServesimError(f"{where}.ep", f"each expert would be split {p.moe_tp} ways but its "
                             f"intermediate size {moe.expert_intermediate} does not divide by that",

@@ -92,6 +92,13 @@ def test_zipf_skew_with_one_expert_per_rank_is_the_top_experts_share() -> None:
     assert zipf_imbalance(256, 8, 8, 1e-9) == pytest.approx(1.0, abs=1e-6)  # no skew
     skewed = zipf_imbalance(256, 8, 8, 1.0)
     assert 1.0 < skewed < 8.0 and zipf_imbalance(256, 8, 8, 1.0) == skewed  # same on every call
+    assert skewed == pytest.approx(1.90, abs=0.005)  # the README's figure for DeepSeek-V3 at EP8
+    config = experiment({"tp": 1, "dp": 8, "ep": 8, "expert_routing": {"zipf": 1.0}}, engine="vllm-v0",
+                        model="deepseek-v3", hardware="h200-sxm-141gb",
+                        precision={"weights": "fp8", "activations": "fp8"})
+    group = resolve_topology(config).groups[0]
+    assert group.parallelism.expert_imbalance == skewed
+    assert group.describe()["expert_imbalance"] == skewed
 
 
 def test_the_busiest_rank_sets_the_expert_time() -> None:

@@ -181,3 +181,18 @@ def test_the_fast_domain_decides_which_sends_leave_the_node() -> None:
     with pytest.raises(ServesimError, match=r"^deployment\.tp: tp 16 spans 2 nvlink domains"):
         resolve_topology(experiment({"tp": 16}, engine="vllm-v0", model="llama-3.1-405b",
                                     hardware="h100-sxm-80gb"))
+
+
+@pytest.mark.parametrize(("name", "overrides", "gpus"), [
+    ("deepseek-v3-h200", [], 8),
+    ("deepseek-v3-h200", ["deployment.tp=1", "deployment.dp=8", "deployment.ep=8"], 8),
+    ("deepseek-v3-h200", ["deployment.pp=2"], 16),
+    ("deepseek-v3-h200", ["deployment.tp=1", "deployment.dp=16", "deployment.ep=16",
+                          "deployment.all2all_backend=deepep_low_latency"], 16),
+    ("llama-405b-h100", [], 16),
+])
+def test_the_readme_what_ifs_resolve(name: str, overrides: list[str], gpus: int) -> None:
+    from servesim.config import load_experiment
+    from servesim.resources import configs_dir
+    config = load_experiment(configs_dir() / f"{name}.yaml", overrides)
+    assert resolve_topology(config).num_gpus == gpus
