@@ -214,3 +214,17 @@ def test_data_parallel_steps_log_their_op_classes_summing_to_the_duration() -> N
     assert np.allclose(op_sum, steps["duration_s"] - steps["extra_s"])
     assert result.summary.completed == 30
     assert 0 <= result.summary.sections["parallelism"]["dp_wait_fraction"] < 1
+
+
+def test_a_disaggregated_decode_group_can_run_data_parallel_attention() -> None:
+    """DeepSeek's production layout in miniature: prompts on a TP group, decodes on DP ranks."""
+    config = experiment({"kind": "disaggregated", "prefill": {"replicas": 1, "tp": 1},
+                         "decode": {"replicas": 1, "tp": 1, "dp": 2, "ep": 2}, "link": {"kind": "nvlink"}},
+                        engine="vllm-v0", model="mixtral-8x7b", hardware="h200-sxm-141gb")
+    topology = resolve_topology(config)
+    assert topology.num_gpus == 3 and topology.group_of_replica() == ["prefill", "decode", "decode"]
+    result = run(config, table(np.zeros(12), 300, 8))  # together, so least_kv spreads them
+    assert result.summary.completed == 12
+    decode_steps = result.steps[result.steps["pool"] == "decode"]
+    assert sorted(decode_steps["replica"].unique()) == [1, 2]
+    assert (decode_steps["num_prefills"] == 0).all()
