@@ -185,6 +185,9 @@ class HardwareProfile(FrozenModel):
     fast_domain_gpus: int | None = Field(
         None, ge=1, description="GPUs that share the peer interconnect (the scale-up domain: 8 in an "
         "HGX node, 72 in a GB200 NVL72 rack); collectives and pipeline sends beyond it use scale_out")
+    all_to_all: Link | None = Field(
+        None, description="the peer interconnect as NCCL's all-to-all uses it (its own latency and "
+        "achieved fraction, fitted to alltoall timings); default: interconnect")
     scale_out: Link | None = Field(
         None, description="the network between fast domains, per GPU and direction (InfiniBand or "
         "RoCE: one NIC per GPU in the usual rail-optimised layout)")
@@ -219,9 +222,15 @@ class HardwareProfile(FrozenModel):
     def ideal(self) -> HardwareProfile:
         """The same hardware with perfect efficiency and no launch or link latency: the textbook
         roofline (price it with ``RuntimeCosts.none()`` to leave out the engine's step cost too)."""
-        link = self.interconnect.model_copy(update={"efficiency": 1.0, "latency_s": 0.0})
-        return self.model_copy(update={"efficiency": Efficiency.perfect(),
-                                       "interconnect": link, "name": f"{self.name} (ideal)"})
+        perfect = {"efficiency": 1.0, "latency_s": 0.0}
+        link = self.interconnect.model_copy(update=perfect)
+        update: dict[str, Any] = {"efficiency": Efficiency.perfect(), "interconnect": link,
+                                  "name": f"{self.name} (ideal)"}
+        for name in ("all_to_all", "scale_out"):
+            other = getattr(self, name)
+            if other is not None:
+                update[name] = other.model_copy(update=perfect)
+        return self.model_copy(update=update)
 
     def summary(self) -> dict[str, Any]:
         fp8 = self.peak_flops.get(DType.FP8)

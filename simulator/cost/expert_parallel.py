@@ -7,7 +7,8 @@ ranks and ``moe_tp = tp x dp / ep``, each rank holds ``E / ep`` whole experts, e
 combine, so it is the layer's time):
 
 - **dispatch** (only with data-parallel ranks, which hold different tokens): the tokens go to the
-  GPUs holding their experts, by the engine's backend (:data:`~servesim.parallelism.ALL2ALL_BACKENDS`):
+  GPUs holding their experts, by the engine's backend
+  (:data:`~servesim.parallelism.ALL2ALL_BACKENDS`):
   ``allgather_reducescatter`` gathers every rank's hidden states and router logits onto every GPU
   (a ring all-gather of ``T x (h x 2 + E x 4)`` bytes); DeepEP's high-throughput kernels send a
   token once to each remote GPU holding at least one of its ``k`` experts, its low-latency
@@ -18,9 +19,10 @@ combine, so it is the layer's time):
 - **combine**: the outputs travel back (reduce-scatter, or the all-to-all reversed, in 16 bits).
 
 The all-to-all is priced per GPU: the bytes it sends to peers inside its fast domain cross the
-peer interconnect, those to other domains its scale-out NIC; both run at once, so the slower path
-sets the time, plus that path's latency. The receiving side of the busiest rank carries ``f``
-times the mean traffic.
+peer interconnect (the profile's ``all_to_all`` link where NCCL alltoall timings fitted one:
+:mod:`servesim.calibration.all_to_all`), those to other domains its scale-out NIC; both run at
+once, so the slower path sets the time, plus that path's latency. The receiving side of the
+busiest rank carries ``f`` times the mean traffic.
 
 Not modelled: DeepEP's node-limited routing (DeepSeek-V3 sends a token to at most 4 nodes),
 redundant experts (EPLB), two-batch overlap of the all-to-all with computation, and the uneven
@@ -191,7 +193,7 @@ class ExpertLayer:
             link = where.outside() if where.stage_spans_domains(p) else where.fast
             return _ring_time(nbytes, link)
         inside = where.peers_inside(gpus) / (gpus - 1)
-        times = [(nbytes * inside, where.fast)]
+        times = [(nbytes * inside, self.hardware.all_to_all or where.fast)]
         if inside < 1.0:
             times.append((nbytes * (1.0 - inside), where.outside()))
         return max(link.latency_s + share / (link.bandwidth_Bps * link.efficiency) for share, link in times)
