@@ -146,7 +146,8 @@ class Topology(ABC):
         limits, memory = group.limits, group.memory
         for key, value in self.resolved_keys(group).items():
             deployment[key] = value
-        return (f"{limits.num_blocks:,} KV blocks of {limits.block_size} tokens per replica "
+        unit = "replica" if group.units_per_replica == 1 else "scheduling unit (virtual engine x DP rank)"
+        return (f"{limits.num_blocks:,} KV blocks of {limits.block_size} tokens per {unit} "
                 f"({memory.kv_token_capacity:,} tokens, {memory.kv_cache_bytes / 2**30:.1f} GiB per GPU)")
 
     @staticmethod
