@@ -38,7 +38,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, StrictInt, ValidationError, field_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from servesim.engines.base import DEFAULT_ENGINE
 from servesim.errors import ServesimError
@@ -46,7 +54,7 @@ from servesim.inputs.files import yaml_mapping
 from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import NamedSection, StrictModel, user_error
-from servesim.topology.keys import DecodeGroupKeys, GroupKeys, LinkKeys
+from servesim.topology.keys import AllToAllBackend, DecodeGroupKeys, ExpertRoutingKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
 TOPOLOGY_KINDS = ("colocated", "disaggregated")
@@ -63,6 +71,19 @@ class DeploymentConfig(StrictModel):
     names; unset ones take the engine's defaults)."""
 
     tp: int = Field(1, ge=1, description="tensor-parallel degree")
+    pp: int = Field(1, ge=1, description="pipeline stages per replica (vLLM --pipeline-parallel-size)")
+    dp: int = Field(1, ge=1, description="data-parallel attention ranks per replica, each with its own "
+                    "batch and KV cache, sharing the MoE layers (vLLM --data-parallel-size, SGLang "
+                    "--enable-dp-attention)")
+    ep: int = Field(1, ge=1, description="expert-parallel degree of the MoE layers (ep = tp x dp is vLLM's "
+                    "--enable-expert-parallel)")
+    pp_layers: list[int] | None = Field(None, description="layers per pipeline stage (vLLM's "
+                                        "VLLM_PP_LAYER_PARTITION); default: vLLM's even split")
+    all2all_backend: AllToAllBackend | None = Field(
+        None, description="how MoE layers move tokens between data-parallel ranks (vLLM "
+        "--all2all-backend); default allgather_reducescatter, vLLM's")
+    expert_routing: ExpertRoutingKeys | None = Field(
+        None, description="load imbalance between expert-parallel ranks (default: uniform routing)")
     replicas: int = Field(1, ge=1, description="data-parallel copies behind the router")
     kind: Literal["colocated", "disaggregated"] = Field(
         "colocated", description="colocated: replicas behind a router; disaggregated: prefill and "
@@ -90,6 +111,17 @@ class PrecisionConfig(StrictModel):
     activations: str = "bf16"
     kv_cache: str = "bf16"
     group_size: int = Field(128, ge=1, description="int4 scale group")
+    expert_weights: str | None = Field(
+        None, description="format of the routed experts' weights when it differs from weights "
+        "(gpt-oss ships mxfp4 experts); default: weights")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_experts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Written out only when set, so configs and answers without it read as before."""
+        data: dict[str, Any] = handler(self)
+        if data.get("expert_weights") is None:
+            data.pop("expert_weights", None)
+        return data
 
 
 class EngineConfig(NamedSection):

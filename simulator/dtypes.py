@@ -9,6 +9,15 @@ weights *and* activations) also run the math on the 8-bit tensor cores.
 Group-wise formats store one scale (fp16, 2 bytes) per ``group_size`` elements, as AWQ and GPTQ
 do for int4 with group 128: 0.5 + 2/128 = 0.515625 bytes per weight. 8-bit formats use per-channel
 or per-tensor scales whose size is negligible next to the tensor and is ignored.
+
+The two 4-bit floating-point formats carry their block scales by definition, whatever
+``group_size`` says: NVFP4 (NVIDIA) stores E2M1 values with one FP8 E4M3 scale per 16 elements
+(plus one fp32 scale per tensor, ignored): 0.5 + 1/16 = 0.5625 bytes; MXFP4 (OCP Microscaling
+v1.0, gpt-oss's expert weights) one E8M0 scale per 32 elements: 0.5 + 1/32 = 0.53125 bytes. Their
+math runs on FP4 tensor cores (Blackwell, MI355X: the profile's ``fp4`` peak) when the
+activations are FP4 too (W4A4); with 16-bit activations they are weight-only, dequantised into
+16-bit GEMMs (as vLLM runs MXFP4 and NVFP4 checkpoints on Hopper); MXFP4 weights with FP8
+activations run on the FP8 peak (W4A8, as TensorRT-LLM's MXFP4 x MXFP8 MoE kernels do).
 """
 
 from __future__ import annotations
@@ -30,10 +39,25 @@ class DType(StrEnum):
     FP8 = "fp8"
     INT8 = "int8"
     INT4 = "int4"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
+    FP4 = "fp4"
+    """The FP4 tensor cores' math format: the key of a profile's FP4 peak (storage is NVFP4 or
+    MXFP4; ``fp4`` as a format name means NVFP4)."""
 
     @property
     def bits(self) -> int:
-        return {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}[self.value]
+        return {"bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "nvfp4": 4, "mxfp4": 4,
+                "fp4": 4}[self.value]
+
+    @property
+    def is_fp4(self) -> bool:
+        return self in (DType.NVFP4, DType.MXFP4, DType.FP4)
+
+    @property
+    def math_format(self) -> DType:
+        """Which peak a GEMM whose inputs are in this format runs on (FP4 formats: ``fp4``)."""
+        return DType.FP4 if self.is_fp4 else self
 
     @property
     def is_grouped(self) -> bool:
@@ -45,6 +69,9 @@ class DType(StrEnum):
         raw = self.bits / 8
         if self.is_grouped:
             return raw + SCALE_BYTES / group_size
+        if self in BLOCK_SCALES:
+            block, scale_bytes = BLOCK_SCALES[self]
+            return raw + scale_bytes / block
         return raw
 
     @classmethod
@@ -53,17 +80,20 @@ class DType(StrEnum):
         if isinstance(value, DType):
             return value
         aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float8": "fp8",
-                   "fp8_e4m3": "fp8", "e4m3": "fp8"}
+                   "fp8_e4m3": "fp8", "e4m3": "fp8", "fp4": "nvfp4", "mxfp4_e2m1": "mxfp4"}
         name = aliases.get(str(value).lower(), str(value).lower())
         try:
             return cls(name)
         except ValueError:
-            choices = ", ".join(d.value for d in cls)
+            choices = ", ".join(d.value for d in cls if d is not DType.FP4)
             raise ServesimError(field, f"unknown dtype {value!r}", f"use one of {choices}") from None
 
 
-ACTIVATION_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.INT8)
-"""Activations are never stored in 4 bits by the kernels we model."""
+BLOCK_SCALES = {DType.NVFP4: (16, 1.0), DType.MXFP4: (32, 1.0), DType.FP4: (16, 1.0)}
+"""(elements per scale, bytes per scale) of the block-scaled FP4 formats."""
+
+ACTIVATION_DTYPES = (DType.BF16, DType.FP16, DType.FP8, DType.INT8, DType.NVFP4, DType.MXFP4)
+"""Integer 4-bit activations are not a kernel we model; FP4 ones are (Blackwell's W4A4)."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +109,26 @@ class Precision:
     activation: DType = DType.BF16
     kv_cache: DType = DType.BF16
     group_size: int = 128
+    expert_weight: DType | None = None
+    """The routed experts' format when it differs from the other layers' (gpt-oss: MXFP4 experts,
+    16-bit attention); None: ``weight``."""
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATION_DTYPES:
             raise ServesimError(
                 "act_dtype", f"{self.activation.value} activations are not supported",
-                "use bf16, fp16, fp8 or int8")
+                "use bf16, fp16, fp8, int8, nvfp4 or mxfp4")
+        if self.activation.is_fp4:
+            for name, weight in (("weight_dtype", self.weight), ("expert_weights", self.expert_weight)):
+                if weight is not None and weight is not self.activation:
+                    raise ServesimError(
+                        "act_dtype", f"{self.activation.value} activations need {self.activation.value} "
+                        f"weights (W4A4), got {name} {weight.value}",
+                        f"use {name} {self.activation.value}, or act_dtype bf16 for weight-only FP4")
+        if self.expert_weight is not None and self.expert_weight.bits > self.activation.bits:
+            raise ServesimError("expert_weights", f"{self.expert_weight.value} experts with "
+                                f"{self.activation.value} activations is not a real kernel",
+                                f"use expert_weights {self.activation.value} or narrower")
         if self.activation.bits < self.weight.bits:
             raise ServesimError(
                 "act_dtype",
@@ -103,12 +147,17 @@ class Precision:
 
     @property
     def math(self) -> DType:
-        """The format the tensor cores multiply in."""
-        return self.activation
+        """The format the tensor cores multiply in (FP4 activations: the FP4 tensor cores)."""
+        return self.activation.math_format
 
     @property
     def weight_bytes(self) -> float:
         return self.weight.bytes_per_element(self.group_size)
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes per routed-expert weight, scales included."""
+        return (self.expert_weight or self.weight).bytes_per_element(self.group_size)
 
     @property
     def act_bytes(self) -> float:
@@ -120,6 +169,7 @@ class Precision:
 
     @classmethod
     def from_names(cls, weight: str = "bf16", activation: str = "bf16", kv_cache: str = "bf16",
-                   group_size: int = 128) -> Precision:
+                   group_size: int = 128, expert_weight: str | None = None) -> Precision:
+        experts = DType.parse(expert_weight, "expert_weights") if expert_weight is not None else None
         return cls(DType.parse(weight, "weight_dtype"), DType.parse(activation, "act_dtype"),
-                   DType.parse(kv_cache, "kv_dtype"), group_size)
+                   DType.parse(kv_cache, "kv_dtype"), group_size, experts)

@@ -182,6 +182,15 @@ class HardwareProfile(FrozenModel):
     memory: Memory
     interconnect: Link
     host_link: Link
+    fast_domain_gpus: int | None = Field(
+        None, ge=1, description="GPUs that share the peer interconnect (the scale-up domain: 8 in an "
+        "HGX node, 72 in a GB200 NVL72 rack); collectives and pipeline sends beyond it use scale_out")
+    all_to_all: Link | None = Field(
+        None, description="the peer interconnect as NCCL's all-to-all uses it (its own latency and "
+        "achieved fraction, fitted to alltoall timings); default: interconnect")
+    scale_out: Link | None = Field(
+        None, description="the network between fast domains, per GPU and direction (InfiniBand or "
+        "RoCE: one NIC per GPU in the usual rail-optimised layout)")
     efficiency: Efficiency
     cost_per_gpu_hour: float | None = Field(None, ge=0)
     provenance: dict[str, Any] = Field(default_factory=dict)
@@ -198,7 +207,7 @@ class HardwareProfile(FrozenModel):
 
     def peak(self, math_dtype: DType) -> float:
         """Dense peak FLOP/s for GEMMs whose math runs in ``math_dtype``."""
-        key = DType.BF16 if math_dtype is DType.FP16 else math_dtype
+        key = DType.BF16 if math_dtype is DType.FP16 else math_dtype.math_format
         if key not in self.peak_flops:
             have = ", ".join(sorted(d.value for d in self.peak_flops))
             raise ServesimError(
@@ -213,9 +222,15 @@ class HardwareProfile(FrozenModel):
     def ideal(self) -> HardwareProfile:
         """The same hardware with perfect efficiency and no launch or link latency: the textbook
         roofline (price it with ``RuntimeCosts.none()`` to leave out the engine's step cost too)."""
-        link = self.interconnect.model_copy(update={"efficiency": 1.0, "latency_s": 0.0})
-        return self.model_copy(update={"efficiency": Efficiency.perfect(),
-                                       "interconnect": link, "name": f"{self.name} (ideal)"})
+        perfect = {"efficiency": 1.0, "latency_s": 0.0}
+        link = self.interconnect.model_copy(update=perfect)
+        update: dict[str, Any] = {"efficiency": Efficiency.perfect(), "interconnect": link,
+                                  "name": f"{self.name} (ideal)"}
+        for name in ("all_to_all", "scale_out"):
+            other = getattr(self, name)
+            if other is not None:
+                update[name] = other.model_copy(update=perfect)
+        return self.model_copy(update=update)
 
     def summary(self) -> dict[str, Any]:
         fp8 = self.peak_flops.get(DType.FP8)
@@ -226,7 +241,8 @@ class HardwareProfile(FrozenModel):
             "fp8_tflops": round(fp8 / 1e12) if fp8 else None,
             "hbm_gib": round(self.memory.capacity_bytes / 2**30, 1),
             "hbm_tbps": round(self.memory.bandwidth_Bps / 1e12, 2),
-            "link": f"{self.interconnect.kind} {self.interconnect.bandwidth_Bps / 1e9:.0f} GB/s",
+            "link": f"{self.interconnect.kind} {self.interconnect.bandwidth_Bps / 1e9:.0f} GB/s"
+                    + (f" x{self.fast_domain_gpus}" if self.fast_domain_gpus else ""),
             "ridge_flop_per_byte": round(self.ridge_point()),
             "calibration": "spec-only" if self.spec_only else "calibrated",
             "usd_per_gpu_hour": self.cost_per_gpu_hour,

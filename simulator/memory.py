@@ -95,7 +95,7 @@ def _build_plan(model: ModelSpec, hardware: HardwareProfile, tp: int, precision:
         capacity_bytes=hardware.memory.capacity_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         reserved_bytes=hardware.memory.reserved_bytes,
-        weight_bytes=model.weight_bytes(precision.weight, precision.group_size, tp),
+        weight_bytes=model.weight_bytes(precision.weight, precision.group_size, tp, precision.expert_weight),
         activation_bytes=activation_workspace_bytes(model, tp, max_num_batched_tokens,
                                                     max_num_seqs),
         kv_bytes_per_token=model.kv_bytes_per_token(precision.kv_cache, tp, precision.group_size),

@@ -21,6 +21,32 @@ NON_GATED_FAMILIES = frozenset(
     {"gpt2", "gpt_neox", "opt", "falcon", "gpt_bigcode", "bloom", "phi", "gptj", "starcoder2"})
 """Model types whose MLP is ``down(act(up(x)))``; every other family is gated (SwiGLU-style)."""
 
+QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text"})
+"""Families with a learned RMSNorm over each query and key head (Llama 4's is weightless)."""
+SANDWICH_NORM_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text"})
+"""Families that normalise before and after attention and MLP: four norms per layer."""
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True},
+}
+"""Keys a family's published config.json may leave out because transformers' config class supplies
+them (Gemma3TextConfig's defaults: google/gemma-3-27b-it lists no vocab_size or sliding pattern)."""
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's keys of a multimodal config (Llama 4, Gemma 3: ``text_config``), with
+    the family's defaults under them; a text-only config as it is."""
+    inner = config.get("text_config")
+    if isinstance(inner, dict):
+        merged = {**config, **inner}
+        merged.pop("text_config", None)
+    else:
+        merged = dict(config)
+    defaults = FAMILY_DEFAULTS.get(str(merged.get("model_type", "")).lower(), {})
+    return {**defaults, **{k: v for k, v in merged.items() if v is not None}}
+
 
 MAX_DIMENSION = 2**31 - 1
 """Widths, vocabularies and context lengths above this are not a real model's (and would overflow
@@ -88,17 +114,28 @@ def _extension(config: dict[str, Any], where: str) -> dict[str, Any]:
     return extra
 
 
+def _layer_list(config: dict[str, Any], key: str, layers: int, where: str) -> list[int]:
+    """A list of layer indices (``moe_layers``, ``mlp_only_layers``), each in range."""
+    value = config.get(key) or []
+    if not isinstance(value, list):
+        raise ServesimError(f"{where}: {key}", f"must be a list of layer indices, got {value!r}", FIX)
+    return [_whole(i, key, where, 0, layers - 1) for i in value]
+
+
 def _moe_layer_indices(config: dict[str, Any], layers: int, where: str) -> tuple[int, ...]:
     """Which layers are MoE, by each family's rule as its Hugging Face modelling code applies it:
-    Qwen-MoE ``(i + 1) % decoder_sparse_step == 0`` minus ``mlp_only_layers``; DeepSeek
-    ``i >= first_k_dense_replace and i % moe_layer_freq == 0``; Mixtral every layer."""
+    Llama 4 ``moe_layers``, else every ``interleave_moe_layer_step``-th layer counting from
+    ``step - 1``; Qwen-MoE ``(i + 1) % decoder_sparse_step == 0`` minus ``mlp_only_layers``;
+    DeepSeek ``i >= first_k_dense_replace and i % moe_layer_freq == 0``; Mixtral, gpt-oss every
+    layer."""
+    if isinstance(config.get("moe_layers"), list):
+        return tuple(sorted(set(_layer_list(config, "moe_layers", layers, where))))
+    interleave = _optional_int(config, "interleave_moe_layer_step", where, minimum=1)
+    if interleave:
+        return tuple(range(interleave - 1, layers, interleave))
     step = _optional_int(config, "decoder_sparse_step", where, minimum=1)
     if step:
-        dense_layers = config.get("mlp_only_layers") or []
-        if not isinstance(dense_layers, list):
-            raise ServesimError(f"{where}: mlp_only_layers", f"must be a list of layer indices, got "
-                                f"{dense_layers!r}", FIX)
-        dense = {_whole(i, "mlp_only_layers", where, 0, layers - 1) for i in dense_layers}
+        dense = set(_layer_list(config, "mlp_only_layers", layers, where))
         return tuple(i for i in range(layers) if (i + 1) % step == 0 and i not in dense)
     first = _optional_int(config, "first_k_dense_replace", where) or 0
     freq = _optional_int(config, "moe_layer_freq", where, minimum=1) or 1
@@ -116,10 +153,46 @@ def _sliding_window(config: dict[str, Any], max_context: int, where: str) -> int
     return window if use and window < max_context else None
 
 
+def _layer_types(config: dict[str, Any], layers: int, window: int | None, where: str) -> tuple[str, ...]:
+    """Each layer's attention: Hugging Face's ``layer_types`` list (gpt-oss, Gemma 3, Qwen 3), Gemma
+    3's older ``sliding_window_pattern`` (every n-th layer global), or Llama 4's chunked layers
+    (``attention_chunk_size``; the NoPE layers, ``no_rope_layers`` 0 or every
+    ``no_rope_layer_interval``-th, attend globally). Empty when every layer attends alike."""
+    kinds: list[str] | None = None
+    given = config.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or len(given) != layers:
+            raise ServesimError(f"{where}: layer_types", f"must list one type per layer ({layers})",
+                                "fix the config.json")
+        unknown = sorted({str(k) for k in given} - set(ATTENTION_TYPES))
+        if unknown:
+            raise ServesimError(f"{where}: layer_types", f"{', '.join(unknown)} is not modelled",
+                                f"use {', '.join(ATTENTION_TYPES)}")
+        kinds = [str(k) for k in given]
+    elif config.get("sliding_window_pattern") and window:
+        pattern = _whole(config["sliding_window_pattern"], "sliding_window_pattern", where, 1)
+        kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    elif config.get("attention_chunk_size"):
+        rope = config.get("no_rope_layers")
+        if not isinstance(rope, list) or len(rope) != layers:
+            interval = _optional_int(config, "no_rope_layer_interval", where, minimum=1) or 4
+            rope = [int((i + 1) % interval != 0) for i in range(layers)]
+        kinds = ["chunked_attention" if r else "full_attention" for r in rope]
+    if kinds is None:
+        return ()
+    if "sliding_attention" in kinds and not window:
+        raise ServesimError(f"{where}: sliding_window", "layer_types has sliding layers but no window",
+                            "add sliding_window to the config.json")
+    uniform = "sliding_attention" if window else "full_attention"
+    return () if all(kind == uniform for kind in kinds) else tuple(kinds)
+
+
 def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model") -> ModelSpec:
-    """Build a :class:`ModelSpec` from the dict of a Hugging Face ``config.json``."""
+    """Build a :class:`ModelSpec` from the dict of a Hugging Face ``config.json`` (a multimodal
+    config is read for its language model, ``text_config``)."""
     if not isinstance(config, dict):
         raise ServesimError(where, "config.json must hold a JSON object", "check the file")
+    config = text_config(config)
     model_type = str(config.get("model_type", "")).lower()
     extra = _extension(config, where)
     hidden = _positive_int(config, ("hidden_size", "n_embd", "d_model"), where)
@@ -130,6 +203,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
     head_dim = _positive_int(config, ("head_dim",), where, max(1, hidden // heads))
     intermediate = _positive_int(config, ("intermediate_size", "ffn_dim", "n_inner"), where,
                                  4 * hidden)
+    # Llama 4: intermediate_size is the experts' (and shared expert's), the dense layers' is _mlp
+    dense_intermediate = _positive_int(config, ("intermediate_size_mlp",), where, intermediate)
     vocab = _positive_int(config, ("vocab_size",), where)
     max_context = _positive_int(
         config, ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"),
@@ -143,10 +218,12 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
     experts_key, num_experts = _first(config, ("num_local_experts", "n_routed_experts", "num_experts"))
     if num_experts is not None and num_experts != 0:
         num_experts = _whole(num_experts, experts_key, where, 1)
-        top_k = _positive_int(config, ("num_experts_per_tok", "moe_top_k"), where)
+        top_k = _positive_int(config, ("num_experts_per_tok", "moe_top_k", "experts_per_token"), where)
         expert_i = _positive_int(config, ("moe_intermediate_size",), where, intermediate)
         shared_i = (_optional_int(config, "n_shared_experts", where) or 0) * expert_i
         shared_i = _optional_int(config, "shared_expert_intermediate_size", where) or shared_i
+        if model_type.startswith("llama4"):
+            shared_i = intermediate  # every Llama 4 MoE layer has one shared expert
         if top_k > num_experts:
             raise ServesimError(f"{where}: num_experts_per_tok",
                                 f"{top_k} exceeds the {num_experts} experts", "fix the config.json")
@@ -162,16 +239,32 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
                       v_head_dim=_positive_int(config, ("v_head_dim",), where))
 
     window = _sliding_window(config, max_context, where)
+    kinds = _layer_types(config, layers, window, where)
+    chunk = (_optional_int(config, "attention_chunk_size", where, minimum=1)
+             if "chunked_attention" in kinds else None)
+    if window and kinds and "sliding_attention" not in kinds:
+        window = None
     gated_default = model_type not in NON_GATED_FAMILIES
     gated = _flag(extra, "gated_mlp", f"{where}: _servesim", gated_default)
+    sharing = extra.get("cross_layer_kv_sharing", 1)
+    if isinstance(sharing, bool) or not isinstance(sharing, int) or not 1 <= sharing <= layers:
+        raise ServesimError(f"{where}: _servesim.cross_layer_kv_sharing",
+                            f"must be a whole number of layers from 1 to {layers}, got {sharing!r}",
+                            "give how many consecutive layers share one KV cache (2 halves it)")
+    gpt_oss = model_type == "gpt_oss"
+    attention_bias = _flag(config, "attention_bias", where, model_type == "qwen2")
     return ModelSpec(
         name=name, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, intermediate_size=intermediate, vocab_size=vocab,
+        head_dim=head_dim, intermediate_size=dense_intermediate, vocab_size=vocab,
         max_context=max_context, gated_mlp=gated,
         tie_word_embeddings=_flag(config, "tie_word_embeddings", where, False),
-        attention_bias=_flag(config, "attention_bias", where, model_type == "qwen2"),
+        attention_bias=attention_bias,
         sliding_window=window, moe=moe, mla=mla,
-        source=str(extra.get("source", "")),
+        source=str(extra.get("source", "")), layer_types=kinds,
+        attention_chunk_size=chunk, kv_sharing=sharing,
+        attention_output_bias=gpt_oss and attention_bias,
+        attention_sinks=gpt_oss, qk_norm=model_type in QK_NORM_FAMILIES,
+        norms_per_layer=4 if model_type in SANDWICH_NORM_FAMILIES else 2, expert_bias=gpt_oss,
     )
 
 

@@ -77,6 +77,25 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     source: str = ""
+    layer_types: tuple[str, ...] = ()
+    """Attention of each layer, by Hugging Face's ``layer_types`` names: ``full_attention``,
+    ``sliding_attention`` (over the last ``sliding_window`` tokens) or ``chunked_attention`` (within
+    blocks of ``attention_chunk_size`` tokens, Llama 4's local layers). Empty: every layer alike
+    (sliding when ``sliding_window`` is set, else full)."""
+    attention_chunk_size: int | None = None
+    kv_sharing: int = 1
+    """Cross-layer KV sharing (CLA, Brandon et al. 2024): each group of this many consecutive layers
+    caches one K/V, computed by its first layer and read by all of them. 1: none."""
+    attention_output_bias: bool = False
+    """O projection bias (gpt-oss; Qwen2's ``attention_bias`` covers q, k, v only)."""
+    attention_sinks: bool = False
+    """One learned sink logit per head and layer (gpt-oss): parameters, no measurable cost."""
+    qk_norm: bool = False
+    """RMSNorm over each query and key head (Qwen3, Gemma 3): ``2 x head_dim`` weights per layer."""
+    norms_per_layer: int = 2
+    """Gemma 3 normalises before and after both attention and MLP: 4."""
+    expert_bias: bool = False
+    """Biases on the routed experts' projections and the router (gpt-oss)."""
 
     # ----------------------------------------------------------------- attention layout
     @property
@@ -106,14 +125,59 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         return len(self.moe.layers) if self.moe is not None else 0
 
+    def attention_type(self, layer: int) -> str:
+        """``full_attention``, ``sliding_attention`` or ``chunked_attention`` for layer ``layer``."""
+        if self.layer_types:
+            return self.layer_types[layer]
+        return "sliding_attention" if self.sliding_window else "full_attention"
+
+    def attention_window(self, kind: str) -> int | None:
+        """The key window of one kind of layer (``None``: no window)."""
+        return self.sliding_window if kind == "sliding_attention" else None
+
+    def layer_counts(self, start: int = 0, stop: int | None = None) -> dict[str, int]:
+        """Layers ``[start, stop)`` by kind: ``moe`` and ``dense`` MLPs, and each attention type."""
+        stop = self.num_layers if stop is None else stop
+        moe = sum(1 for i in self.moe.layers if start <= i < stop) if self.moe is not None else 0
+        counts = {"moe": moe, "dense": stop - start - moe}
+        for i in range(start, stop):
+            kind = self.attention_type(i)
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    @cached_property
+    def kv_layers(self) -> int:
+        """Layers that own a KV cache: all of them, or one per CLA group."""
+        return -(-self.num_layers // self.kv_sharing)
+
+    def kv_layers_in(self, start: int, stop: int) -> int:
+        """KV-owning layers among ``[start, stop)`` (the first layer of each CLA group owns it)."""
+        return sum(1 for i in range(start, stop) if i % self.kv_sharing == 0)
+
     @cached_property
     def num_dense_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
 
     # ----------------------------------------------------------------- parameter counts
     @cached_property
+    def kv_projection_params(self) -> int:
+        """K and V projections of one layer (with biases): what a CLA-sharing layer does not hold."""
+        if self.mla is not None:
+            return 0
+        width = 2 * self.num_kv_heads * self.head_dim
+        return width * self.hidden_size + (width if self.attention_bias else 0)
+
+    def attention_params_in(self, start: int, stop: int) -> float:
+        """Attention weights of layers ``[start, stop)``: every layer's, less the K/V projections of
+        layers that read a shared KV (CLA)."""
+        layers = stop - start
+        return layers * self.attention_params_per_layer \
+            - (layers - self.kv_layers_in(start, stop)) * self.kv_projection_params
+
+    @cached_property
     def attention_params_per_layer(self) -> int:
-        """Q, K, V and O projections (and their biases and MLA's latent norms) of one layer."""
+        """Q, K, V and O projections (and their biases, sinks, q/k norms and MLA's latent norms) of
+        one layer."""
         h, nh = self.hidden_size, self.num_heads
         if self.mla is not None:
             m = self.mla
@@ -125,7 +189,9 @@ class ModelSpec:
             return q + kv + o
         qkv_width = (nh + 2 * self.num_kv_heads) * self.head_dim
         bias = qkv_width if self.attention_bias else 0
-        return h * qkv_width + bias + nh * self.head_dim * h
+        extras = (h if self.attention_output_bias else 0) + (nh if self.attention_sinks else 0) \
+            + (2 * self.head_dim if self.qk_norm else 0)
+        return h * qkv_width + bias + nh * self.head_dim * h + extras
 
     def _mlp_params(self, intermediate: int) -> int:
         matrices = 3 if self.gated_mlp else 2
@@ -137,8 +203,13 @@ class ModelSpec:
 
     @cached_property
     def expert_params(self) -> int:
-        """Weights of one routed expert."""
-        return self._mlp_params(self.moe.expert_intermediate) if self.moe else 0
+        """Weights of one routed expert (with its biases where the family has them)."""
+        if not self.moe:
+            return 0
+        bias = 0
+        if self.expert_bias:
+            bias = (2 if self.gated_mlp else 1) * self.moe.expert_intermediate + self.hidden_size
+        return self._mlp_params(self.moe.expert_intermediate) + bias
 
     @cached_property
     def shared_expert_params(self) -> int:
@@ -146,7 +217,9 @@ class ModelSpec:
 
     @cached_property
     def router_params(self) -> int:
-        return self.hidden_size * self.moe.num_experts if self.moe else 0
+        if not self.moe:
+            return 0
+        return (self.hidden_size + (1 if self.expert_bias else 0)) * self.moe.num_experts
 
     @cached_property
     def embedding_params(self) -> int:
@@ -159,7 +232,7 @@ class ModelSpec:
 
     @cached_property
     def norm_params(self) -> int:
-        return (2 * self.num_layers + 1) * self.hidden_size
+        return (self.norms_per_layer * self.num_layers + 1) * self.hidden_size
 
     @cached_property
     def param_count(self) -> int:
@@ -167,7 +240,7 @@ class ModelSpec:
         moe_layer = (self.router_params + self.moe.num_experts * self.expert_params
                      + self.shared_expert_params) if self.moe else 0
         return (self.embedding_params + self.lm_head_params + self.norm_params
-                + self.num_layers * self.attention_params_per_layer
+                + int(self.attention_params_in(0, self.num_layers))
                 + self.num_dense_layers * self.dense_mlp_params
                 + self.num_moe_layers * moe_layer)
 
@@ -197,20 +270,35 @@ class ModelSpec:
         return self.num_layers * (q_down + h * m.cache_width + m.kv_lora_rank)
 
     def weight_bytes(self, dtype: DType | str = DType.BF16, group_size: int = 128,
-                     tp: int = 1) -> float:
+                     tp: int = 1, expert_dtype: DType | str | None = None) -> float:
         """Weight bytes on one GPU of a ``tp``-way group (``tp=1``: the whole model).
 
         Four disjoint classes: the embedding and LM head (16-bit in quantised checkpoints, split
         over the vocabulary), the norms and router (16-bit, replicated), MLA's down-projections
         and any replicated KV heads (``dtype``, replicated), and everything else (``dtype``,
-        sharded).
+        sharded). ``expert_dtype`` stores the routed experts in another format (gpt-oss ships
+        MXFP4 experts beside 16-bit attention).
         """
         per_elem = DType.parse(dtype, "weight_dtype").bytes_per_element(group_size)
         vocab_16bit = self.embedding_params + self.lm_head_params
         replicated_16bit = self.norm_params + self.num_moe_layers * self.router_params
         sharded = self.param_count - vocab_16bit - replicated_16bit - self.mla_down_params
         replicated = self.mla_down_params + self._kv_replica_params(tp)
-        return (sharded / tp + replicated) * per_elem + (vocab_16bit / tp + replicated_16bit) * 2.0
+        if expert_dtype is None:
+            return (sharded / tp + replicated) * per_elem + (vocab_16bit / tp + replicated_16bit) * 2.0
+        expert_elem = DType.parse(expert_dtype, "expert_weights").bytes_per_element(group_size)
+        routed = self.routed_expert_params
+        return ((sharded - routed) / tp + replicated) * per_elem + routed / tp * expert_elem \
+            + (vocab_16bit / tp + replicated_16bit) * 2.0
+
+    @cached_property
+    def routed_expert_params(self) -> int:
+        """Every routed expert's weights (what expert parallelism splits)."""
+        return self.num_moe_layers * self.moe.num_experts * self.expert_params if self.moe else 0
+
+    def norm_params_in(self, start: int, stop: int, last: bool) -> int:
+        """Norm weights of layers ``[start, stop)``, plus the final norm on the last stage."""
+        return (self.norms_per_layer * (stop - start) + (1 if last else 0)) * self.hidden_size
 
     def _kv_replica_params(self, tp: int) -> float:
         """Extra K/V projection weights each GPU holds when there are fewer KV heads than GPUs
@@ -218,7 +306,7 @@ class ModelSpec:
         if self.mla is not None or self.num_kv_heads >= tp:
             return 0.0
         per_head = 2 * self.head_dim * (self.hidden_size + (1 if self.attention_bias else 0))
-        return self.num_layers * per_head * (1 - self.num_kv_heads / tp)
+        return self.kv_layers * per_head * (1 - self.num_kv_heads / tp)
 
     # ----------------------------------------------------------------- KV cache
     def kv_elements_per_token_per_layer(self, tp: int = 1) -> int:
@@ -237,7 +325,7 @@ class ModelSpec:
         """KV-cache bytes one token occupies on one GPU (all layers)."""
         dtype = DType.parse(dtype, "kv_dtype")
         per_layer = self.kv_elements_per_token_per_layer(tp)
-        return per_layer * self.num_layers * dtype.bytes_per_element(group_size)
+        return per_layer * self.kv_layers * dtype.bytes_per_element(group_size)
 
     # ----------------------------------------------------------------- FLOPs
     @property
@@ -248,12 +336,17 @@ class ModelSpec:
 
     def flops_per_token(self, context: int = 0) -> float:
         """Forward FLOPs of one token attending over ``context`` earlier tokens (plus itself):
-        ``2 * matmul params + layers * attention FLOPs per context token * (context + 1)``."""
-        attended = context + 1
-        if self.sliding_window:
-            attended = min(attended, self.sliding_window)
-        return (2.0 * self.matmul_params_per_token
-                + self.num_layers * self.attention_flops_per_context_token * attended)
+        ``2 * matmul params + attention FLOPs per context token * keys attended``, summed over the
+        layers (a sliding layer sees at most its window, a chunked layer its chunk so far)."""
+        keys = 0
+        for kind, layers in self.layer_counts().items():
+            if kind == "full_attention":
+                keys += layers * (context + 1)
+            elif kind == "sliding_attention":
+                keys += layers * min(context + 1, self.sliding_window or context + 1)
+            elif kind == "chunked_attention":
+                keys += layers * (context % (self.attention_chunk_size or context + 1) + 1)
+        return 2.0 * self.matmul_params_per_token + self.attention_flops_per_context_token * keys
 
     # ----------------------------------------------------------------- parallelism
     def check_tensor_parallel(self, tp: int) -> None:

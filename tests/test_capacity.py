@@ -210,7 +210,7 @@ def test_cli_writes_json_and_csv_deterministically(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("document", "message"), [
     ({"candidates": {"hardware": ["h100-sxm-80gb"], "tpp": [1]}},
-     "candidates.tpp: unknown key; remove it or use one of: hardware, tp, policy, replicas"),
+     "candidates.tpp: unknown key; remove it or use one of: hardware, tp, pp, dp, ep, policy, replicas"),
     ({"slo": {"ttft_s": 1, "percentile": 120}}, "slo.percentile: Input should be less than or equal to 100"),
     ({"slo": {"percentile": 99}}, "slo: give at least one of ttft_s, tpot_s, e2e_s"),
     ({"candidates": {"hardware": ["h100-sxm-80gb"], "tp": [0]}}, "candidates.tp: must be integers >= 1"),

@@ -52,7 +52,7 @@ def test_step_human_output_explains_the_step() -> None:
     (["step", "--model", "llama-2-70b", "--hardware", "a100-sxm", "--decode-batch", "1"],
      "use tp 2 or more"),
     (["step", "--decode-batch", "1000", "--decode-context", "4000"], "error: batch: holds"),
-    (["step", "--kv-dtype", "fp4", "--decode-batch", "1"], "error: kv_dtype: unknown dtype 'fp4'"),
+    (["step", "--kv-dtype", "fp6", "--decode-batch", "1"], "error: kv_dtype: unknown dtype 'fp6'"),
 ])
 def test_user_mistakes_get_one_line_and_exit_2(args: list[str], message: str) -> None:
     run = servesim(*args)

@@ -1,6 +1,6 @@
 """Everything servesim learns about one candidate deployment, computed in one worker process.
 
-For a candidate (hardware x TP x policy x replicas) :func:`analyse_candidate` resolves the
+For a candidate (hardware x TP x PP x DP x EP x policy x replicas) :func:`analyse_candidate` resolves the
 deployment (a model that does not fit is *infeasible*, with the reason, not an error), computes
 its decode-batch limits, searches the highest sustainable rate, diagnoses the knee, and with a
 target rate sizes and verifies the fleet. It returns plain data, so the process pool can send it
@@ -39,6 +39,20 @@ class Candidate:
     tp: int
     policy: PolicyConfig
     replicas: int
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def layout(self) -> dict[str, int]:
+        """The degrees beyond TP, when any is above 1 (the record leaves them out otherwise)."""
+        if self.pp == self.dp == self.ep == 1:
+            return {}
+        return {"pp": self.pp, "dp": self.dp, "ep": self.ep}
 
     @property
     def policy_label(self) -> str:
@@ -48,21 +62,25 @@ class Candidate:
     @property
     def label(self) -> str:
         set_ = f" x{self.replicas}" if self.replicas > 1 else ""
-        return f"{self.hardware} tp{self.tp}{set_} {self.policy_label}"
+        extra = "".join(f" {k}{v}" for k, v in self.layout.items() if v > 1)
+        return f"{self.hardware} tp{self.tp}{extra}{set_} {self.policy_label}"
 
 
 def expand_candidates(config: CapacityConfig) -> list[Candidate]:
-    """The cartesian product, in the order hardware, tp, policy, replicas (a policy without a
-    name is the engine's default)."""
+    """The cartesian product, in the order hardware, tp, pp, dp, ep, policy, replicas (a policy
+    without a name is the engine's default)."""
     c = config.candidates
     default = make_engine(config.engine.name, config.engine.knobs(), "engine").defaults.policy
     policies = [p if p.name else PolicyConfig(name=default, **p.knobs()) for p in c.policy]
     out: list[Candidate] = []
     for hardware in c.hardware:
         for tp in c.tp:
-            for policy in policies:
-                for replicas in c.replicas:
-                    out.append(Candidate(len(out), hardware, tp, policy, replicas))
+            for pp in c.pp:
+                for dp in c.dp:
+                    for ep in c.ep:
+                        for policy in policies:
+                            for replicas in c.replicas:
+                                out.append(Candidate(len(out), hardware, tp, policy, replicas, pp, dp, ep))
     return out
 
 
@@ -74,7 +92,7 @@ def experiment_for(config: CapacityConfig, candidate: Candidate, replicas: int |
         "name": f"{config.name}-{candidate.index}", "seed": config.seed, "model": config.model,
         "hardware": candidate.hardware, "engine": config.engine.model_dump(),
         "deployment": {**config.deployment.model_dump(exclude_none=True), "tp": candidate.tp,
-                       "replicas": replicas or candidate.replicas},
+                       **candidate.layout, "replicas": replicas or candidate.replicas},
         "precision": config.precision.model_dump(), "policy": candidate.policy.model_dump(),
         "router": config.router.model_dump(), "workload": config.workload, "slo": slo,
         "output": "summary",
@@ -86,6 +104,8 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
     record: dict[str, Any] = {"index": candidate.index, "candidate": candidate.label,
                               "hardware": candidate.hardware, "tp": candidate.tp,
                               "policy": candidate.policy.model_dump(), "replicas": candidate.replicas}
+    if candidate.layout:
+        record.update(candidate.layout, gpus_per_replica=candidate.gpus_per_replica)
     experiment = experiment_for(config, candidate)
     try:
         topology = resolve_topology(experiment)
@@ -219,7 +239,7 @@ def size_for_target(config: CapacityConfig, candidate: Candidate, result: Search
     verified = attempts[-1]["passed"]
     final = attempts[-1]
     return {"sets": final["sets"], "computed_sets": computed, "replicas": final["replicas"],
-            "gpus": final["replicas"] * candidate.tp, "verified": bool(verified),
+            "gpus": final["replicas"] * candidate.gpus_per_replica, "verified": bool(verified),
             "router": config.router.name, "attempts": attempts,
             "margins": final["margins"]}
 

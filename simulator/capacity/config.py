@@ -16,9 +16,12 @@ both become a :class:`CapacityConfig`.
       percentile: 99                # judged as p99 TTFT <= 2 s and p99 TPOT <= 50 ms ...
       attainment: null              # ... or, if set (e.g. 0.99), >= 99% of requests meet all limits
     engine: vllm-v0                 # the serving engine every candidate runs (its defaults apply)
-    candidates:                     # cartesian product: hardware x tp x policy x replicas
+    candidates:                     # cartesian product: hardware x tp x pp x dp x ep x policy x replicas
       hardware: [h100-sxm-80gb, a100-sxm-80gb]
       tp: [1, 2]
+      pp: [1]                       # pipeline stages; dp: data-parallel attention ranks; ep:
+      dp: [1]                       #   expert-parallel degree (layouts a model cannot take are
+      ep: [1]                       #   listed as infeasible with the reason)
       policy: [continuous]          # names, or {name: ..., knob: ...} mappings
       replicas: [1]
     deployment: {max_num_seqs: 256}   # engine limits shared by every candidate (not tp/replicas)
@@ -37,7 +40,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from servesim.config import EngineConfig, PolicyConfig, PrecisionConfig, RouterConfig, read_yaml_document
 from servesim.errors import ServesimError
@@ -86,14 +97,17 @@ def _seconds(value: float) -> str:
 
 
 class CandidatesConfig(StrictModel):
-    """The deployments to compare: every combination of the four lists."""
+    """The deployments to compare: every combination of the lists."""
 
     hardware: list[str] = Field(min_length=1)
     tp: list[int] = Field([1], min_length=1)
+    pp: list[int] = Field([1], min_length=1, description="pipeline stages per replica")
+    dp: list[int] = Field([1], min_length=1, description="data-parallel attention ranks per replica")
+    ep: list[int] = Field([1], min_length=1, description="expert-parallel degree of the MoE layers")
     policy: list[PolicyConfig] = Field([PolicyConfig()], min_length=1)
     replicas: list[int] = Field([1], min_length=1)
 
-    @field_validator("hardware", "tp", "policy", "replicas", mode="before")
+    @field_validator("hardware", "tp", "pp", "dp", "ep", "policy", "replicas", mode="before")
     @classmethod
     def _listify(cls, value: Any) -> Any:
         return value if isinstance(value, list) else [value]
@@ -104,7 +118,17 @@ class CandidatesConfig(StrictModel):
         values = value if isinstance(value, list) else [value]  # may run before _listify
         return [{"name": v} if isinstance(v, str) else v for v in values]
 
-    @field_validator("tp", "replicas")
+    @model_serializer(mode="wrap")
+    def _omit_single_layouts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """pp, dp and ep are written out only when searched, so answers without them read as
+        before."""
+        data: dict[str, Any] = handler(self)
+        for key in ("pp", "dp", "ep"):
+            if data.get(key) == [1]:
+                data.pop(key)
+        return data
+
+    @field_validator("tp", "pp", "dp", "ep", "replicas")
     @classmethod
     def _positive(cls, value: list[int]) -> list[int]:
         if any(v < 1 for v in value):

@@ -10,6 +10,10 @@ with the batch). The KV pool holds ``num_blocks // ceil((C + 1) / block_size)`` 
 most ``max_num_seqs``. Whichever is smallest binds: *latency* (TPOT), *KV memory*, or the
 engine's *max_num_seqs*.
 
+A replica with pipeline stages or data-parallel ranks prices a decode step as its micro-batch
+(every DP rank decoding ``B`` sequences) through all stages: what one of its requests waits per
+token; ``B`` and the KV pool are then per scheduling unit (a virtual engine's DP rank).
+
 This is a bound from the cost model alone: in a live system prompts joining the batch stall the
 decodes (vLLM v0 runs them in separate steps), so the simulated TPOT at a given batch is higher.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from servesim.core.kv_cache import blocks_for
-from servesim.cost import BatchShape
+from servesim.cost import BOUNDS, BatchShape
 from servesim.errors import ServesimError
 from servesim.topology.group import ReplicaGroup
 
@@ -55,8 +59,12 @@ def decode_batch_limits(group: ReplicaGroup, context: float, tpot_s: float | Non
         raise ServesimError("decode_context", f"{ctx:,} tokens of context is beyond max_model_len "
                             f"{limits.max_model_len:,} of {group.model.name}, so no sequence decodes there",
                             f"use a context below {limits.max_model_len:,}")
+    pipelined = group.parallel_cost_model() if group.runs_pipeline else None
+    ranks = group.parallelism.dp
 
     def step_time(batch: int, c: int) -> float:
+        if pipelined is not None:
+            return pipelined.step_time([BatchShape.decode(batch, c)] * ranks)
         return cost.step_time(BatchShape.decode(batch, c))
 
     blocks_each = blocks_for(ctx + 1, limits.block_size)
@@ -78,7 +86,7 @@ def decode_batch_limits(group: ReplicaGroup, context: float, tpot_s: float | Non
         "largest_batch": largest,
         "binding": binding,
         "kv_bytes_per_token_per_gpu": memory.kv_bytes_per_token,
-        "kv_bytes_per_token": memory.kv_bytes_per_token * group.tp,
+        "kv_bytes_per_token": memory.kv_bytes_per_token * group.tp * group.parallelism.pp,
         "kv_pool_tokens_per_gpu": memory.kv_token_capacity,
         "kv_pool_bytes_per_gpu": memory.kv_cache_bytes,
         "kv_blocks": limits.num_blocks,
@@ -86,9 +94,16 @@ def decode_batch_limits(group: ReplicaGroup, context: float, tpot_s: float | Non
     }
     if tpot_batch:
         at = BatchShape.decode(tpot_batch, ctx)
-        step = cost.step(at)
-        out["step_at_tpot_batch_s"] = step.time_s
-        out["bound_at_tpot_batch"] = step.bound
+        if pipelined is not None:
+            priced = pipelined.price([at] * ranks)
+            record = priced.ranks[0]
+            assert record is not None
+            out["step_at_tpot_batch_s"] = priced.time_s
+            out["bound_at_tpot_batch"] = BOUNDS[record.bound]
+        else:
+            step = cost.step(at)
+            out["step_at_tpot_batch_s"] = step.time_s
+            out["bound_at_tpot_batch"] = step.bound
         out["kv_use_at_tpot_batch"] = tpot_batch * blocks_each / max(1, limits.num_blocks)
         if tpot_batch < _MAX_BATCH:
             out["step_one_more_s"] = step_time(tpot_batch + 1, ctx)

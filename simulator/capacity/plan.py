@@ -49,7 +49,7 @@ def check_inputs(config: CapacityConfig) -> tuple[dict[str, float | None], set[s
     GPU-hour of each candidate hardware (by profile name) and the names whose price was given."""
     load_model(config.model, "model")
     p = config.precision
-    Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
+    Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size, p.expert_weights)
     engine = make_engine(config.engine.name, config.engine.knobs())
     for policy in config.candidates.policy:
         check_policy(policy.name or engine.defaults.policy, policy.knobs())
@@ -131,7 +131,7 @@ def _add_costs(record: dict[str, Any], prices: dict[str, float | None], overridd
     record["usd_per_gpu_hour"] = price
     record["price_source"] = (("prices" if record["hardware"] in overridden else "hardware profile")
                               if price is not None else None)
-    gpus_per_set = record["tp"] * record["replicas"]
+    gpus_per_set = record.get("gpus_per_replica", record["tp"]) * record["replicas"]
     search = record.get("search", {})
     rate = search.get("max_rate") or 0.0
     per_set = price * gpus_per_set if price is not None else None

@@ -30,13 +30,21 @@ Evaluate = Callable[[float], dict[str, Any]]
 
 def saturation_rate(group: ReplicaGroup, mean_prompt: float, mean_output: float) -> float:
     """Requests/s the group's replicas complete when always busy (see the module docstring)."""
-    cost = group.cost_model()
     limits = group.limits
     prompt = max(1, round(mean_prompt))
     output = max(1.0, mean_output)
     blocks_each = math.ceil((prompt + output) / limits.block_size)
     batch = max(1, min(limits.max_num_seqs, limits.num_blocks // max(1, blocks_each)))
     context = max(0, round(prompt + output / 2))
+    if group.runs_pipeline:
+        # every scheduling unit keeps one micro-batch in flight; the pp virtual engines overlap
+        ranks = group.parallelism.dp
+        pipeline = group.parallel_cost_model()
+        decode_s = pipeline.step_time([BatchShape.decode(batch, context)] * ranks)
+        prefill_s = pipeline.step_time([BatchShape.prefill(prompt)] * ranks)
+        per_request_s = prefill_s + (output - 1) * decode_s / batch
+        return group.units / per_request_s
+    cost = group.cost_model()
     decode_s = cost.step_time(BatchShape.decode(batch, context))
     prefill_s = cost.step_time(BatchShape.prefill(prompt))
     per_request_s = prefill_s + (output - 1) * decode_s / batch

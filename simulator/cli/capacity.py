@@ -68,6 +68,8 @@ def build_document(config: str | None, overrides: list[str] | None, flags: dict[
             document[key] = flags[key]
     candidates = document.setdefault("candidates", {})
     for key, values in (("hardware", split_list(flags["hardware"])), ("tp", _ints(flags["tp"], "--tp")),
+                        ("pp", _ints(flags["pp"], "--pp")), ("dp", _ints(flags["dp"], "--dp")),
+                        ("ep", _ints(flags["ep"], "--ep")),
                         ("policy", split_list(flags["policy"])),
                         ("replicas", _ints(flags["replicas"], "--replicas"))):
         if values:
@@ -106,6 +108,9 @@ def capacity_command(
     model: Annotated[str | None, Opt(help="Model name or config.json path")] = None,
     hardware: Annotated[list[str] | None, Opt(help="Candidate GPUs (repeat or comma-separate)")] = None,
     tp: Annotated[list[str] | None, Opt(help="Candidate TP degrees, e.g. 1,2,4")] = None,
+    pp: Annotated[list[str] | None, Opt(help="Candidate pipeline stages, e.g. 1,2")] = None,
+    dp: Annotated[list[str] | None, Opt(help="Candidate data-parallel attention ranks, e.g. 1,8")] = None,
+    ep: Annotated[list[str] | None, Opt(help="Candidate expert-parallel degrees, e.g. 1,8")] = None,
     policy: Annotated[list[str] | None, Opt(help="Candidate scheduling policies")] = None,
     replicas: Annotated[list[str] | None, Opt(help="Candidate replicas per set, e.g. 1,2")] = None,
     ttft: Annotated[float | None, Opt(help="TTFT limit, seconds")] = None,
@@ -132,7 +137,8 @@ def capacity_command(
     as_json: Annotated[bool, Opt("--json", help="Print the answer as JSON")] = False,
 ) -> None:
     """Find each candidate's highest sustainable rate, the fewest GPUs for a target, and the cost."""
-    flags = {"model": model, "hardware": hardware, "tp": tp, "policy": policy, "replicas": replicas,
+    flags = {"model": model, "hardware": hardware, "tp": tp, "pp": pp, "dp": dp, "ep": ep, "policy": policy,
+             "replicas": replicas,
              "ttft": ttft, "tpot": tpot, "e2e": e2e, "percentile": percentile, "attainment": attainment,
              "lengths": lengths, "arrival": arrival, "requests": requests, "replications": replications,
              "precision": precision, "target_rate": target_rate, "prices": price,

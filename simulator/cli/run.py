@@ -52,7 +52,8 @@ def describe_plan(plan: RunPlan) -> None:
     if len(topology.groups) == 1:
         g = topology.groups[0]
         m, lim = g.memory, g.limits
-        console.print(f"[bold]{config.name}[/]: {g.model.name} on {g.replicas} x {g.tp} x "
+        layout = str(g.tp) if g.parallelism.is_single_group else f"({g.parallelism.label()})"
+        console.print(f"[bold]{config.name}[/]: {g.model.name} on {g.replicas} x {layout} x "
                       f"[bold]{g.hardware.name}[/] ({g.num_gpus} GPU{'s' if g.num_gpus > 1 else ''}), "
                       f"engine {engine.name} {engine.version}, policy [bold]{g.policy.name}[/], router "
                       f"{config.router.name}")

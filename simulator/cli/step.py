@@ -47,10 +47,12 @@ def step_command(
         str, Opt(help="Tokens each chunk's request computed earlier (chunked prefill), e.g. 0,4096")] = "",
     decode_batch: Annotated[int, Opt(help="Requests decoding one token each")] = 0,
     decode_context: Annotated[int, Opt(help="Tokens already in each decoding request's KV cache")] = 0,
-    weight_dtype: Annotated[str, Opt(help="bf16, fp16, fp8, int8, int4")] = "bf16",
-    act_dtype: Annotated[str, Opt(help="bf16, fp16, fp8 (W8A8), int8")] = "bf16",
+    weight_dtype: Annotated[str, Opt(help="bf16, fp16, fp8, int8, int4, nvfp4, mxfp4")] = "bf16",
+    act_dtype: Annotated[str, Opt(help="bf16, fp16, fp8 (W8A8), int8, nvfp4/mxfp4 (W4A4)")] = "bf16",
     kv_dtype: Annotated[str, Opt(help="bf16, fp16, fp8, int8, int4")] = "bf16",
     group_size: Annotated[int, Opt(help="Group size of int4 scales")] = 128,
+    expert_dtype: Annotated[
+        str | None, Opt(help="Routed experts' weights when they differ (e.g. mxfp4 for gpt-oss)")] = None,
     gpu_memory_utilization: Annotated[
         float | None, Opt(help="Fraction of HBM the engine may use (default: the engine's)")] = None,
     engine: Annotated[str, Opt(help="Serving engine whose step cost and defaults apply")] = DEFAULT_ENGINE,
@@ -73,7 +75,7 @@ def step_command(
     profile = load_hardware(hardware, "--hardware")
     if ideal:
         profile = profile.ideal()
-    precision = Precision.from_names(weight_dtype, act_dtype, kv_dtype, group_size)
+    precision = Precision.from_names(weight_dtype, act_dtype, kv_dtype, group_size, expert_dtype)
     batch = BatchShape.build(chunks, contexts, [decode_context] * decode_batch)
     report = analyse_step(spec, profile, batch, tp, precision, gpu_memory_utilization,
                           engine=make_engine(engine, {}, "--engine"),

@@ -9,7 +9,7 @@ system costs nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import simpy
@@ -25,6 +25,18 @@ if TYPE_CHECKING:  # policies are given to replicas; the core never imports them
 PromptsDone = Callable[[np.ndarray, float], None]
 """A prefill-only replica's exit: called with the requests whose prompt KV is complete and the
 time (the disaggregated topology sends them to a decode replica)."""
+
+
+class ServingUnit(Protocol):
+    """What routers and topologies use of a scheduling unit: a :class:`Replica`, or one virtual
+    engine's DP rank of a pipelined replica (:class:`~servesim.core.parallel_replica.RankHandle`)."""
+
+    state: ReplicaState
+    prompts_done: PromptsDone | None
+
+    def accept(self, request: int) -> None: ...
+
+    def wake(self) -> None: ...
 
 
 class Replica:

@@ -66,6 +66,34 @@ class AttentionShape:
     decode_q_width: int
     decode_o_width: int
     window: int | None
+    chunk: int | None = None
+    """Chunked local attention (Llama 4): a token sees only the tokens of its own block of
+    ``chunk`` positions."""
+
+
+def chunk_prefix_pairs(tokens: np.ndarray, chunk: int) -> np.ndarray:
+    """Attended pairs of the first ``tokens`` positions under chunked attention: position ``p``
+    (0-based) sees ``p mod chunk + 1`` keys, so full blocks give ``chunk(chunk+1)/2`` each and the
+    last partial block of ``r`` positions ``r(r+1)/2``."""
+    full, rest = np.divmod(tokens, chunk)
+    return full * (chunk * (chunk + 1) / 2) + rest * (rest + 1) / 2
+
+
+def attended_pairs(new: np.ndarray, context: np.ndarray, shape: AttentionShape) -> np.ndarray:
+    """Attended (query, key) pairs of prefill chunks under ``shape``'s attention kind."""
+    if shape.chunk is None:
+        return causal_pairs(new, context, shape.window)
+    new = new.astype(np.float64)
+    context = context.astype(np.float64)
+    return chunk_prefix_pairs(context + new, shape.chunk) - chunk_prefix_pairs(context, shape.chunk)
+
+
+def keys_read(new: np.ndarray, context: np.ndarray, shape: AttentionShape) -> np.ndarray:
+    """Distinct keys a prefill chunk reads under ``shape``'s attention kind (chunked: from the
+    start of the block holding the chunk's first token)."""
+    if shape.chunk is None:
+        return prefill_keys_read(new, context, shape.window)
+    return context + new - (context // shape.chunk) * shape.chunk
 
 
 def causal_pairs(new: np.ndarray, context: np.ndarray, window: int | None) -> np.ndarray:
@@ -97,10 +125,10 @@ def prefill_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwa
         return OpCost("attn_prefill", 0.0, 0.0, 0.0, 0.0, 0.0)
     eff = hardware.efficiency.attention_prefill
     new, context = batch.prefill_tokens, batch.prefill_context
-    pairs = causal_pairs(new, context, shape.window)
+    pairs = attended_pairs(new, context, shape)
     flops = pairs * shape.prefill_flops_per_pair
     compute_s = float(np.sum(flops / (peak_flops * eff.compute(np.sqrt(2.0 * pairs)))))
-    keys = float(prefill_keys_read(new, context, shape.window).sum())
+    keys = float(keys_read(new, context, shape).sum())
     total_new = float(new.sum())
     nbytes = (total_new * shape.heads * (shape.q_head_dim + shape.v_head_dim) * ATTENTION_IO_BYTES
               + keys * shape.prefill_kv_elements_per_token * kv_bytes
@@ -116,7 +144,9 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
     eff = hardware.efficiency.attention_decode
     n = float(batch.num_decodes)
-    if shape.window is None:
+    if shape.chunk is not None:
+        keys = float((batch.decode_context % shape.chunk).sum()) + n
+    elif shape.window is None:
         keys = batch.decode_context_sum + n
     else:
         keys = float(np.minimum(batch.decode_context + 1, shape.window).sum())

@@ -31,17 +31,19 @@ checkpoints leave them; attention math is 16-bit (FP8 attention kernels are not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from servesim.cost.attention import AttentionShape, decode_attention, prefill_attention
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allgather_s, ring_allreduce_s
+from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.roofline import OpCost, roofline
 from servesim.dtypes import DType, Precision
 from servesim.engines.base import RuntimeCosts, default_runtime
 from servesim.hardware import HardwareProfile
 from servesim.model_spec import ModelSpec, ceil_div
+from servesim.parallelism import Parallelism, StageLayers, placement
 
 BREAKDOWN_KEYS = ("embedding", "qkv_proj", "attn_prefill", "attn_decode", "o_proj", "mlp", "moe",
                   "elementwise", "lm_head", "communication", "overhead")
@@ -141,8 +143,19 @@ class CostModel:
     engine's on this hardware; :meth:`RuntimeCosts.none` for the kernels alone)."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
-                 precision: Precision | None = None, runtime: RuntimeCosts | None = None) -> None:
+                 precision: Precision | None = None, runtime: RuntimeCosts | None = None,
+                 parallelism: Parallelism | None = None, stage: StageLayers | None = None) -> None:
+        """``parallelism`` beyond ``tp`` (expert parallelism, data-parallel ranks) and ``stage`` (one
+        pipeline stage's layers) price one GPU of that layout; without them, one GPU of a TP group
+        running every layer. With data-parallel ranks the routed experts are left out of
+        :meth:`step` and priced once for all ranks' tokens by :meth:`moe_part`."""
         model.check_tensor_parallel(tp)
+        self.parallelism = parallelism if parallelism is not None else Parallelism(tp=tp)
+        assert self.parallelism.tp == tp, "tp and parallelism.tp disagree"
+        self.stage = stage if stage is not None else StageLayers(0, 0, model.num_layers, True, True)
+        counts = model.layer_counts(self.stage.start, self.stage.stop)
+        self._layers = self.stage.layers
+        self._dense, self._sparse = counts["dense"], counts["moe"]
         self.model = model
         self.hardware = hardware
         self.tp = tp
@@ -158,8 +171,42 @@ class CostModel:
         self._kv_bytes = self.precision.kv_bytes
         self._weight_bytes = self.precision.weight_bytes
         self.attention = self._attention_shape()
+        self._attention_groups = self._attention_kinds(counts)
         self._attn_gemms = self._attention_projection_shapes()
+        self._experts = self._expert_layer()
         self._token_cache: dict[tuple[int, int], _TokenPart] = {}
+        self._moe_cache: dict[int, tuple[tuple[OpCost, ...], float]] = {}
+
+    def _attention_kinds(self, counts: dict[str, int]) -> list[tuple[AttentionShape, int]]:
+        """Each attention kind of this stage's layers with its layer count (one entry for a model
+        whose layers attend alike, priced exactly as before kinds existed)."""
+        m = self.model
+        kinds = [kind for kind in ("full_attention", "sliding_attention", "chunked_attention")
+                 if counts.get(kind)]
+        if not m.layer_types:
+            return [(self.attention, self._layers)] if self._layers else []
+        groups = []
+        for kind in kinds:
+            shape = self.attention
+            if kind == "sliding_attention":
+                shape = replace(shape, window=m.sliding_window)
+            elif kind == "chunked_attention":
+                shape = replace(shape, window=None, chunk=m.attention_chunk_size)
+            else:
+                shape = replace(shape, window=None)
+            groups.append((shape, counts[kind]))
+        return groups
+
+    def _expert_layer(self) -> ExpertLayer | None:
+        """The routed experts' layout when it differs from TP-sharding every expert on one group."""
+        p = self.parallelism
+        if self.model.moe is None or (p.ep == 1 and p.dp == 1):
+            return None
+        return ExpertLayer(self.model, self.hardware, p, placement(self.hardware, p),
+                           self.precision, self._expert_weight_bytes())
+
+    def _expert_weight_bytes(self) -> float:
+        return self.precision.expert_weight_bytes
 
     # ------------------------------------------------------------------ per-GPU shapes
     def _attention_shape(self) -> AttentionShape:
@@ -254,7 +301,7 @@ class CostModel:
         # Per assignment: read the token (activation format), write the up output (16-bit),
         # read the activated intermediate (activation format), write the expert's output row.
         io = assignments * ((h + local) * self._act_bytes + (up_width + h) * IO_BYTES)
-        nbytes = hit * expert_weights * self._weight_bytes + io
+        nbytes = hit * expert_weights * self.precision.expert_weight_bytes + io
         experts_cost = roofline("moe", flops, nbytes, peak_flops=self.peak_flops,
                                 bandwidth=self.bandwidth, eff=self._gemm_eff,
                                 compute_axis=rows_per_expert, repeat=repeat, kernels=2)
@@ -288,14 +335,15 @@ class CostModel:
 
     def _batch_ops(self, batch: BatchShape) -> list[OpCost]:
         """The operators that depend on each request's context, not just on the token count."""
-        layers = self.model.num_layers
-        args = (self.hardware, self.bf16_peak, self._kv_bytes, layers)
+        layers = self._layers
         ops = []
-        if batch.num_prefills:
-            ops.append(prefill_attention(batch, self.attention, *args))
-        if batch.num_decodes:
-            ops.append(decode_attention(batch, self.attention, *args))
-        if self.model.mla is not None and batch.num_prefills:
+        for shape, count in self._attention_groups:
+            args = (self.hardware, self.bf16_peak, self._kv_bytes, count)
+            if batch.num_prefills:
+                ops.append(prefill_attention(batch, shape, *args))
+            if batch.num_decodes:
+                ops.append(decode_attention(batch, shape, *args))
+        if self.model.mla is not None and batch.num_prefills and layers:
             # MLA prefill over earlier context re-expands the cached latents into K and V.
             context_rows = float(batch.prefill_context.sum())
             ops.append(self._gemm("qkv_proj", context_rows, self.model.mla.kv_lora_rank,
@@ -358,20 +406,32 @@ class CostModel:
                           part.elementwise_s, part.comm_s, self._step_overhead_s)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
-        m, tp = self.model, self.tp
-        h, layers = m.hidden_size, m.num_layers
+        m, tp, stage = self.model, self.tp, self.stage
+        h, layers = m.hidden_size, self._layers
         heads = m.num_heads // tp
-        ops = [self._elementwise("embedding", 2 * tokens * h, tokens, 1, 1)]
-        for k, n in self._attn_gemms:
-            ops.append(self._gemm("qkv_proj", tokens, k, n, layers))
+        ops = [self._elementwise("embedding", 2 * tokens * h, tokens, 1, 1)] if stage.first else []
+        if m.kv_sharing > 1 and m.mla is None:
+            # CLA: every layer projects its queries, only the first of each group its keys/values
+            kv_heads = max(1, m.num_kv_heads // tp)
+            owners = m.kv_layers_in(stage.start, stage.stop)
+            ops.append(self._gemm("qkv_proj", tokens, h, heads * m.head_dim, layers))
+            ops.append(self._gemm("qkv_proj", tokens, h, 2 * kv_heads * m.head_dim, owners))
+        else:
+            for k, n in self._attn_gemms:
+                ops.append(self._gemm("qkv_proj", tokens, k, n, layers))
         ops.append(self._gemm("o_proj", tokens, heads * m.v_head_dim, h, layers))
 
-        dense, sparse = m.num_dense_layers, m.num_moe_layers
+        dense, sparse = self._dense, self._sparse
         if dense:
             ops.extend(self._mlp(tokens, m.intermediate_size, dense, "mlp"))
         if sparse:
             assert m.moe is not None
-            ops.extend(self._routed_experts(tokens, sparse))
+            if self._experts is None:
+                ops.extend(self._routed_experts(tokens, sparse))
+            else:  # the router runs on this rank's tokens; the experts in moe_part
+                ops.append(self._gemm("moe", tokens, h, m.moe.num_experts, sparse, sixteen_bit=True))
+                if not self.shares_experts:
+                    ops.extend(self.moe_part(int(tokens))[0])
             if m.moe.shared_intermediate:
                 ops.extend(self._mlp(tokens, m.moe.shared_intermediate, sparse, "mlp"))
 
@@ -391,27 +451,55 @@ class CostModel:
         if sparse:
             assert m.moe is not None
             moe_rows = tokens * m.moe.top_k
-            activation = gate * (moe_rows * ceil_div(m.moe.expert_intermediate, tp)
-                                 + tokens * ceil_div(m.moe.shared_intermediate, tp))
+            routed = 0.0 if self._experts is not None else moe_rows * ceil_div(m.moe.expert_intermediate, tp)
+            activation = gate * (routed + tokens * ceil_div(m.moe.shared_intermediate, tp))
             # The expert GEMMs write one row per assignment (counted there); the weighted sum
             # over each token's experts reads them back and writes one row per token.
             combine = moe_rows * h + tokens * h
             ops.append(self._elementwise("elementwise", per_layer + activation + combine,
                                          tokens, 6, sparse))
-        ops.append(self._elementwise("elementwise", 2 * tokens * h, tokens, 1, 1))
-        ops.append(self._gemm("lm_head", logits, h, ceil_div(m.vocab_size, tp), 1,
-                              sixteen_bit=True))
+        if stage.last:
+            ops.append(self._elementwise("elementwise", 2 * tokens * h, tokens, 1, 1))
+            ops.append(self._gemm("lm_head", logits, h, ceil_div(m.vocab_size, tp), 1,
+                                  sixteen_bit=True))
         return ops
+
+    # ------------------------------------------------------------------ expert parallelism
+    @property
+    def shares_experts(self) -> bool:
+        """Whether the routed experts are priced apart from each rank's step (:meth:`moe_part`):
+        data-parallel ranks send their tokens to experts shared by all of them."""
+        return self._experts is not None and self.parallelism.dispatches_tokens
+
+    def moe_part(self, tokens: int) -> tuple[tuple[OpCost, ...], float]:
+        """The routed experts of this stage's MoE layers for ``tokens`` tokens entering them (every
+        rank's together), on the busiest expert rank: (operators, seconds of dispatch and
+        combine). Memoised per token count."""
+        cached = self._moe_cache.get(tokens)
+        if cached is None:
+            assert self._experts is not None
+            ops, comm = self._experts.cost(float(tokens), self._sparse, self._gemm_eff, self._elem_eff)
+            cached = (tuple(ops), comm)
+            if len(self._moe_cache) < 1 << 16:
+                self._moe_cache[tokens] = cached
+        return cached
 
     def _communication_s(self, tokens: float, logits: float) -> float:
         """TP collectives: two all-reduces of the residual stream per layer, one after the
         vocabulary-parallel embedding, and the all-gather of the logits."""
+        if self._experts is not None and not self.shares_experts and self._sparse:
+            # expert parallelism inside one TP group: no dispatch (every GPU holds every token),
+            # the MoE output's all-reduce combines the experts' partial sums as before
+            extra = self.moe_part(int(tokens))[1]
+        else:
+            extra = 0.0
         if self.tp == 1:
-            return 0.0
-        link, m = self.hardware.interconnect, self.model
+            return extra
+        link, m, stage = self.hardware.interconnect, self.model, self.stage
         residual = tokens * m.hidden_size * IO_BYTES
-        return ((2 * m.num_layers + 1) * ring_allreduce_s(residual, self.tp, link)
-                + ring_allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, link))
+        reduces = 2 * self._layers + (1 if stage.first else 0)
+        gather = ring_allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, link) if stage.last else 0.0
+        return reduces * ring_allreduce_s(residual, self.tp, link) + gather + extra
 
     def _assemble(self, ops: list[OpCost], comm_s: float, total: float) -> StepCost:
         breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)

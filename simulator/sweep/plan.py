@@ -69,7 +69,8 @@ class PlannedPoint:
     def gpus(self) -> int:
         if self.num_gpus is not None:
             return self.num_gpus
-        return self.config.deployment.tp * self.config.deployment.replicas
+        d = self.config.deployment
+        return d.tp * d.pp * d.dp * d.replicas
 
 
 @dataclass
@@ -152,6 +153,8 @@ def _check_names(config: ExperimentConfig, blame: Any, loaded: dict[tuple[str, s
     check("precision.weights", lambda: DType.parse(p.weights, "weight_dtype"))
     check("precision.activations", lambda: DType.parse(p.activations, "act_dtype"))
     check("precision.kv_cache", lambda: DType.parse(p.kv_cache, "kv_dtype"))
+    if p.expert_weights is not None:
+        check("precision.expert_weights", lambda: DType.parse(str(p.expert_weights), "expert_weights"))
     return model, hardware, engine
 
 

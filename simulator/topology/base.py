@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from servesim.core.kv_link import KvLink
-from servesim.core.replica import Replica
+from servesim.core.parallel_replica import ParallelReplica
+from servesim.core.replica import Replica, ServingUnit
 from servesim.core.replica_state import ReplicaState
 from servesim.core.sim import Entry, Sim
 from servesim.dtypes import Precision
@@ -37,11 +38,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class GroupRun:
-    """One replica group as built for a run: its replicas (indices ``first_index ...``)."""
+    """One replica group as built for a run: its scheduling units (indices ``first_index ...``):
+    one :class:`Replica` per replica, or one :class:`RankHandle` per virtual engine and DP rank of
+    pipelined replicas (``pipelines``)."""
 
     group: ReplicaGroup
-    replicas: list[Replica]
+    replicas: list[ServingUnit]
     first_index: int
+    pipelines: list[ParallelReplica] = field(default_factory=list)
 
     @property
     def states(self) -> list[ReplicaState]:
@@ -100,8 +104,9 @@ class Topology(ABC):
         return self.groups[-1]
 
     def group_of_replica(self) -> list[str]:
-        """Each replica index's group name."""
-        return [group.name for group in self.groups for _ in range(group.replicas)]
+        """Each replica index's group name (a replica index names one scheduling unit: a replica,
+        or one virtual engine's DP rank of a pipelined replica)."""
+        return [group.name for group in self.groups for _ in range(group.units)]
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:
@@ -141,7 +146,8 @@ class Topology(ABC):
         limits, memory = group.limits, group.memory
         for key, value in self.resolved_keys(group).items():
             deployment[key] = value
-        return (f"{limits.num_blocks:,} KV blocks of {limits.block_size} tokens per replica "
+        unit = "replica" if group.units_per_replica == 1 else "scheduling unit (virtual engine x DP rank)"
+        return (f"{limits.num_blocks:,} KV blocks of {limits.block_size} tokens per {unit} "
                 f"({memory.kv_token_capacity:,} tokens, {memory.kv_cache_bytes / 2**30:.1f} GiB per GPU)")
 
     @staticmethod
@@ -163,9 +169,12 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
                 wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None) -> GroupRun:
     """The replicas of ``group`` on ``sim``'s clock, indices from ``first_index``, each running its
     group's policy (wrapped by ``wrap_policy`` if given) and sharing one cost model (its memo
-    serves them all)."""
+    serves them all). Pipelined replicas (stages or DP ranks) get one state and policy per
+    scheduling unit, numbered replica by replica, virtual engine by virtual engine, rank by rank."""
+    if group.runs_pipeline:
+        return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
     cost = group.cost_model()
-    replicas = []
+    replicas: list[ServingUnit] = []
     for i in range(group.replicas):
         state = make_state(first_index + i)
         policy = group.policy.make(state)
@@ -173,3 +182,29 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
             policy = wrap_policy(state, policy)
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps))
     return GroupRun(group, replicas, first_index)
+
+
+def _build_pipelined(sim: Sim, group: ReplicaGroup, first_index: int,
+                     make_state: Callable[[int], ReplicaState],
+                     wrap_policy: Callable[[ReplicaState, Policy], Policy] | None) -> GroupRun:
+    cost = group.parallel_cost_model()
+    par = group.parallelism
+    index = first_index
+    units: list[ServingUnit] = []
+    pipelines = []
+    for _ in range(group.replicas):
+        grid = []
+        for _ in range(par.pp):
+            ranks = []
+            for _ in range(par.dp):
+                state = make_state(index)
+                policy = group.policy.make(state)
+                if wrap_policy is not None:
+                    policy = wrap_policy(state, policy)
+                ranks.append((state, policy))
+                index += 1
+            grid.append(ranks)
+        replica = ParallelReplica(sim.env, grid, cost, sim.steps)
+        pipelines.append(replica)
+        units.extend(replica.ranks)
+    return GroupRun(group, units, first_index, pipelines)

@@ -19,7 +19,9 @@ from servesim.dtypes import Precision
 from servesim.engines import Engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
+from servesim.metrics.parallel_usage import pipeline_usage
 from servesim.model_config import load_model
+from servesim.parallelism import stages_of
 from servesim.policies.base import choose_policy
 from servesim.policies.routers import RouterChoice, choose_router
 from servesim.topology.base import Built, Topology, build_group, register_topology
@@ -33,6 +35,8 @@ def deployment_keys(config: ExperimentConfig, **overrides: Any) -> GroupKeys:
     """The deployment section's group keys, with ``overrides`` (a group's own) laid over them."""
     d = config.deployment
     values = {key: getattr(d, key) for key in GroupKeys.__dataclass_fields__}
+    if d.expert_routing is not None:
+        values["expert_routing"] = d.expert_routing.describe()
     values.update({k: v for k, v in overrides.items() if v is not None})
     return GroupKeys(**values)
 
@@ -45,7 +49,7 @@ def experiment_policy(config: ExperimentConfig, engine: Engine) -> tuple[str, di
 
 def precision_of(config: ExperimentConfig) -> Precision:
     p = config.precision
-    return Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size)
+    return Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size, p.expert_weights)
 
 
 @register_topology
@@ -97,6 +101,27 @@ class Colocated(Topology):
             replicas[router.route(request, now)].accept(request)
 
         return Built(entry, [run])
+
+    def summary_sections(self, sim: Sim, built: Built, requests: Any, steps: Any,
+                         span: float) -> dict[str, Any]:
+        """``parallelism`` (pipelined replicas only): how busy each pipeline stage was, the
+        bubble (stage time left idle while another stage works), and the share of stage time the
+        data-parallel ranks spent waiting for the slowest one."""
+        run = built.groups[0]
+        if not run.pipelines:
+            return {}
+        group = self.group
+        layers = [stage.layers for stage in stages_of(group.model, group.parallelism)]
+        return {"parallelism": pipeline_usage(group.parallelism.label(), layers, run.pipelines, span)}
+
+    def summary_lines(self, sections: dict[str, Any]) -> list[str]:
+        section = sections.get("parallelism")
+        if section is None:
+            return []
+        busy = ", ".join(f"{b:.0%}" for b in section["stage_busy_fraction"])
+        return [f"pipeline: {section['label']}; stage busy {busy}; bubble {section['bubble_fraction']:.0%} "
+                f"of the busiest stage's time; DP ranks waited {section['dp_wait_fraction']:.0%} of "
+                "stage time for the slowest rank"]
 
 
 def _state(sim: Sim, limits: Any, prefixes: PrefixIndex | None, reject_codes: np.ndarray,

@@ -46,7 +46,7 @@ import simpy
 
 from servesim.core.kv_cache import blocks_for
 from servesim.core.kv_link import KvLink, KvLinkSpec, resolve_link
-from servesim.core.replica import Replica
+from servesim.core.replica import ServingUnit
 from servesim.core.replica_state import ReplicaState
 from servesim.core.sim import Sim
 from servesim.core.state import DECODE_KV_NEVER_FITS, KV_NEVER_FITS, TOO_LONG, RequestState
@@ -191,7 +191,7 @@ class Disaggregated(Topology):
             handoff.prefill.append(replica)
         held = np.zeros(len(sim.requests), dtype=np.int64)  # the decode group's own block column
         no_rejections = np.zeros(len(sim.requests), dtype=np.int8)  # arrivals never reach it
-        decode = build_group(sim, self.decode, self.prefill.replicas, partial(
+        decode = build_group(sim, self.decode, self.prefill.units, partial(
             _decode_state, sim, self.decode, held, no_rejections), wrap_policy=handoff.receiver)
         handoff.decode.extend(decode.replicas)
         if self.decode_router != LEAST_KV:
@@ -316,8 +316,8 @@ class Handoff:
         self.requests = requests
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
-        self.prefill: list[Replica] = []
-        self.decode: list[Replica] = []
+        self.prefill: list[ServingUnit] = []
+        self.decode: list[ServingUnit] = []
         self.receivers: list[KvReceiver] = []
         self.route = LeastKvLoad(self.receivers).route
 
@@ -327,7 +327,7 @@ class Handoff:
         self.receivers.append(receiver)
         return receiver
 
-    def prefilled(self, replica: Replica, ids: np.ndarray, now: float) -> None:
+    def prefilled(self, replica: ServingUnit, ids: np.ndarray, now: float) -> None:
         """``ids`` finished their prompt on prefill ``replica``: each goes to a decode replica."""
         replica.state.hand_off(ids)
         r = self.requests

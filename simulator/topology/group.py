@@ -15,33 +15,17 @@ from dataclasses import dataclass
 from servesim.core.replica_state import EngineLimits
 from servesim.core.swap import SwapPath
 from servesim.cost import BatchShape, CostModel
+from servesim.cost.expert_parallel import zipf_imbalance
+from servesim.cost.parallel_step import ParallelCostModel
 from servesim.dtypes import Precision
 from servesim.engines import Engine, RuntimeCosts
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
-from servesim.memory import MemoryPlan, plan_memory
+from servesim.memory import MemoryPlan
 from servesim.model_spec import ModelSpec
+from servesim.parallel_memory import plan_replica_memory
+from servesim.parallelism import Parallelism, check_parallelism, stages_of
 from servesim.policies.base import Choice, Policy, prefix_caching_policies
-
-GPUS_PER_NODE = 8
-"""GPUs in one server of every shipped profile (HGX/DGX boards, MI300X platforms): a TP group lives
-inside one, since the profile's interconnect is the node's NVLink/Infinity Fabric."""
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    """How one replica spreads over GPUs. Tensor parallelism today; pipeline stages, expert
-    parallelism and data-parallel attention ranks join as fields that multiply
-    :attr:`gpus_per_replica`."""
-
-    tp: int = 1
-
-    @property
-    def gpus_per_replica(self) -> int:
-        return self.tp
-
-    def describe(self) -> dict[str, int]:
-        return {"tp": self.tp}
 
 
 @dataclass(frozen=True)
@@ -58,6 +42,13 @@ class GroupKeys:
     watermark: float | None
     num_gpu_blocks: int | None
     enable_prefix_caching: bool | None
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    pp_layers: list[int] | None = None
+    all2all_backend: str | None = None
+    expert_routing: dict[str, float] | None = None
+    """``{"imbalance": f}`` or ``{"zipf": s}`` (the keys as written); None: uniform routing."""
 
 
 @dataclass(frozen=True)
@@ -88,22 +79,63 @@ class ReplicaGroup:
     def num_gpus(self) -> int:
         return self.parallelism.gpus_per_replica * self.replicas
 
+    @property
+    def units_per_replica(self) -> int:
+        """Scheduling units of one replica (each with its own queue and KV pool): its pipeline's
+        virtual engines times its data-parallel ranks; 1 for one TP group."""
+        return self.parallelism.pp * self.parallelism.dp
+
+    @property
+    def units(self) -> int:
+        """Scheduling units of the whole group: what routers and replica indices count."""
+        return self.replicas * self.units_per_replica
+
+    @property
+    def runs_pipeline(self) -> bool:
+        """Whether replicas run stages or data-parallel ranks (the pipelined replica loop)."""
+        return self.parallelism.pp > 1 or self.parallelism.dp > 1
+
     def cost_model(self, runtime: RuntimeCosts | None = None) -> CostModel:
         """Prices this group's steps: the model on its GPUs, as its engine runs them (``runtime``
-        replaces the engine's step cost)."""
-        return CostModel(self.model, self.hardware, self.tp, self.precision, runtime or self.runtime)
+        replaces the engine's step cost). With pipeline stages or DP ranks this prices one rank
+        on the first stage's GPUs; :meth:`parallel_cost_model` prices whole micro-batches."""
+        if self.parallelism.is_single_group:
+            return CostModel(self.model, self.hardware, self.tp, self.precision, runtime or self.runtime)
+        stage = stages_of(self.model, self.parallelism)[0]
+        return CostModel(self.model, self.hardware, self.tp, self.precision, runtime or self.runtime,
+                         self.parallelism, stage)
+
+    def parallel_cost_model(self, runtime: RuntimeCosts | None = None) -> ParallelCostModel:
+        """Prices micro-batches through this group's stages and DP ranks."""
+        return ParallelCostModel(self.model, self.hardware, self.parallelism, self.precision,
+                                 runtime or self.runtime)
 
     def describe(self) -> dict[str, object]:
         p = self.precision
         precision = (f"weights {p.weight.value}, activations {p.activation.value}, "
                      f"kv {p.kv_cache.value}")
-        return {"model": self.model.name, "hardware": self.hardware.name, "tp": self.tp,
-                "replicas": self.replicas, "gpus": self.num_gpus, "precision": precision,
-                "kv_blocks_per_replica": self.limits.num_blocks, "block_size": self.limits.block_size,
-                "max_num_seqs": self.limits.max_num_seqs,
-                "max_num_batched_tokens": self.limits.max_num_batched_tokens,
-                "max_model_len": self.limits.max_model_len,
-                "enable_prefix_caching": self.limits.enable_prefix_caching}
+        if p.expert_weight is not None:
+            precision += f", experts {p.expert_weight.value}"
+        out: dict[str, object] = {
+            "model": self.model.name, "hardware": self.hardware.name, "tp": self.tp,
+            "replicas": self.replicas, "gpus": self.num_gpus, "precision": precision,
+            "kv_blocks_per_replica": self.limits.num_blocks, "block_size": self.limits.block_size,
+            "max_num_seqs": self.limits.max_num_seqs,
+            "max_num_batched_tokens": self.limits.max_num_batched_tokens,
+            "max_model_len": self.limits.max_model_len,
+            "enable_prefix_caching": self.limits.enable_prefix_caching}
+        par = self.parallelism
+        if not par.is_single_group:
+            # kv_blocks_per_replica is then each scheduling unit's pool (a virtual engine's DP rank)
+            out.update(par.describe())
+            out["gpus_per_replica"] = par.gpus_per_replica
+            out["stage_layers"] = [s.layers for s in stages_of(self.model, par)]
+            out["scheduling_units_per_replica"] = self.units_per_replica
+            if self.model.moe is not None:
+                out["moe_tp"] = par.moe_tp
+                out["all2all_backend"] = par.all2all_backend if par.dispatches_tokens else None
+                out["expert_imbalance"] = par.expert_imbalance
+        return out
 
 
 def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: HardwareProfile,
@@ -117,10 +149,6 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
         raise ServesimError("deployment.enable_prefix_caching",
                             f"is not modelled for policy {policy.name!r} ({policy.cls.prefix_caching_note})",
                             f"remove it or use {', '.join(prefix_caching_policies())}")
-    if keys.tp > GPUS_PER_NODE:
-        raise ServesimError("deployment.tp", f"{keys.tp} exceeds the {GPUS_PER_NODE} GPUs of one "
-                            f"{hardware.name} node (tensor parallelism is modelled over one node's "
-                            "interconnect)", f"use tp <= {GPUS_PER_NODE} and more replicas")
     max_model_len = keys.max_model_len or model.max_context
     if max_model_len > model.max_context:
         raise ServesimError("deployment.max_model_len",
@@ -139,7 +167,9 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
         raise ServesimError("deployment.max_num_seqs", f"{max_num_seqs} exceeds the step's token "
                             f"budget {budget}", "lower max_num_seqs or raise max_num_batched_tokens")
     utilization = keys.gpu_memory_utilization or defaults.gpu_memory_utilization
-    memory = plan_memory(model, hardware, keys.tp, precision, utilization, budget, max_num_seqs)
+    parallelism = parallelism_of(keys, model)
+    check_parallelism(model, hardware, parallelism)
+    memory = plan_replica_memory(model, hardware, parallelism, precision, utilization, budget, max_num_seqs)
     block_size = keys.block_size or defaults.block_size
     if block_size > max_model_len:
         raise ServesimError("deployment.block_size", f"{block_size} tokens per KV block exceeds "
@@ -152,11 +182,13 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                                 f"{keys.num_gpu_blocks:,} blocks do not fit: the memory plan leaves room "
                                 f"for {num_blocks:,}", f"use at most {num_blocks:,}")
         num_blocks = keys.num_gpu_blocks
+    # vLLM V0 gives each of the pipeline's virtual engines 1/pp of the blocks
+    num_blocks //= parallelism.pp
     if num_blocks < 1:
         raise ServesimError("deployment", "no room for a single KV block",
                             "raise gpu_memory_utilization, use a larger tp or quantise the weights")
     watermark = defaults.watermark if keys.watermark is None else keys.watermark
-    swap_path = SwapPath(block_bytes=memory.kv_bytes_per_token * block_size, gpus=keys.tp,
+    swap_path = SwapPath(block_bytes=memory.kv_bytes_per_token * block_size, gpus=keys.tp * keys.pp,
                          link=hardware.host_link)
     limits = EngineLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                           max_model_len=max_model_len, block_size=block_size, num_blocks=num_blocks,
@@ -166,8 +198,10 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
     settings = GroupKeys(tp=keys.tp, replicas=keys.replicas, gpu_memory_utilization=utilization,
                          block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                          max_model_len=max_model_len, watermark=watermark, num_gpu_blocks=keys.num_gpu_blocks,
-                         enable_prefix_caching=prefix_caching)
-    group = ReplicaGroup(name, model, hardware, Parallelism(tp=keys.tp), precision, engine,
+                         enable_prefix_caching=prefix_caching, pp=keys.pp, dp=keys.dp, ep=keys.ep,
+                         pp_layers=keys.pp_layers, all2all_backend=keys.all2all_backend,
+                         expert_routing=keys.expert_routing)
+    group = ReplicaGroup(name, model, hardware, parallelism, precision, engine,
                          engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings)
     check_step_time(group)
     return group
@@ -195,3 +229,21 @@ def check_step_time(group: ReplicaGroup) -> None:
                             f"{group.model.name} (a full token budget), which no GPU does",
                             "check the profile's peak_flops, memory and interconnect numbers (units: "
                             "FLOP/s, bytes, bytes/s)")
+
+
+def parallelism_of(keys: GroupKeys, model: ModelSpec) -> Parallelism:
+    """The layout the keys ask for, with the expert routing turned into the busiest expert rank's
+    load factor (a Zipf exponent is converted by :func:`~servesim.cost.expert_parallel.zipf_imbalance`)."""
+    routing = keys.expert_routing or {}
+    if "imbalance" in routing and "zipf" in routing:
+        raise ServesimError("deployment.expert_routing", "gives both imbalance and zipf",
+                            "keep one: a measured imbalance, or a Zipf exponent to compute it from")
+    imbalance = float(routing.get("imbalance", 1.0))
+    if "zipf" in routing:
+        if model.moe is None or keys.ep == 1:
+            raise ServesimError("deployment.expert_routing", "skewed routing needs expert parallelism",
+                                "set ep > 1 or remove expert_routing")
+        imbalance = zipf_imbalance(model.moe.num_experts, model.moe.top_k, keys.ep, float(routing["zipf"]))
+    return Parallelism(tp=keys.tp, pp=keys.pp, dp=keys.dp, ep=keys.ep, pp_layers=tuple(keys.pp_layers or ()),
+                       all2all_backend=keys.all2all_backend or "allgather_reducescatter",
+                       expert_imbalance=imbalance)

@@ -13,7 +13,7 @@ from pydantic import Field
 from servesim.inputs.schema import FrozenModel
 
 GROUP_ENGINE_KEYS = ("tp", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "watermark",
-                     "num_gpu_blocks")
+                     "num_gpu_blocks", "pp", "dp", "ep")
 """Keys a group may set to override the deployment's own (``block_size`` and ``max_model_len`` are
 always the deployment's: one service)."""
 
@@ -32,6 +32,9 @@ class GroupKeys(FrozenModel):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     watermark: float | None = Field(None, ge=0, lt=1)
     num_gpu_blocks: int | None = Field(None, ge=1)
+    pp: int | None = Field(None, ge=1, description="pipeline stages of each replica")
+    dp: int | None = Field(None, ge=1, description="data-parallel attention ranks of each replica")
+    ep: int | None = Field(None, ge=1, description="expert-parallel degree of each replica's MoE layers")
 
     def policy_section(self, default: tuple[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         """(name, knobs) of this group's policy; ``default`` when it sets none."""
@@ -49,6 +52,21 @@ class DecodeGroupKeys(GroupKeys):
 
 
 LinkKind = Literal["nvlink", "pcie", "infiniband", "ethernet"]
+
+AllToAllBackend = Literal["allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency"]
+"""vLLM's ``--all2all-backend`` values that are modelled (:mod:`servesim.cost.expert_parallel`)."""
+
+
+class ExpertRoutingKeys(FrozenModel):
+    """How unevenly routed tokens load the expert-parallel ranks: ``imbalance`` gives the busiest
+    rank's load over the mean directly (a measurement), ``zipf`` an exponent of Zipf-distributed
+    expert popularity from which it is computed. Neither: uniform routing."""
+
+    imbalance: float | None = Field(None, ge=1, description="busiest expert rank's load / mean")
+    zipf: float | None = Field(None, gt=0, description="exponent s of expert popularity ~ rank^-s")
+
+    def describe(self) -> dict[str, float]:
+        return {k: v for k, v in (("imbalance", self.imbalance), ("zipf", self.zipf)) if v is not None}
 
 
 class LinkKeys(FrozenModel):

@@ -1,0 +1,169 @@
+"""A replica with pipeline stages and data-parallel attention ranks on the clock.
+
+How an engine keeps ``pp`` stages busy is modelled after vLLM's V0 engine (the default engine
+here): the replica runs ``pp`` *virtual engines*, each with its own scheduler, waiting queue and
+``1/pp`` of the KV blocks (vLLM divides ``num_gpu_blocks`` by the pipeline size per scheduler),
+and each keeps one micro-batch in flight. So up to ``pp`` micro-batches are in the pipeline at
+once, one per virtual engine; a stage works on one micro-batch at a time, first come first
+served. With data-parallel attention each virtual engine has ``dp`` ranks, each with its own
+policy, queue and KV pool; their batches travel together (one micro-batch of ``dp`` parts)
+because every MoE layer synchronises them.
+
+Every (virtual engine, DP rank) pair is one scheduling unit with a :class:`ReplicaState`, which
+the router sees like a replica. One loop per virtual engine: ask each of its ranks' policies for a
+batch, price the micro-batch (:class:`~servesim.cost.parallel_step.ParallelCostModel`), spend the
+engine's CPU overhead (not on any stage, so it overlaps the other micro-batches), then for each
+stage wait until it is free, hold it for the stage's time, release it and send the activations on;
+at the end credit every rank's batch. A lone request therefore sees the sum of its stages and
+sends per step, and throughput comes from the micro-batches overlapping. The bubble is what is
+left: stages idle while fewer than ``pp`` virtual engines have work, and the faster stages idle
+behind the slowest one (a stage's busy share is in the run's ``parallelism`` summary section).
+
+Each rank that ran logs one step row: ``start_s`` when its virtual engine formed the micro-batch,
+``duration_s`` until the last stage finished; the operator columns hold its own kernels over every
+stage plus the sends and DP waits (communication) and the engine overhead; ``extra_s`` holds KV
+swap copies and the time spent waiting for a busy stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING
+
+import simpy
+
+from servesim.core.replica import PromptsDone
+from servesim.core.replica_state import ReplicaState
+from servesim.core.step_log import StepLog
+from servesim.cost.parallel_step import ParallelCostModel
+
+if TYPE_CHECKING:  # policies are given to replicas; the core never imports them at run time
+    from servesim.policies.base import Batch, Policy
+
+
+class RankHandle:
+    """One scheduling unit (a virtual engine's DP rank) as routers and topologies see a replica:
+    its state, ``accept`` for arrivals, ``wake`` when work or room appears, and an optional
+    ``prompts_done`` exit (a prefill-only group)."""
+
+    def __init__(self, state: ReplicaState, policy: Policy, engine: VirtualEngine) -> None:
+        self.state = state
+        self.policy = policy
+        self.engine = engine
+        self.prompts_done: PromptsDone | None = None
+
+    def accept(self, request: int) -> None:
+        if self.state.enqueue(request):
+            self.wake()
+
+    def wake(self) -> None:
+        self.engine.wake()
+
+
+class VirtualEngine:
+    """One scheduler of a pipelined replica: ``dp`` ranks whose micro-batch it sends through."""
+
+    def __init__(self, replica: ParallelReplica) -> None:
+        self.replica = replica
+        self.ranks: list[RankHandle] = []
+        self._idle: simpy.Event | None = None
+
+    def wake(self) -> None:
+        if self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()
+
+    def run(self) -> Generator[simpy.Event, object, None]:
+        replica = self.replica
+        env, cost, log = replica.env, replica.cost, replica.steps
+        stages = replica.stages
+        while True:
+            now = env.now
+            batches: list[Batch | None] = [rank.policy.schedule(now) for rank in self.ranks]
+            if all(batch is None for batch in batches):
+                self._idle = env.event()
+                wakes = [w for w in (rank.policy.wake_at(now) for rank in self.ranks) if w is not None]
+                if wakes:
+                    yield self._idle | env.timeout(max(0.0, min(wakes) - now))
+                else:
+                    yield self._idle
+                self._idle = None
+                continue
+            priced = cost.price([batch.shape if batch is not None else None for batch in batches])
+            active = sum(batch is not None for batch in batches)
+            replica.rank_wait_s += priced.rank_wait_s
+            rows = [_row_head(rank.state, batch, now) if batch is not None else None
+                    for rank, batch in zip(self.ranks, batches, strict=True)]
+            extra = max(batch.extra_s for batch in batches if batch is not None)
+            if priced.overhead_s + extra > 0:
+                yield env.timeout(priced.overhead_s + extra)
+            waited = 0.0
+            for index, stage in enumerate(stages):
+                request = stage.request()
+                queued = env.now
+                yield request
+                waited += env.now - queued
+                yield env.timeout(priced.stage_s[index])
+                stage.release(request)
+                replica.busy_s[index] += priced.stage_s[index]
+                replica.rank_busy_s += priced.stage_s[index] * active
+                if index < len(priced.send_s) and priced.send_s[index] > 0:
+                    yield env.timeout(priced.send_s[index])
+            for head, record in zip(rows, priced.ranks, strict=True):
+                if head is None or record is None:
+                    continue
+                log.append(*head, *record._replace(time_s=record.time_s + extra + waited), extra + waited)
+            end = env.now
+            for rank, batch in zip(self.ranks, batches, strict=True):
+                if batch is not None:
+                    _credit(rank, batch, end)
+
+
+def _row_head(state: ReplicaState, batch: Batch, now: float) -> tuple[float, ...]:
+    """The step log's batch fields, read when the batch is formed (as :class:`Replica` does)."""
+    shape = batch.shape
+    pool = state.pool
+    return (state.index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
+            shape.num_decodes, pool.total - pool.free, len(state.waiting), int(state.running.size),
+            batch.preempted)
+
+
+def _credit(rank: RankHandle, batch: Batch, now: float) -> None:
+    state = rank.state
+    requests = state.requests
+    if rank.prompts_done is None:
+        finished = requests.complete_step(batch.ids, batch.new_tokens, now, batch.decode_only)
+        if finished.size:
+            state.drop_finished()
+    else:
+        finished = requests.complete_prefill(batch.ids, batch.new_tokens)
+        if finished.size:
+            rank.prompts_done(finished, now)
+    rank.policy.after_step(batch, finished, now)
+
+
+class ParallelReplica:
+    """``pp`` virtual engines x ``dp`` ranks sharing ``pp`` stages (see the module docstring)."""
+
+    def __init__(self, env: simpy.Environment, units: Sequence[Sequence[tuple[ReplicaState, Policy]]],
+                 cost: ParallelCostModel, steps: StepLog) -> None:
+        """``units[v][d]``: the state and policy of DP rank ``d`` of virtual engine ``v``."""
+        self.env = env
+        self.cost = cost
+        self.steps = steps
+        self.stages = [simpy.Resource(env, capacity=1) for _ in cost.stages]
+        self.busy_s = [0.0 for _ in cost.stages]
+        """Seconds each stage held a micro-batch."""
+        self.rank_wait_s = 0.0
+        """Seconds DP ranks with a batch waited for the slowest rank (summed over ranks)."""
+        self.rank_busy_s = 0.0
+        """Stage seconds times the ranks with a batch in them (what the waits are a share of)."""
+        self.engines = []
+        self.ranks: list[RankHandle] = []
+        for ranks in units:
+            engine = VirtualEngine(self)
+            for state, policy in ranks:
+                handle = RankHandle(state, policy, engine)
+                engine.ranks.append(handle)
+                self.ranks.append(handle)
+            self.engines.append(engine)
+            env.process(engine.run())
