@@ -174,7 +174,8 @@ def test_cli_report_names_what_is_missing(tmp_path: Path) -> None:
     done = servesim("report", str(tmp_path))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "neither summary.json (a run) nor results.parquet (a sweep)" in lines[0]
+    assert len(lines) == 1
+    assert "has none of summary.json (a run), results.parquet (a sweep), capacity.json" in lines[0]
     (tmp_path / "summary.json").write_text("{}", encoding="utf-8")
     done = servesim("report", str(tmp_path))
     assert done.returncode == 2 and "requests.parquet not found" in done.stderr

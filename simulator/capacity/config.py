@@ -16,16 +16,20 @@ both become a :class:`CapacityConfig`.
       percentile: 99                # judged as p99 TTFT <= 2 s and p99 TPOT <= 50 ms ...
       attainment: null              # ... or, if set (e.g. 0.99), >= 99% of requests meet all limits
     engine: vllm-v0                 # the serving engine every candidate runs (its defaults apply)
-    candidates:                     # cartesian product: hardware x tp x policy x replicas
+    candidates:                     # cartesian product: hardware x tp x policy x (replicas | splits)
       hardware: [h100-sxm-80gb, a100-sxm-80gb]
       tp: [1, 2]
       policy: [continuous]          # names, or {name: ..., knob: ...} mappings
-      replicas: [1]
+      replicas: [1]                 # colocated: replicas per replica set
+      kind: [colocated]             # add disaggregated to rank prefill/decode splits beside them
+      splits: ["1:1"]               # disaggregated: prefill:decode replicas per replica set
+      link: {kind: infiniband}      # disaggregated: the KV link (deployment.link's keys)
     deployment: {max_num_seqs: 256}   # engine limits shared by every candidate (not tp/replicas)
     precision: {weights: bf16, activations: bf16, kv_cache: bf16}
     router: {name: round_robin}
     search: {replications: 3, precision: 0.05, requests_per_run: null, warmup_fraction: 0.1}
-    target_rate: 40                 # optional: size every candidate for 40 requests/s
+    target_rate: 40                 # optional: size every candidate for 40 requests/s, or ...
+    gpu_budget: null                # ... optional: the best deployment on exactly this many GPUs
     prices: {h100-sxm-80gb: 2.5}    # optional USD per GPU-hour, beats the profile's
     decode_context: null            # context of the decode-batch limits (default: workload mean)
 
@@ -35,7 +39,7 @@ Every key is checked, and a mistake is one line naming the key and the fix.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, StrictInt, ValidationError, field_validator, model_validator
 
@@ -43,7 +47,10 @@ from servesim.config import EngineConfig, PolicyConfig, PrecisionConfig, RouterC
 from servesim.errors import ServesimError
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import StrictModel, user_error
+from servesim.topology.keys import LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
+
+TOPOLOGY_KINDS = ("colocated", "disaggregated")
 
 
 class CapacitySlo(StrictModel):
@@ -84,15 +91,44 @@ def _seconds(value: float) -> str:
     return f"{value * 1e3:g} ms" if value < 1 else f"{value:g} s"
 
 
+Split = tuple[int, int]
+"""A disaggregated replica set: (prefill replicas, decode replicas)."""
+
+
+def parse_split(value: Any) -> Split:
+    """``"3:1"``, ``[3, 1]`` or ``{prefill: 3, decode: 1}`` -> (3, 1)."""
+    if isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+            return int(parts[0]), int(parts[1])
+    elif isinstance(value, list | tuple) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return int(value[0]), int(value[1])
+    elif isinstance(value, dict) and set(value) == {"prefill", "decode"}:
+        return parse_split([value["prefill"], value["decode"]])
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 60:
+        raise ValueError(f"{value} is a number: unquoted, YAML reads a split such as 3:1 as a base-60 "
+                         "number; quote it (\"3:1\")")
+    raise ValueError(f"{value!r} is not a prefill:decode split; write e.g. \"3:1\" (3 prefill replicas "
+                     "for each decode replica)")
+
+
 class CandidatesConfig(StrictModel):
-    """The deployments to compare: every combination of the four lists."""
+    """The deployments to compare: every combination of hardware, tp and policy, each as the
+    colocated replica sets of ``replicas`` and, with ``kind`` listing ``disaggregated``, as the
+    prefill:decode ``splits`` joined by ``link`` (one ranking holds both)."""
 
     hardware: list[str] = Field(min_length=1)
     tp: list[int] = Field([1], min_length=1)
     policy: list[PolicyConfig] = Field([PolicyConfig()], min_length=1)
     replicas: list[int] = Field([1], min_length=1)
+    kind: list[Literal["colocated", "disaggregated"]] = Field(
+        ["colocated"], min_length=1, description="topologies to compare: colocated, disaggregated")
+    splits: list[Split] = Field([(1, 1)], min_length=1,
+                                description="disaggregated: prefill:decode replicas per replica set")
+    link: LinkKeys = Field(LinkKeys(), description="disaggregated: the KV link between the groups")
 
-    @field_validator("hardware", "tp", "policy", "replicas", mode="before")
+    @field_validator("hardware", "tp", "policy", "replicas", "kind", mode="before")
     @classmethod
     def _listify(cls, value: Any) -> Any:
         return value if isinstance(value, list) else [value]
@@ -102,6 +138,18 @@ class CandidatesConfig(StrictModel):
     def _named(cls, value: Any) -> Any:
         return [{"name": v} if isinstance(v, str) else v for v in value]
 
+    @field_validator("splits", mode="before")
+    @classmethod
+    def _splits(cls, value: Any) -> Any:
+        if isinstance(value, tuple) or not isinstance(value, list) or _is_split_pair(value):
+            value = [value]  # one split: "3:1" or [3, 1]
+        splits = [parse_split(v) for v in value]
+        if any(p < 1 or d < 1 for p, d in splits):
+            raise ValueError(f"each side of a split needs at least one replica, got {value}")
+        if len(set(splits)) != len(splits):
+            raise ValueError(f"lists a split twice: {value}")
+        return splits
+
     @field_validator("tp", "replicas")
     @classmethod
     def _positive(cls, value: list[int]) -> list[int]:
@@ -110,6 +158,18 @@ class CandidatesConfig(StrictModel):
         if len(set(value)) != len(value):
             raise ValueError(f"lists a value twice: {value}")
         return value
+
+    @field_validator("kind")
+    @classmethod
+    def _kinds_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a kind twice: {value}")
+        return value
+
+
+def _is_split_pair(value: list[Any]) -> bool:
+    """``splits: [3, 1]`` is one split, not two."""
+    return len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
 class SharedDeployment(StrictModel):
@@ -150,6 +210,7 @@ class CapacityConfig(StrictModel):
     router: RouterConfig = RouterConfig()
     search: SearchConfig = SearchConfig()
     target_rate: float | None = Field(None, gt=0, description="requests/s to size every candidate for")
+    gpu_budget: int | None = Field(None, ge=1, description="GPUs every candidate's fleet must fit in")
     prices: dict[str, float] = Field(default_factory=dict, description="USD per GPU-hour by hardware")
     decode_context: int | None = Field(None, ge=1, description="context of the decode-batch limits")
 
@@ -157,6 +218,13 @@ class CapacityConfig(StrictModel):
     @classmethod
     def _engine_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_question(self) -> CapacityConfig:
+        if self.target_rate is not None and self.gpu_budget is not None:
+            raise ValueError("give target_rate (the fewest GPUs for a rate) or gpu_budget (the highest "
+                             "rate on a number of GPUs), not both")
+        return self
 
     @field_validator("prices")
     @classmethod

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from servesim.atomic_io import make_output_dir
 from servesim.cli.console import console
+from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
 from servesim.metrics.stats import fmt_seconds
 from servesim.metrics.summary import Summary
 from servesim.pipeline import RunPlan, load_plan, render, simulate
@@ -101,8 +102,10 @@ def run_command(
     seed: SeedOption = None,
     report: Annotated[bool, typer.Option(help="Write report.html")] = True,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
+    plotlyjs: PlotlyJsOption = "inline",
 ) -> None:
     """Simulate an experiment and write its summary, tables and interactive report."""
+    check_plotlyjs_early(plotlyjs)
     plan = _plan(config, overrides, seed)
     describe_plan(plan)
     cfg, workload = plan.config, plan.workload
@@ -118,7 +121,7 @@ def run_command(
             bar.update(task, completed=done, sim=sim_s)
 
         result = simulate(plan, progress=None if quiet else progress)
-    render(result, out_dir, report=report)
+    render(result, out_dir, report=report, plotlyjs=plotlyjs)
     render_summary(result.summary, plan.topology)
     console.print(f"simulated {len(workload):,} requests, {len(result.steps):,} steps in "
                   f"{result.wall_time_s:.2f} s wall ({len(workload) / max(result.wall_time_s, 1e-9):,.0f} "

@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 from servesim.cli.console import console
+from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
 from servesim.sweep import find_sweep, load_sweep
 from servesim.sweep.axes import point_label
 from servesim.sweep.backends import Backend, check_backend, default_workers
@@ -45,10 +46,12 @@ def sweep_command(
     report: Annotated[bool, typer.Option(help="Write the sweep's report.html")] = True,
     dry_run: Annotated[bool, typer.Option(help="Check every point and list them; run nothing")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
+    plotlyjs: PlotlyJsOption = "inline",
 ) -> None:
     """Run a parameter sweep: results.parquet (one row per point, mean and 95% CI over
     replications), one folder per run under points/, resumable by rerunning."""
     chosen = check_backend(backend)
+    check_plotlyjs_early(plotlyjs)
     sweep = load_sweep(find_sweep(sweep_file), overrides)
     out_dir = out or Path("sweeps") / sweep.name
     if dry_run:
@@ -95,7 +98,7 @@ def sweep_command(
     console.print(f"ran {runs} in {outcome.wall_s:.1f} s wall")
     console.print(f"wrote {out_dir}/ (results.parquet, points.parquet, sweep.resolved.yaml, points/)")
     if report:
-        _write_report(out_dir)
+        _write_report(out_dir, plotlyjs)
 
 
 def _where(backend: Backend | str, workers: int | None, address: str | None) -> str:
@@ -105,10 +108,11 @@ def _where(backend: Backend | str, workers: int | None, address: str | None) -> 
     return f"{count} local worker{'s' if count > 1 else ''}"
 
 
-def _write_report(out_dir: Path) -> None:
+def _write_report(out_dir: Path, plotlyjs: str) -> None:
+    from servesim.report.page import check_plotlyjs
     from servesim.report.sweep_report import write_sweep_report
 
-    path = write_sweep_report(out_dir)
+    path = write_sweep_report(out_dir, plotlyjs=check_plotlyjs(plotlyjs))
     console.print(f"wrote {path}")
 
 

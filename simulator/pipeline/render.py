@@ -63,8 +63,10 @@ def result_files(result: RunResult) -> dict[str, bytes]:
     return files
 
 
-def render(result: RunResult, out_dir: Path, report: bool = True) -> list[Path]:
-    """Write the run directory (see the module docstring); returns the files written."""
+def render(result: RunResult, out_dir: Path, report: bool = True, plotlyjs: str = "inline") -> list[Path]:
+    """Write the run directory (see the module docstring); returns the files written. ``plotlyjs``
+    is how the report loads plotly.js (``inline``, ``cdn`` or ``directory``; see
+    :mod:`servesim.report.page`)."""
     make_output_dir(out_dir)
     written = []
     files = result_files(result)
@@ -74,11 +76,12 @@ def render(result: RunResult, out_dir: Path, report: bool = True) -> list[Path]:
     full = result.plan.config.output == "full"
     if report and full:
         # plotly loads only when a report is written
+        from servesim.report.page import check_plotlyjs
         from servesim.report.run_data import RunData
         from servesim.report.run_report import write_run_report
 
         data = RunData.from_result(result, out_dir, files[CONFIG_FILE].decode())
-        written.append(write_run_report(out_dir, data=data))
+        written.append(write_run_report(out_dir, data=data, plotlyjs=check_plotlyjs(plotlyjs)))
     else:
         (out_dir / REPORT_FILE).unlink(missing_ok=True)
     if not full:

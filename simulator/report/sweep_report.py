@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servesim.atomic_io import atomic_write_text
 from servesim.report.format import METRICS, fmt_count, fmt_latency, fmt_pct, fmt_sig
-from servesim.report.page import render_page
+from servesim.report.page import PlotlyJs, render_page, write_page
 from servesim.report.sweep_data import RESOLVED_FILE, RESULTS_FILE, SweepData, format_value, load_sweep
 from servesim.report.sweep_figures import build_sweep_charts
 
@@ -236,7 +235,7 @@ table.best td.config { text-align: left; } table.best th { text-align: left; }
 </style>"""
 
 
-def render_sweep_report(data: SweepData) -> str:
+def render_sweep_report(data: SweepData, plotlyjs: PlotlyJs = "inline") -> str:
     title = f"servesim sweep: {data.sweep_dir.name}"
     return render_page(
         title,
@@ -245,13 +244,13 @@ def render_sweep_report(data: SweepData) -> str:
         data.config_text,
         footer=f"servesim sweep report for {data.sweep_dir.resolve()}",
         config_name=RESOLVED_FILE,
+        plotlyjs=plotlyjs,
     )
 
 
-def write_sweep_report(sweep_dir: Path, out: Path | None = None) -> Path:
+def write_sweep_report(sweep_dir: Path, out: Path | None = None, plotlyjs: PlotlyJs = "inline") -> Path:
     """Read ``sweep_dir/results.parquet`` and write ``sweep_dir/report.html`` (or ``out``)."""
     sweep_dir = Path(sweep_dir)
     data = load_sweep(sweep_dir)
     target = Path(out) if out is not None else sweep_dir / REPORT_FILE
-    atomic_write_text(target, render_sweep_report(data))
-    return target
+    return write_page(target, render_sweep_report(data, plotlyjs), plotlyjs)
