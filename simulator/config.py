@@ -45,6 +45,7 @@ from servesim.errors import ServesimError
 from servesim.inputs.files import yaml_mapping
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import StrictModel, user_error
+from servesim.inputs.slo import SloLimits
 from servesim.topology.keys import DecodeGroupKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
@@ -119,16 +120,10 @@ class RouterConfig(BaseModel):
         return {k: v for k, v in self.model_dump().items() if k != "name"}
 
 
-class SloConfig(StrictModel):
-    """Per-request latency limits in seconds. A request meets the SLOs when it completes and each
-    of its metrics given here is within its limit (DistServe's goodput definition)."""
-
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
-    e2e_s: float | None = Field(None, gt=0)
-
-    def limits(self) -> dict[str, float]:
-        return {k: v for k, v in self.model_dump().items() if v is not None}
+class SloConfig(SloLimits):
+    """Per-request latency limits (seconds; ``500ms`` or ``tpot_ms: 50`` on input, see
+    :mod:`servesim.inputs.units`). A request meets the SLOs when it completes and each of its
+    metrics given here is within its limit (DistServe's goodput definition)."""
 
 
 class ExperimentConfig(StrictModel):

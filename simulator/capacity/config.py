@@ -11,8 +11,8 @@ both become a :class:`CapacityConfig`.
       num_requests: 1000
       lengths: {preset: azure-conversation}
     slo:
-      ttft_s: 2.0                   # per-request limits, as in an experiment's slo:
-      tpot_s: 0.05
+      ttft_s: 2.0                   # per-request limits, as in an experiment's slo: (seconds, or
+      tpot_s: 50ms                  #   with a unit; tpot_ms: 50 is the same)
       percentile: 99                # judged as p99 TTFT <= 2 s and p99 TPOT <= 50 ms ...
       attainment: null              # ... or, if set (e.g. 0.99), >= 99% of requests meet all limits
     engine: vllm-v0                 # the serving engine every candidate runs (its defaults apply)
@@ -47,20 +47,19 @@ from servesim.config import EngineConfig, PolicyConfig, PrecisionConfig, RouterC
 from servesim.errors import ServesimError
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import StrictModel, user_error
+from servesim.inputs.slo import SloLimits
 from servesim.topology.keys import LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
 TOPOLOGY_KINDS = ("colocated", "disaggregated")
 
 
-class CapacitySlo(StrictModel):
-    """What a rate must meet. Per-request limits (seconds) as in an experiment's ``slo:``; judged
-    either as percentile targets (``p<percentile>`` of each metric within its limit) or, with
-    ``attainment``, as the fraction of requests meeting every limit (DistServe's SLO attainment)."""
+class CapacitySlo(SloLimits):
+    """What a rate must meet. Per-request limits as in an experiment's ``slo:`` (seconds, any unit
+    on input); judged either as percentile targets (``p<percentile>`` of each metric within its
+    limit) or, with ``attainment``, as the fraction of requests meeting every limit (DistServe's
+    SLO attainment)."""
 
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
-    e2e_s: float | None = Field(None, gt=0)
     percentile: float = Field(99.0, gt=0, le=100, description="percentile of the targets")
     attainment: float | None = Field(None, gt=0, le=1,
                                      description="required fraction of requests meeting all limits")
@@ -68,12 +67,8 @@ class CapacitySlo(StrictModel):
     @model_validator(mode="after")
     def _some_limit(self) -> CapacitySlo:
         if not self.limits():
-            raise ValueError("give at least one of ttft_s, tpot_s, e2e_s (seconds)")
+            raise ValueError("give at least one of ttft_s, tpot_s, e2e_s (seconds; or their _ms keys)")
         return self
-
-    def limits(self) -> dict[str, float]:
-        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s),
-                                  ("e2e_s", self.e2e_s)) if v is not None}
 
     @property
     def mode(self) -> str:
@@ -259,7 +254,7 @@ def load_capacity_document(path: str | Path | None, overrides: list[str] | None 
 
 
 _MISSING_HINTS = {"model": "--model NAME", "candidates": "--hardware NAME",
-                  "candidates.hardware": "--hardware NAME", "slo": "--ttft/--tpot/--e2e SECONDS",
+                  "candidates.hardware": "--hardware NAME", "slo": "--ttft/--tpot/--e2e (e.g. --tpot 50ms)",
                   "workload": "a workload: section"}
 """A missing key names the flag that gives it (flags and YAML share this schema)."""
 

@@ -23,6 +23,7 @@ from servesim.capacity.plan import decode_limits_only, plan_capacity
 from servesim.cli.console import console
 from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
 from servesim.errors import ServesimError
+from servesim.inputs.units import parse_duration
 from servesim.resources import configs_dir, find_builtin
 
 Opt = typer.Option
@@ -61,6 +62,15 @@ def parse_prices(values: list[str] | None) -> dict[str, float]:
     return prices
 
 
+def flag_duration(text: str, flag: str) -> float:
+    """``--tpot 50`` (milliseconds, as vLLM's and AIConfigurator's flags), ``--tpot 50ms`` or
+    ``--tpot 0.05s``, in seconds; one line naming the flag when it cannot be read or is implausible."""
+    try:
+        return parse_duration(text, flag, "ms", f"--{flag}")
+    except ValueError as exc:
+        raise ServesimError(f"--{flag}", str(exc)) from None
+
+
 def build_document(config: str | None, overrides: list[str] | None, flags: dict[str, Any]) -> dict[str, Any]:
     """The YAML file (if any) with ``--set`` overrides, then every flag given on top."""
     document = load_capacity_document(find_capacity_config(config) if config else None, overrides)
@@ -81,7 +91,7 @@ def build_document(config: str | None, overrides: list[str] | None, flags: dict[
         for key, flag in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e"),
                           ("percentile", "percentile"), ("attainment", "attainment")):
             if flags[flag] is not None:
-                slo[key] = flags[flag]
+                slo[key] = flag_duration(flags[flag], flag) if key.endswith("_s") else flags[flag]
     if "workload" not in document:
         document["workload"] = {"arrival": {"process": "poisson", "rate": 1.0},
                                 "num_requests": DEFAULT_WORKLOAD_REQUESTS,
@@ -110,9 +120,10 @@ def capacity_command(
     tp: Annotated[list[str] | None, Opt(help="Candidate TP degrees, e.g. 1,2,4")] = None,
     policy: Annotated[list[str] | None, Opt(help="Candidate scheduling policies")] = None,
     replicas: Annotated[list[str] | None, Opt(help="Candidate replicas per set, e.g. 1,2")] = None,
-    ttft: Annotated[float | None, Opt(help="TTFT limit, seconds")] = None,
-    tpot: Annotated[float | None, Opt(help="TPOT limit, seconds")] = None,
-    e2e: Annotated[float | None, Opt(help="End-to-end latency limit, seconds")] = None,
+    ttft: Annotated[str | None, Opt(
+        help="TTFT limit: 500ms, 0.5s, or bare milliseconds (as vllm bench serve --goodput)")] = None,
+    tpot: Annotated[str | None, Opt(help="TPOT limit: 50ms, 0.05s, or bare milliseconds")] = None,
+    e2e: Annotated[str | None, Opt(help="End-to-end latency limit: 30s, or bare milliseconds")] = None,
     percentile: Annotated[float | None, Opt(help="Percentile the limits apply to (default 99)")] = None,
     attainment: Annotated[float | None, Opt(
         help="Instead: fraction of requests that must meet every limit, e.g. 0.99")] = None,
