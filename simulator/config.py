@@ -140,12 +140,22 @@ class ExperimentConfig(StrictModel):
     slo: SloConfig | None = None
     output: Literal["full", "summary"] = Field(
         "full", description="full: parquet tables and report.html; summary: summary.json only")
+    metric_percentiles: list[float] = Field(
+        [99.0], min_length=1, description="percentiles of summary.json's vLLM-named keys (p99_ttft_ms ...), "
+        "as vllm bench serve --metric-percentiles")
     _legacy_disaggregated: bool = PrivateAttr(False)
 
     @field_validator("engine", mode="before")
     @classmethod
     def _engine_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("metric_percentiles")
+    @classmethod
+    def _percentiles(cls, value: list[float]) -> list[float]:
+        if any(not 0 < p <= 100 for p in value):
+            raise ValueError(f"percentiles must be in (0, 100], got {value}")
+        return sorted(set(value))
 
     @property
     def legacy_disaggregated(self) -> bool:

@@ -13,6 +13,7 @@ from rich.table import Table
 from servesim.atomic_io import make_output_dir
 from servesim.cli.console import console
 from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
+from servesim.errors import ServesimError
 from servesim.metrics.stats import fmt_seconds
 from servesim.metrics.summary import Summary
 from servesim.pipeline import RunPlan, load_plan, render, simulate
@@ -44,6 +45,18 @@ def _group_line(group: ReplicaGroup) -> str:
     return (f"KV pool {m.kv_cache_bytes / GIB:.1f} GiB = {lim.num_blocks:,} blocks of {lim.block_size} "
             f"tokens per replica; max_num_seqs {lim.max_num_seqs}, max_num_batched_tokens "
             f"{lim.max_num_batched_tokens:,}")
+
+
+def percentiles_override(text: str) -> str:
+    """``--metric-percentiles 50,90,99`` as the override ``metric_percentiles=[50.0, 90.0, 99.0]``."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ServesimError("--metric-percentiles", f"{text!r} is not a list of numbers",
+                            "write e.g. --metric-percentiles 50,90,99") from None
+    if not values:
+        raise ServesimError("--metric-percentiles", "is empty", "write e.g. --metric-percentiles 50,90,99")
+    return f"metric_percentiles=[{', '.join(repr(v) for v in values)}]"
 
 
 def describe_plan(plan: RunPlan) -> None:
@@ -103,9 +116,14 @@ def run_command(
     report: Annotated[bool, typer.Option(help="Write report.html")] = True,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
     plotlyjs: PlotlyJsOption = "inline",
+    metric_percentiles: Annotated[str | None, typer.Option(
+        help="Percentiles of summary.json's vLLM-named keys, e.g. 50,90,99 (as vllm bench serve; "
+             "default 99)")] = None,
 ) -> None:
     """Simulate an experiment and write its summary, tables and interactive report."""
     check_plotlyjs_early(plotlyjs)
+    if metric_percentiles is not None:
+        overrides = [*(overrides or []), percentiles_override(metric_percentiles)]
     plan = _plan(config, overrides, seed)
     describe_plan(plan)
     cfg, workload = plan.config, plan.workload
