@@ -26,7 +26,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-quic", "--window-size=1280,1000")
-RUN_CHARTS = 7  # latency, throughput, batch/KV, queue, step time, roofline, operators
+RUN_CHARTS = 9  # latency, TTFT/prompt, throughput, batch/KV, queue, step time, replicas, roofline, ops
 SWEEP_CHARTS = 5  # knee, latency, two heatmaps, Pareto
 CAPACITY_CHARTS = 2  # search curves, cost against latency
 

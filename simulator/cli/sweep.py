@@ -21,6 +21,7 @@ from rich.table import Table
 
 from servesim.cli.console import console
 from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
+from servesim.report.sweep_data import format_value
 from servesim.sweep import find_sweep, load_sweep
 from servesim.sweep.axes import point_label
 from servesim.sweep.backends import Backend, check_backend, default_workers
@@ -126,7 +127,7 @@ def render_results(results: pd.DataFrame, keys: list[str]) -> None:
     for _, label, _ in metrics:
         table.add_column(label, justify="right")
     for _, row in results.head(MAX_ROWS_SHOWN).iterrows():
-        cells = [escape(str(row[k])) for k in shown_keys]
+        cells = [escape(format_value(row[k])) for k in shown_keys]
         if row["status"] != "ok":
             cells += [f"[yellow]{row['status']}[/]"] + [""] * (len(metrics) - 1)
         else:

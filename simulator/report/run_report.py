@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from servesim.report.balance_figures import replica_chart, ttft_prompt_chart
 from servesim.report.figures import Chart, build_charts
 from servesim.report.hardware_roof import roof_from_config
 from servesim.report.page import PlotlyJs, render_page, write_page
@@ -27,6 +28,8 @@ def build_run_charts(data: RunData) -> list[Chart]:
 
 def _charts(data: RunData, checks: list[SloCheck]) -> list[Chart]:
     charts = build_charts(data, checks)
+    charts.insert(1, ttft_prompt_chart(data, checks))
+    charts.append(replica_chart(data))
     roof = data.roof if data.roof is not None else roof_from_config(data.config_text, data.run_dir)
     charts.append(roofline_chart(data, roof))
     if has_op_columns(data):
