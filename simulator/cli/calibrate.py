@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 
 from servesim.cli.console import console as _console
-from servesim.hardware_io import load_hardware
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 calibrate_app = typer.Typer(help="Microbenchmark kernels, fit hardware profiles, validate the cost model.",
                             no_args_is_help=True)
@@ -78,6 +79,7 @@ def validate_command(
 ) -> None:
     """Predicted vs measured kernel time per family: median and p90 absolute % error."""
     from servesim.calibration.validate import validate
+    from servesim.hardware_io import load_hardware
 
     summary, _ = validate(directory, load_hardware(profile, "--profile"), out)
     if as_json:
@@ -97,6 +99,7 @@ def e2e_command(
     """Run a small transformer with torch under continuous batching; compare each step with the
     cost model."""
     from servesim.calibration.transformer_e2e import run_e2e
+    from servesim.hardware_io import load_hardware
 
     steps = run_e2e(load_hardware(profile, "--profile"), threads=threads)
     if out:

@@ -16,14 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from servesim.atomic_io import make_output_dir
-from servesim.capacity.config import load_capacity_document, validate_capacity
-from servesim.capacity.limits import describe_limits
-from servesim.capacity.output import LAUNCH_FILES, candidate_row, json_safe, write_capacity
-from servesim.capacity.plan import decode_limits_only, plan_capacity
 from servesim.cli.console import console
 from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
 from servesim.errors import ServesimError
-from servesim.inputs.units import parse_duration
 from servesim.resources import configs_dir, find_builtin
 
 Opt = typer.Option
@@ -65,6 +60,8 @@ def parse_prices(values: list[str] | None) -> dict[str, float]:
 def flag_duration(text: str, flag: str) -> float:
     """``--tpot 50`` (milliseconds, as vLLM's and AIConfigurator's flags), ``--tpot 50ms`` or
     ``--tpot 0.05s``, in seconds; one line naming the flag when it cannot be read or is implausible."""
+    from servesim.inputs.units import parse_duration
+
     try:
         return parse_duration(text, flag, "ms", f"--{flag}")
     except ValueError as exc:
@@ -73,6 +70,8 @@ def flag_duration(text: str, flag: str) -> float:
 
 def build_document(config: str | None, overrides: list[str] | None, flags: dict[str, Any]) -> dict[str, Any]:
     """The YAML file (if any) with ``--set`` overrides, then every flag given on top."""
+    from servesim.capacity.config import load_capacity_document
+
     document = load_capacity_document(find_capacity_config(config) if config else None, overrides)
     for key in ("model", "target_rate", "gpu_budget", "decode_context", "seed"):
         if flags[key] is not None:
@@ -153,6 +152,10 @@ def capacity_command(
     as_json: Annotated[bool, Opt("--json", help="Print the answer as JSON")] = False,
 ) -> None:
     """Find each candidate's highest sustainable rate, the fewest GPUs for a target, and the cost."""
+    from servesim.capacity.config import validate_capacity
+    from servesim.capacity.output import LAUNCH_FILES, json_safe, write_capacity
+    from servesim.capacity.plan import decode_limits_only, plan_capacity
+
     flags = {"model": model, "hardware": hardware, "tp": tp, "policy": policy, "replicas": replicas,
              "kind": kind, "splits": splits, "gpu_budget": gpu_budget,
              "ttft": ttft, "tpot": tpot, "e2e": e2e, "percentile": percentile, "attainment": attainment,
@@ -204,6 +207,8 @@ def _num(value: float | None, fmt: str = ".2f") -> str:
 
 
 def render(answer: dict[str, Any]) -> None:
+    from servesim.capacity.output import candidate_row
+
     target, budget = answer["target_rate"], answer.get("gpu_budget")
     table = Table(show_edge=False, box=None, pad_edge=False)
     fleet_price = ("$/1M tok @target" if target is not None
@@ -267,6 +272,8 @@ def render(answer: dict[str, Any]) -> None:
 
 
 def _print_limits(records: list[dict[str, Any]]) -> None:
+    from servesim.capacity.limits import describe_limits
+
     console.print("[bold]decode batch limits[/] (cost model, one replica)")
     for record in records:
         name = escape(record["candidate"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -14,19 +14,21 @@ from servesim.atomic_io import make_output_dir
 from servesim.cli.console import console
 from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
 from servesim.errors import ServesimError
-from servesim.metrics.stats import fmt_seconds
-from servesim.metrics.summary import Summary
-from servesim.pipeline import RunPlan, load_plan, render, simulate
 from servesim.resources import configs_dir, find_builtin
-from servesim.sweep.spec import is_sweep_file
-from servesim.topology.base import Topology
-from servesim.topology.group import ReplicaGroup
+
+if TYPE_CHECKING:
+    from servesim.metrics.summary import Summary
+    from servesim.pipeline import RunPlan
+    from servesim.topology.base import Topology
+    from servesim.topology.group import ReplicaGroup
 
 GIB = 2**30
 
 
 def find_config(text: str) -> Path:
     """A path, or the name of a built-in experiment (``quickstart`` -> configs/quickstart.yaml)."""
+    from servesim.sweep.spec import is_sweep_file
+
     return find_builtin(text, [configs_dir()], "CONFIG", "experiment",
                         lambda path: not is_sweep_file(path))
 
@@ -37,6 +39,8 @@ SeedOption = Annotated[int | None, typer.Option(help="Seed of the workload (over
 
 
 def _plan(config_path: str, overrides: list[str] | None, seed: int | None) -> RunPlan:
+    from servesim.pipeline import load_plan
+
     return load_plan(find_config(config_path), overrides or [], seed)
 
 
@@ -124,6 +128,8 @@ def run_command(
     check_plotlyjs_early(plotlyjs)
     if metric_percentiles is not None:
         overrides = [*(overrides or []), percentiles_override(metric_percentiles)]
+    from servesim.pipeline import render, simulate
+
     plan = _plan(config, overrides, seed)
     describe_plan(plan)
     cfg, workload = plan.config, plan.workload
@@ -151,6 +157,8 @@ def run_command(
 
 
 def render_summary(summary: Summary, topology: Topology) -> None:
+    from servesim.metrics.stats import fmt_seconds
+
     table = Table(show_edge=False, box=None, pad_edge=False)
     table.add_column("latency")
     for column in ("mean", "p50", "p90", "p99", "max"):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 from rich.markup import escape
 from rich.progress import (
@@ -21,11 +20,11 @@ from rich.table import Table
 
 from servesim.cli.console import console
 from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
-from servesim.report.sweep_data import format_value
-from servesim.sweep import find_sweep, load_sweep
-from servesim.sweep.axes import point_label
-from servesim.sweep.backends import Backend, check_backend, default_workers
-from servesim.sweep.runner import prepare
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from servesim.sweep.backends import Backend
 
 SHOWN_METRICS = (("ttft_s.p99", "p99 TTFT", "s"), ("tpot_s.p50", "p50 TPOT", "s"),
                  ("throughput.requests_per_s", "req/s", ""), ("goodput_requests_per_s", "goodput", ""),
@@ -51,6 +50,13 @@ def sweep_command(
 ) -> None:
     """Run a parameter sweep: results.parquet (one row per point, mean and 95% CI over
     replications), one folder per run under points/, resumable by rerunning."""
+    import pandas as pd
+
+    from servesim.sweep import find_sweep, load_sweep
+    from servesim.sweep.axes import point_label
+    from servesim.sweep.backends import check_backend
+    from servesim.sweep.runner import prepare
+
     chosen = check_backend(backend)
     check_plotlyjs_early(plotlyjs)
     sweep = load_sweep(find_sweep(sweep_file), overrides)
@@ -103,6 +109,8 @@ def sweep_command(
 
 
 def _where(backend: Backend | str, workers: int | None, address: str | None) -> str:
+    from servesim.sweep.backends import default_workers
+
     if backend == "ray":
         return f"Ray at {address}" if address else f"local Ray ({workers or default_workers()} CPUs)"
     count = workers or default_workers()
@@ -119,6 +127,8 @@ def _write_report(out_dir: Path, plotlyjs: str) -> None:
 
 def render_results(results: pd.DataFrame, keys: list[str]) -> None:
     """The points as a table: the varied keys, then a few headline metrics (mean ± ci95)."""
+    from servesim.report.sweep_data import format_value
+
     table = Table(show_edge=False, box=None, pad_edge=False)
     shown_keys = [k for k in keys if k in results] or ["point"]
     for key in shown_keys:
