@@ -83,22 +83,22 @@ class Precision:
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATION_DTYPES:
             raise ServesimError(
-                "act_dtype", f"{self.activation.value} activations are not supported",
+                "precision.activations", f"{self.activation.value} activations are not supported",
                 "use bf16, fp16, fp8 or int8")
         if self.activation.bits < self.weight.bits:
             raise ServesimError(
-                "act_dtype",
+                "precision.activations",
                 f"{self.activation.value} activations with {self.weight.value} weights is not a "
                 "real kernel (W16A8)",
-                f"use weight_dtype {self.activation.value} (W8A8) or act_dtype bf16")
+                f"use precision.weights: {self.activation.value} (W8A8) or precision.activations: bf16")
         eight_bit = {DType.FP8, DType.INT8}
         if {self.weight, self.activation} == eight_bit:
             raise ServesimError(
-                "act_dtype", f"{self.weight.value} weights with {self.activation.value} activations "
-                "mixes two 8-bit formats in one GEMM, which no kernel does",
-                f"use act_dtype {self.weight.value} (W8A8) or bf16 (weight-only)")
+                "precision.activations", f"{self.weight.value} weights with {self.activation.value} "
+                "activations mixes two 8-bit formats in one GEMM, which no kernel does",
+                f"use precision.activations: {self.weight.value} (W8A8) or bf16 (weight-only)")
         if self.group_size <= 0:
-            raise ServesimError("group_size", f"must be positive, got {self.group_size}",
+            raise ServesimError("precision.group_size", f"must be positive, got {self.group_size}",
                                 "use 128 (AWQ/GPTQ default)")
 
     @property
@@ -121,5 +121,5 @@ class Precision:
     @classmethod
     def from_names(cls, weight: str = "bf16", activation: str = "bf16", kv_cache: str = "bf16",
                    group_size: int = 128) -> Precision:
-        return cls(DType.parse(weight, "weight_dtype"), DType.parse(activation, "act_dtype"),
-                   DType.parse(kv_cache, "kv_dtype"), group_size)
+        return cls(DType.parse(weight, "precision.weights"), DType.parse(activation, "precision.activations"),
+                   DType.parse(kv_cache, "precision.kv_cache"), group_size)

@@ -135,11 +135,11 @@ def test_infeasible_candidates_are_listed_with_their_reason_not_raised() -> None
     assert feasible["feasible"] and feasible["rank"] == 1
     assert not infeasible["feasible"] and infeasible["rank"] == 2
     assert "3 does not divide llama-3-8b's 32 attention heads" in infeasible["infeasible_reason"]
-    assert infeasible["why"].startswith("infeasible: tp: 3")
+    assert infeasible["why"].startswith("infeasible: candidates.tp: 3")
     big = validate_capacity({**doc, "model": "llama-2-70b",
                              "candidates": {"hardware": ["a100-sxm-80gb"], "tp": [1, 2]}})
     limits = decode_limits_only(big)
-    assert not limits[0]["feasible"] and "use tp 2 or more" in limits[0]["infeasible_reason"]
+    assert not limits[0]["feasible"] and "use candidates.tp: 2 or more" in limits[0]["infeasible_reason"]
     assert limits[1]["feasible"]
 
 

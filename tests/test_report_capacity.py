@@ -54,7 +54,7 @@ def test_report_ranks_prices_and_launches_the_winner(capacity_dir: Path) -> None
     assert "$6.00/hour" in banner and "verified by simulating the whole fleet" in banner
     ranked = html[html.index('<table class="ranked">'):html.index("</table>", html.index('class="ranked"'))]
     assert ranked.count("<tr") == 1 + 4  # header + colocated tp1, tp3, disaggregated tp1, tp3
-    assert "infeasible: tp: 3 does not divide" in ranked
+    assert "infeasible: candidates.tp: 3 does not divide" in ranked
     assert "$/1M tok fleet" in ranked and "$/1M tok @max" in ranked
     assert '<section class="launch" id="launch">' in html and "vllm serve meta-llama/Meta-Llama-3-8B" in html
     assert "--tensor-parallel-size 1" in html and "sglang.launch_server" in html

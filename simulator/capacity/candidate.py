@@ -27,6 +27,7 @@ from servesim.capacity.search import SearchResult, search_rate, topology_saturat
 from servesim.config import ExperimentConfig, PolicyConfig, validate_document
 from servesim.engines import make_engine
 from servesim.errors import ServesimError
+from servesim.inputs.names import relabel
 from servesim.topology.group import ReplicaGroup
 from servesim.topology.resolve import resolve_topology
 from servesim.workloads import build_workload
@@ -117,6 +118,15 @@ def experiment_for(config: CapacityConfig, candidate: Candidate, sets: int = 1) 
     return validate_document(document, "capacity")
 
 
+CAPACITY_NAMES = {"deployment.tp": "candidates.tp", "deployment.replicas": "candidates.replicas"}
+"""A candidate's experiment keys as the capacity plan spells them."""
+
+
+def capacity_names(error: ServesimError) -> ServesimError:
+    """``error`` with the candidate experiment's keys named as the capacity plan writes them."""
+    return relabel(error, CAPACITY_NAMES)
+
+
 def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Path | None) -> dict[str, Any]:
     record: dict[str, Any] = {"index": candidate.index, "candidate": candidate.label,
                               "hardware": candidate.hardware, "tp": candidate.tp,
@@ -128,7 +138,7 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
     try:
         topology = resolve_topology(experiment)
     except ServesimError as exc:
-        record.update(feasible=False, infeasible_reason=str(exc))
+        record.update(feasible=False, infeasible_reason=str(capacity_names(exc)))
         return record
     group = topology.kv_group
     record["feasible"] = True

@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import servesim.policies  # noqa: F401  (registers the built-in policies and routers)
-from servesim.capacity.candidate import Candidate, analyse_candidate, expand_candidates, experiment_for
+from servesim.capacity.candidate import (
+    Candidate,
+    analyse_candidate,
+    capacity_names,
+    expand_candidates,
+    experiment_for,
+)
 from servesim.capacity.config import CapacityConfig
 from servesim.capacity.evaluate import sample_workload
 from servesim.capacity.limits import decode_batch_limits
@@ -277,7 +283,7 @@ def decode_limits_only(config: CapacityConfig, base_dir: Path | None = None) -> 
         try:
             group = resolve_topology(experiment_for(config, candidate)).kv_group
         except ServesimError as exc:
-            record.update(feasible=False, infeasible_reason=str(exc))
+            record.update(feasible=False, infeasible_reason=str(capacity_names(exc)))
         else:
             record.update(feasible=True,
                           decode_batch_limits=decode_batch_limits(group, context, config.slo.tpot_s))

@@ -1,6 +1,7 @@
 """``servesim calibrate``: microbenchmark, fit and validate (a thin shell over ``calibration``).
 
-``bench`` needs torch (``pip install torch==2.13.0``); ``fit``, ``import-vidur`` and ``validate``
+``bench`` needs torch (a CPU wheel: ``pip install torch --index-url
+https://download.pytorch.org/whl/cpu``); ``fit``, ``import-vidur`` and ``validate``
 need only numpy and pandas. The calibration package is imported inside each command so that
 ``servesim`` itself starts without it, and the simulator core never imports torch.
 """
@@ -61,13 +62,22 @@ def fit_command(
 def import_vidur_command(
     path: Annotated[Path, typer.Argument(help="The vidur_profiling folder")] = Path(
         "../shared/data/kernels/vidur_profiling"),
-    out_dir: Annotated[Path | None, Opt(help="Write profiles here (default: the built-in ones)")] = None,
+    out_dir: Annotated[Path | None, Opt(
+        help="Write profiles here (default: $SERVESIM_HOME/hardware_profiles or "
+             "~/.local/share/servesim/hardware_profiles; hardware_profiles/ of a checkout refits the "
+             "shipped ones)")] = None,
 ) -> None:
     """Fit a100-sxm-80gb and h100-sxm-80gb from the public Vidur profiles."""
     from servesim.calibration.profiles import import_vidur
+    from servesim.resources import user_profiles_dir
 
-    _, report = import_vidur(path, out_dir)
+    target = out_dir or user_profiles_dir()
+    fitted, report = import_vidur(path, target)
     _print(report, "APE % on held-out rows: spec = spec-sheet roofline, prior = previous profile")
+    for name in fitted.values():
+        _console.print(f"wrote {target / (name.name + '.yaml')}")
+    _console.print(f"use them with --hardware {target}/<name>.yaml (or hardware: PATH in an experiment); "
+                   "the built-in profiles are unchanged")
 
 
 @calibrate_app.command("validate")

@@ -56,6 +56,18 @@ def step_command(
     as_json: Annotated[bool, Opt("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Predict one iteration's time with a per-operator breakdown and its bound."""
+    from servesim.inputs.names import as_flags
+
+    try:
+        _step(model, hardware, tp, prefill_tokens, prefill_context, decode_batch, decode_context,
+              weight_dtype, act_dtype, kv_dtype, group_size, gpu_memory_utilization, engine, ideal, as_json)
+    except ServesimError as exc:  # the core names YAML keys (precision.weights); here they are flags
+        raise as_flags(exc) from None
+
+
+def _step(model: str, hardware: str, tp: int, prefill_tokens: str, prefill_context: str, decode_batch: int,
+          decode_context: int, weight_dtype: str, act_dtype: str, kv_dtype: str, group_size: int,
+          gpu_memory_utilization: float | None, engine: str | None, ideal: bool, as_json: bool) -> None:
     from servesim.cost import BatchShape
     from servesim.dtypes import Precision
     from servesim.engines import DEFAULT_ENGINE, RuntimeCosts, make_engine
