@@ -169,3 +169,18 @@ def test_short_runs_are_flagged() -> None:
         f"{span:.2g} s, under 10x the 1 s latency limit, so a queue has no time to build and the highest "
         "rate is overestimated; raise search.requests_per_run (--requests)"]
     assert math.isfinite(span)
+
+
+def test_a_budget_flag_replaces_the_files_target_rate() -> None:
+    """llama3-8b-chat asks for 40 req/s; --gpu-budget asks the other question instead."""
+    from servesim.cli.capacity import build_document, find_capacity_config
+
+    flags = dict.fromkeys(("model", "hardware", "tp", "policy", "replicas", "kind", "splits", "gpu_budget",
+                           "ttft", "tpot", "e2e", "percentile", "attainment", "lengths", "arrival",
+                           "requests", "replications", "precision", "target_rate", "prices",
+                           "decode_context", "seed"))
+    base = validate_capacity(build_document("llama3-8b-chat", None, flags), "llama3-8b-chat")
+    assert base.target_rate == 40 and base.gpu_budget is None
+    budget = validate_capacity(build_document("llama3-8b-chat", None, {**flags, "gpu_budget": 8}), "x")
+    assert budget.target_rate is None and budget.gpu_budget == 8
+    assert find_capacity_config("llama3-8b-chat").name == "llama3-8b-chat.yaml"

@@ -76,6 +76,11 @@ def build_document(config: str | None, overrides: list[str] | None, flags: dict[
     for key in ("model", "target_rate", "gpu_budget", "decode_context", "seed"):
         if flags[key] is not None:
             document[key] = flags[key]
+    # the two questions exclude each other: a flag asking one replaces the file's other
+    if flags["gpu_budget"] is not None and flags["target_rate"] is None:
+        document.pop("target_rate", None)
+    if flags["target_rate"] is not None and flags["gpu_budget"] is None:
+        document.pop("gpu_budget", None)
     candidates = document.setdefault("candidates", {})
     for key, values in (("hardware", split_list(flags["hardware"])), ("tp", _ints(flags["tp"], "--tp")),
                         ("policy", split_list(flags["policy"])),
