@@ -99,6 +99,7 @@ def test_disaggregated_groups_get_their_kv_roles() -> None:
     assert json.loads(flags(prefill.argv)["--kv-transfer-config"] or "")["kv_role"] == "kv_producer"
     assert json.loads(flags(decode.argv)["--kv-transfer-config"] or "")["kv_role"] == "kv_consumer"
     assert launch["vllm"].gpus == 5
+    assert any("a 3:1 split needs vLLM V1's NixlConnector" in note for note in launch["vllm"].notes)
     sglang = launch["sglang"]
     assert [flags(s.argv)["--disaggregation-mode"] for s in sglang.servers] == ["prefill", "decode"]
     assert "--pd-disaggregation" in sglang.router_argv

@@ -143,5 +143,11 @@ def vllm_launch(topology: Topology, router: str, model: str) -> LaunchConfig:
     link = "; ".join(topology.describe_links())
     routing = (f"{routing_text(router, prefill.replicas)} over the prefill servers; a proxy sends each "
                "prefilled request on to a decode server (vLLM's disaggregated-prefill proxy example)")
-    notes = (f"simulated {link}" if link else "",)
+    notes = [f"simulated {link}" if link else ""]
+    if topology.engine.name == "vllm-v0":
+        notes.append("vLLM V0's PyNcclConnector joins one prefill and one decode server "
+                     "(kv_parallel_size 2): give each pair its own kv_port"
+                     + ("" if prefill.replicas == decode.replicas else
+                        f"; a {prefill.replicas}:{decode.replicas} split needs vLLM V1's NixlConnector "
+                        "(kv_role kv_both) instead"))
     return LaunchConfig("vllm", tuple(servers), routing, notes=tuple(n for n in notes if n))
