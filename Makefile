@@ -1,7 +1,7 @@
 # Developer shortcuts; CI runs .ci/run.
 PY ?= python
 
-.PHONY: test lint typecheck bench bench-step bench-engine bench-sweep
+.PHONY: test lint typecheck bench bench-step bench-engine bench-sweep bench-startup
 
 test:
 	$(PY) -m pytest -q
@@ -12,7 +12,7 @@ lint:
 typecheck:
 	.ci/typecheck
 
-bench: bench-step bench-engine bench-sweep
+bench: bench-step bench-engine bench-sweep bench-startup
 
 bench-step:
 	$(PY) benchmarks/bench_step_cost.py
@@ -22,3 +22,6 @@ bench-engine:
 
 bench-sweep:
 	$(PY) benchmarks/bench_sweep.py
+
+bench-startup:
+	$(PY) benchmarks/bench_startup.py

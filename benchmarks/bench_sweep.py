@@ -62,7 +62,7 @@ def main() -> None:
 
             cases.append((f"sweep, Ray ({args.workers} CPUs, incl. start/stop)", "ray", args.workers))
         except ImportError:
-            print("(ray not installed: pip install 'servesim[ray]' to time the Ray backend)")
+            print("(ray not installed: pip install -e '.[ray]' in the checkout to time the Ray backend)")
         for i, (label, backend, workers) in enumerate(cases):
             sweep = parse_sweep(document, root)
             started = time.perf_counter()

@@ -19,7 +19,7 @@ from servesim.calibration.profile_fit import FitReport, fit_profile
 from servesim.calibration.vidur import PROFILE_OF, vidur_tables
 from servesim.hardware import HardwareProfile
 from servesim.hardware_io import builtin_hardware_names, hardware_from_dict, load_hardware, profile_to_yaml
-from servesim.resources import hardware_profiles_dir
+from servesim.resources import user_profiles_dir
 
 VIDUR_SOURCE = "public Vidur per-operator profiles (microsoft/vidur data/profiling, {gpu})"
 
@@ -42,12 +42,14 @@ def write_profile(profile: HardwareProfile, path: Path, note: str) -> Path:
 
 def import_vidur(root: Path, out_dir: Path | None = None, date: str | None = None,
                  ) -> tuple[dict[str, HardwareProfile], pd.DataFrame]:
-    """Fit the A100 and H100 SXM profiles from the public data under ``root`` and write them.
+    """Fit the A100 and H100 SXM profiles from the public data under ``root`` and write them to
+    ``out_dir`` (default: :func:`~servesim.resources.user_profiles_dir`, never the built-in folder;
+    pass ``hardware_profiles/`` of a checkout to refit the shipped profiles).
 
     H100 has no public decode-attention timings: it takes the A100 decode fit (the same paged
     FlashAttention kernel, as a fraction of each GPU's HBM bandwidth) and says so."""
     date = date or dt.date.today().isoformat()
-    out_dir = Path(out_dir) if out_dir else hardware_profiles_dir()
+    out_dir = Path(out_dir) if out_dir else user_profiles_dir()
     fitted: dict[str, HardwareProfile] = {}
     reports: list[FitReport] = []
     for gpu in ("a100", "h100"):

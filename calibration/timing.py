@@ -26,7 +26,8 @@ def import_torch() -> Any:
         import torch
     except ImportError:
         raise ServesimError("torch", "not installed (the benchmarks run real kernels with torch)",
-                            "pip install torch==2.13.0") from None
+                            "pip install torch --index-url https://download.pytorch.org/whl/cpu (a CPU "
+                            "wheel; plain pip install torch on a GPU machine; tested: 2.13.0)") from None
     return torch
 
 

@@ -54,6 +54,7 @@ from servesim.inputs.files import yaml_mapping
 from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import NamedSection, StrictModel, user_error
+from servesim.inputs.slo import SloLimits
 from servesim.topology.keys import AllToAllBackend, DecodeGroupKeys, ExpertRoutingKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
@@ -144,16 +145,10 @@ class RouterConfig(NamedSection):
     name: str = "round_robin"
 
 
-class SloConfig(StrictModel):
-    """Per-request latency limits in seconds. A request meets the SLOs when it completes and each
-    of its metrics given here is within its limit (DistServe's goodput definition)."""
-
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
-    e2e_s: float | None = Field(None, gt=0)
-
-    def limits(self) -> dict[str, float]:
-        return {k: v for k, v in self.model_dump().items() if v is not None}
+class SloConfig(SloLimits):
+    """Per-request latency limits (seconds; ``500ms`` or ``tpot_ms: 50`` on input, see
+    :mod:`servesim.inputs.units`). A request meets the SLOs when it completes and each of its
+    metrics given here is within its limit (DistServe's goodput definition)."""
 
 
 class ExperimentConfig(StrictModel):
@@ -170,12 +165,22 @@ class ExperimentConfig(StrictModel):
     slo: SloConfig | None = None
     output: Literal["full", "summary"] = Field(
         "full", description="full: parquet tables and report.html; summary: summary.json only")
+    metric_percentiles: list[float] = Field(
+        [99.0], min_length=1, description="percentiles of summary.json's vLLM-named keys (p99_ttft_ms ...), "
+        "as vllm bench serve --metric-percentiles")
     _legacy_disaggregated: bool = PrivateAttr(False)
 
     @field_validator("engine", mode="before")
     @classmethod
     def _engine_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("metric_percentiles")
+    @classmethod
+    def _percentiles(cls, value: list[float]) -> list[float]:
+        if any(not 0 < p <= 100 for p in value):
+            raise ValueError(f"percentiles must be in (0, 100], got {value}")
+        return sorted(set(value))
 
     @property
     def legacy_disaggregated(self) -> bool:

@@ -116,33 +116,36 @@ class Precision:
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATION_DTYPES:
             raise ServesimError(
-                "act_dtype", f"{self.activation.value} activations are not supported",
+                "precision.activations", f"{self.activation.value} activations are not supported",
                 "use bf16, fp16, fp8, int8, nvfp4 or mxfp4")
         if self.activation.is_fp4:
-            for name, weight in (("weight_dtype", self.weight), ("expert_weights", self.expert_weight)):
+            for name, weight in (("precision.weights", self.weight),
+                                 ("precision.expert_weights", self.expert_weight)):
                 if weight is not None and weight is not self.activation:
                     raise ServesimError(
-                        "act_dtype", f"{self.activation.value} activations need {self.activation.value} "
+                        "precision.activations",
+                        f"{self.activation.value} activations need {self.activation.value} "
                         f"weights (W4A4), got {name} {weight.value}",
-                        f"use {name} {self.activation.value}, or act_dtype bf16 for weight-only FP4")
+                        f"use {name}: {self.activation.value}, or precision.activations: bf16 for "
+                        "weight-only FP4")
         if self.expert_weight is not None and self.expert_weight.bits > self.activation.bits:
-            raise ServesimError("expert_weights", f"{self.expert_weight.value} experts with "
+            raise ServesimError("precision.expert_weights", f"{self.expert_weight.value} experts with "
                                 f"{self.activation.value} activations is not a real kernel",
-                                f"use expert_weights {self.activation.value} or narrower")
+                                f"use precision.expert_weights: {self.activation.value} or narrower")
         if self.activation.bits < self.weight.bits:
             raise ServesimError(
-                "act_dtype",
+                "precision.activations",
                 f"{self.activation.value} activations with {self.weight.value} weights is not a "
                 "real kernel (W16A8)",
-                f"use weight_dtype {self.activation.value} (W8A8) or act_dtype bf16")
+                f"use precision.weights: {self.activation.value} (W8A8) or precision.activations: bf16")
         eight_bit = {DType.FP8, DType.INT8}
         if {self.weight, self.activation} == eight_bit:
             raise ServesimError(
-                "act_dtype", f"{self.weight.value} weights with {self.activation.value} activations "
-                "mixes two 8-bit formats in one GEMM, which no kernel does",
-                f"use act_dtype {self.weight.value} (W8A8) or bf16 (weight-only)")
+                "precision.activations", f"{self.weight.value} weights with {self.activation.value} "
+                "activations mixes two 8-bit formats in one GEMM, which no kernel does",
+                f"use precision.activations: {self.weight.value} (W8A8) or bf16 (weight-only)")
         if self.group_size <= 0:
-            raise ServesimError("group_size", f"must be positive, got {self.group_size}",
+            raise ServesimError("precision.group_size", f"must be positive, got {self.group_size}",
                                 "use 128 (AWQ/GPTQ default)")
 
     @property
@@ -170,6 +173,7 @@ class Precision:
     @classmethod
     def from_names(cls, weight: str = "bf16", activation: str = "bf16", kv_cache: str = "bf16",
                    group_size: int = 128, expert_weight: str | None = None) -> Precision:
-        experts = DType.parse(expert_weight, "expert_weights") if expert_weight is not None else None
-        return cls(DType.parse(weight, "weight_dtype"), DType.parse(activation, "act_dtype"),
-                   DType.parse(kv_cache, "kv_dtype"), group_size, experts)
+        experts = (DType.parse(expert_weight, "precision.expert_weights") if expert_weight is not None
+                   else None)
+        return cls(DType.parse(weight, "precision.weights"), DType.parse(activation, "precision.activations"),
+                   DType.parse(kv_cache, "precision.kv_cache"), group_size, experts)

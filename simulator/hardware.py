@@ -211,8 +211,9 @@ class HardwareProfile(FrozenModel):
         if key not in self.peak_flops:
             have = ", ".join(sorted(d.value for d in self.peak_flops))
             raise ServesimError(
-                "act_dtype", f"{self.name} has no {math_dtype.value} tensor cores (it has {have})",
-                f"use act_dtype bf16 (weight-only {math_dtype.value}) or other hardware")
+                "precision.activations",
+                f"{self.name} has no {math_dtype.value} tensor cores (it has {have})",
+                f"use precision.activations: bf16 (weight-only {math_dtype.value}) or other hardware")
         return self.peak_flops[key]
 
     def ridge_point(self, math_dtype: DType = DType.BF16) -> float:

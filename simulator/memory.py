@@ -131,7 +131,7 @@ def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
     model.check_tensor_parallel(tp)
     check_group_size(model, precision, tp)
     if not 0 < gpu_memory_utilization <= 1:
-        raise ServesimError("gpu_memory_utilization",
+        raise ServesimError("deployment.gpu_memory_utilization",
                             f"must be in (0, 1], got {gpu_memory_utilization}", "use e.g. 0.9")
     limits = (gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
     plan = _build_plan(model, hardware, tp, precision, *limits)
@@ -139,13 +139,13 @@ def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
         gib = 2**30
         need = (plan.weight_bytes + plan.activation_bytes + plan.reserved_bytes) / gib
         fits_tp = smallest_fitting_tp(model, hardware, precision, *limits)
-        hint = (f"use tp {fits_tp} or more" if fits_tp else "use a larger GPU")
+        hint = (f"use deployment.tp: {fits_tp} or more" if fits_tp else "use a larger GPU")
         raise ServesimError(
-            "tp",
+            "deployment.tp",
             f"{model.name} needs {need:.1f} GiB per GPU for weights and activations at tp {tp} "
             f"but {hardware.name} offers {plan.budget_bytes / gib:.1f} GiB "
             f"(gpu_memory_utilization {gpu_memory_utilization})",
-            f"{hint}, or quantise the weights (e.g. weight_dtype int4)")
+            f"{hint}, or quantise the weights (e.g. precision.weights: int4)")
     return plan
 
 

@@ -1,4 +1,6 @@
-"""Reading models: a Hugging Face ``config.json`` (a local file or folder) or a catalogue name.
+"""Reading models: a Hugging Face ``config.json`` (a local file or folder), a Hugging Face model
+id (``meta-llama/Meta-Llama-3-8B``: from the local cache or downloaded, see
+:mod:`servesim.inputs.hf_hub`), or a catalogue name.
 
 The catalogue is ``configs/models/<name>.json``, written from each model's published
 architecture in the Hugging Face format, so a user's own fine-tune loads the same way. Keys that
@@ -8,12 +10,14 @@ do not affect serving cost are ignored; missing or malformed ones raise a one-li
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from servesim.errors import ServesimError
 from servesim.inputs.files import file_version, read_json
+from servesim.inputs.hf_hub import find_config, looks_like_hf_id
 from servesim.model_spec import MLASpec, ModelSpec, MoESpec
 from servesim.resources import model_configs_dir
 
@@ -291,8 +295,14 @@ def _cached_model(path: Path, name: str, version: tuple[str, int, int], where: s
 
 
 def load_model(name_or_path: str | Path, where: str = "model") -> ModelSpec:
-    """A built-in model by name (``llama-3-8b``) or a local ``config.json`` (or its folder)."""
+    """A built-in model by name (``llama-3-8b``), a local ``config.json`` (or its folder), or a
+    Hugging Face model id (``org/name``) whose last part is not a catalogue name."""
     text = str(name_or_path)
+    if isinstance(name_or_path, str) and looks_like_hf_id(text) and not (
+            model_configs_dir() / f"{text.lower().split('/')[-1]}.json").exists():
+        path = find_config(text, where)
+        spec = model_from_hf_config(read_json(path, where), text.split("/")[-1], where)
+        return spec if spec.source else replace(spec, source=f"{text}/config.json")
     path = Path(text).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -310,4 +320,5 @@ def load_model(name_or_path: str | Path, where: str = "model") -> ModelSpec:
     close = [n for n in names if key.replace("_", "-") in n or n in key]
     hint = f"did you mean {close[0]}? " if close else ""
     raise ServesimError(where, f"unknown model {text!r}",
-                        f"{hint}use one of {', '.join(names)} or a path to a config.json")
+                        f"{hint}use one of {', '.join(names)}, a Hugging Face id (org/name) or a path to "
+                        "a config.json")

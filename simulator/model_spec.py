@@ -279,7 +279,7 @@ class ModelSpec:
         sharded). ``expert_dtype`` stores the routed experts in another format (gpt-oss ships
         MXFP4 experts beside 16-bit attention).
         """
-        per_elem = DType.parse(dtype, "weight_dtype").bytes_per_element(group_size)
+        per_elem = DType.parse(dtype, "precision.weights").bytes_per_element(group_size)
         vocab_16bit = self.embedding_params + self.lm_head_params
         replicated_16bit = self.norm_params + self.num_moe_layers * self.router_params
         sharded = self.param_count - vocab_16bit - replicated_16bit - self.mla_down_params
@@ -323,7 +323,7 @@ class ModelSpec:
     def kv_bytes_per_token(self, dtype: DType | str = DType.BF16, tp: int = 1,
                            group_size: int = 128) -> float:
         """KV-cache bytes one token occupies on one GPU (all layers)."""
-        dtype = DType.parse(dtype, "kv_dtype")
+        dtype = DType.parse(dtype, "precision.kv_cache")
         per_layer = self.kv_elements_per_token_per_layer(tp)
         return per_layer * self.kv_layers * dtype.bytes_per_element(group_size)
 
@@ -352,15 +352,15 @@ class ModelSpec:
     def check_tensor_parallel(self, tp: int) -> None:
         """Reject a TP degree that does not split the heads evenly."""
         if tp < 1:
-            raise ServesimError("tp", f"must be at least 1, got {tp}", "use 1, 2, 4 or 8")
+            raise ServesimError("deployment.tp", f"must be at least 1, got {tp}", "use 1, 2, 4 or 8")
         if self.num_heads % tp:
             raise ServesimError(
-                "tp", f"{tp} does not divide {self.name}'s {self.num_heads} attention heads",
+                "deployment.tp", f"{tp} does not divide {self.name}'s {self.num_heads} attention heads",
                 "use a TP degree that divides the head count (e.g. 1, 2, 4, 8)")
         kv = self.num_kv_heads
         if self.mla is None and kv % tp and tp % kv:
             raise ServesimError(
-                "tp", f"{tp} neither divides nor is a multiple of {self.name}'s {kv} KV heads",
+                "deployment.tp", f"{tp} neither divides nor is a multiple of {self.name}'s {kv} KV heads",
                 "use a TP degree that divides the KV-head count or is a multiple of it")
 
     def summary(self) -> dict[str, Any]:

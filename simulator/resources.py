@@ -56,3 +56,17 @@ def find_builtin(text: str, folders: list[Path], field: str, kind: str,
     known = sorted({p.stem for folder in folders for p in folder.glob("*.yaml") if is_kind(p)})
     raise ServesimError(field, f"{text} not found",
                         f"give a YAML path or a built-in {kind} ({', '.join(known)})")
+
+
+def user_profiles_dir() -> Path:
+    """Where servesim writes hardware profiles it fits for the user (``calibrate import-vidur``):
+    ``$SERVESIM_HOME/hardware_profiles``, else ``$XDG_DATA_HOME/servesim/hardware_profiles``
+    (``~/.local/share/servesim/hardware_profiles``). Never the built-in folder, which is inside
+    site-packages in a normal install; use a profile written here with ``--hardware PATH``."""
+    import os
+
+    home = os.environ.get("SERVESIM_HOME")
+    if home:
+        return Path(home).expanduser() / "hardware_profiles"
+    data = os.environ.get("XDG_DATA_HOME") or str(Path("~/.local/share").expanduser())
+    return Path(data) / "servesim" / "hardware_profiles"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="CPU calibration needs torch: pip install torch==2.13.0")
+torch = pytest.importorskip("torch", reason="CPU calibration needs torch: pip install torch --index-url https://download.pytorch.org/whl/cpu")
 
 from servesim import load_hardware  # noqa: E402
 from servesim.calibration.bench import run_bench  # noqa: E402

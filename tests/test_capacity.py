@@ -135,11 +135,11 @@ def test_infeasible_candidates_are_listed_with_their_reason_not_raised() -> None
     assert feasible["feasible"] and feasible["rank"] == 1
     assert not infeasible["feasible"] and infeasible["rank"] == 2
     assert "3 does not divide llama-3-8b's 32 attention heads" in infeasible["infeasible_reason"]
-    assert infeasible["why"].startswith("infeasible: tp: 3")
+    assert infeasible["why"].startswith("infeasible: candidates.tp: 3")
     big = validate_capacity({**doc, "model": "llama-2-70b",
                              "candidates": {"hardware": ["a100-sxm-80gb"], "tp": [1, 2]}})
     limits = decode_limits_only(big)
-    assert not limits[0]["feasible"] and "use tp 2 or more" in limits[0]["infeasible_reason"]
+    assert not limits[0]["feasible"] and "use candidates.tp: 2 or more" in limits[0]["infeasible_reason"]
     assert limits[1]["feasible"]
 
 
@@ -178,7 +178,7 @@ runner = CliRunner()
 
 def test_cli_textbook_limits_only_prints_the_answer() -> None:
     result = runner.invoke(app, ["capacity", "--model", "llama-2-70b", "--hardware", "a100-sxm-80gb",
-                                 "--tp", "8", "--tpot", "0.05", "--decode-context", "2048", "--limits-only"])
+                                 "--tp", "8", "--tpot", "50ms", "--decode-context", "2048", "--limits-only"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "TPOT <= 50 ms allows 18" in text and "limited by latency (TPOT)" in text
@@ -187,7 +187,7 @@ def test_cli_textbook_limits_only_prints_the_answer() -> None:
 
 def small_cli_args(out: Path, *extra: str) -> list[str]:
     return ["capacity", "--model", "llama-3-8b", "--hardware", "h100-sxm-80gb,l40s", "--tp", "1",
-            "--ttft", "1", "--tpot", "0.05", "--requests", "150", "--replications", "1",
+            "--ttft", "1s", "--tpot", "50", "--requests", "150", "--replications", "1",
             "--precision", "0.2", "--target-rate", "20", "--price", "l40s=0.5", "--out", str(out), *extra]
 
 
@@ -231,9 +231,12 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:
     for args, message in (
         ([str(config)], "error: prices.b200: is not among the candidate hardware"),
         ([str(config), "--price", "h100"], "error: --price: 'h100' is not NAME=USD_PER_GPU_HOUR"),
-        (["--model", "llama-3-8b", "--hardware", "tpu", "--ttft", "1"],
+        (["--model", "llama-3-8b", "--hardware", "tpu", "--ttft", "1s"],
          "error: candidates.hardware: unknown hardware"),
-        (["--hardware", "h100-sxm-80gb", "--ttft", "1"], "error: model: is required; give --model NAME"),
+        (["--hardware", "h100-sxm-80gb", "--ttft", "1s"], "error: model: is required; give --model NAME"),
+        (["--model", "llama-3-8b", "--hardware", "h100-sxm-80gb", "--tpot", "0.05"],
+         "error: --tpot: 0.05 under --tpot is 0.05 ms, implausible for TPOT (a bare number there is in "
+         "milliseconds): write 0.05s if that is what you meant, or 0.05ms to keep it"),
     ):
         run = servesim("capacity", *args, "--out", str(tmp_path / "out"))
         assert run.returncode == 2, run.stderr

@@ -45,14 +45,19 @@ def test_step_human_output_explains_the_step() -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["step", "--model", "gpt-5", "--decode-batch", "1"], "error: --model: unknown model 'gpt-5'"),
     (["step", "--hardware", "tpu", "--decode-batch", "1"], "error: --hardware: unknown hardware 'tpu'"),
-    (["step", "--tp", "3", "--decode-batch", "1"], "error: tp: 3 does not divide"),
+    (["step", "--tp", "3", "--decode-batch", "1"], "error: --tp: 3 does not divide"),
     (["step", "--prefill-tokens", "12,abc"], "error: --prefill-tokens: '12,abc' is not a"),
     (["step", "--decode-batch", "-4"], "error: --decode-batch: must be >= 0"),
     (["step"], "error: batch: the step has no tokens"),
     (["step", "--model", "llama-2-70b", "--hardware", "a100-sxm", "--decode-batch", "1"],
-     "use tp 2 or more"),
+     "error: --tp: llama-2-70b needs"),
+    (["step", "--model", "llama-2-70b", "--hardware", "a100-sxm", "--decode-batch", "1"],
+     "use --tp 2 or more, or quantise the weights (e.g. --weight-dtype int4)"),
+    (["step", "--weight-dtype", "fp8", "--act-dtype", "int8", "--decode-batch", "1"],
+     "error: --act-dtype: fp8 weights with int8 activations mixes two 8-bit formats in one GEMM, which no "
+     "kernel does; use --act-dtype fp8 (W8A8) or bf16 (weight-only)"),
     (["step", "--decode-batch", "1000", "--decode-context", "4000"], "error: batch: holds"),
-    (["step", "--kv-dtype", "fp6", "--decode-batch", "1"], "error: kv_dtype: unknown dtype 'fp6'"),
+    (["step", "--kv-dtype", "fp6", "--decode-batch", "1"], "error: --kv-dtype: unknown dtype 'fp6'"),
 ])
 def test_user_mistakes_get_one_line_and_exit_2(args: list[str], message: str) -> None:
     run = servesim(*args)

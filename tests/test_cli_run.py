@@ -89,7 +89,7 @@ def test_builtin_quickstart_validates() -> None:
     ({"model": "llama-9"}, "model"),
     ({"deployment": {"tp": 0}}, "deployment.tp"),
     ({"deployment": {"tp": 3}}, "tp"),
-    ({"model": "llama-2-70b"}, "use tp 2 or more"),
+    ({"model": "llama-2-70b"}, "use deployment.tp: 2 or more"),
     ({"policy": {"name": "magic"}},
      "policy.name: unknown policy 'magic'; use one of: chunked_prefill, continuous"),
     ({"policy": {"name": "continuous", "chunk": 5}}, "policy.chunk: unknown key"),

@@ -32,12 +32,12 @@ def test_math_runs_in_the_activation_format() -> None:
 
 
 def test_w16a8_is_rejected_with_the_fix() -> None:
-    with pytest.raises(ServesimError, match=r"W16A8.*use weight_dtype fp8"):
+    with pytest.raises(ServesimError, match=r"W16A8.*use precision.weights: fp8"):
         Precision.from_names("bf16", "fp8")
 
 
 def test_int4_activations_are_rejected() -> None:
-    with pytest.raises(ServesimError, match="act_dtype: int4 activations are not supported"):
+    with pytest.raises(ServesimError, match=r"precision\.activations: int4 activations are not supported"):
         Precision.from_names("int4", "int4")
 
 

@@ -38,10 +38,10 @@ def test_tensor_parallel_frees_memory_for_kv() -> None:
 
 
 def test_model_that_cannot_fit_says_how_to_fix_it() -> None:
-    too_big = r"^tp: llama-2-70b needs 1\d\d\.\d GiB per GPU .* use tp 2 or more"
+    too_big = r"^deployment.tp: llama-2-70b needs 1\d\d\.\d GiB per GPU .* use deployment.tp: 2 or more"
     with pytest.raises(ServesimError, match=too_big):
         plan_memory(load_model("llama-2-70b"), load_hardware("a100-sxm-80gb"), tp=1)
-    with pytest.raises(ServesimError, match="use tp 8 or more"):
+    with pytest.raises(ServesimError, match=r"use deployment\.tp: 8 or more"):
         plan_memory(load_model("deepseek-v3"), load_hardware("h200-sxm-141gb"), tp=4,
                     precision=Precision.from_names("fp8", "fp8"))
 

@@ -117,7 +117,7 @@ def test_sliding_window_caps_attended_context() -> None:
 
 
 def test_tensor_parallel_must_split_heads(llama3_8b: ModelSpec) -> None:
-    with pytest.raises(ServesimError, match="tp: 3 does not divide llama-3-8b's 32 attention heads"):
+    with pytest.raises(ServesimError, match=r"deployment\.tp: 3 does not divide llama-3-8b's 32 attention"):
         llama3_8b.check_tensor_parallel(3)
     llama3_8b.check_tensor_parallel(8)
 

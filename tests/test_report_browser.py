@@ -26,8 +26,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-quic", "--window-size=1280,1000")
-RUN_CHARTS = 7  # latency, throughput, batch/KV, queue, step time, roofline, operators
+RUN_CHARTS = 9  # latency, TTFT/prompt, throughput, batch/KV, queue, step time, replicas, roofline, ops
 SWEEP_CHARTS = 5  # knee, latency, two heatmaps, Pareto
+CAPACITY_CHARTS = 2  # search curves, cost against latency
 
 
 def _missing() -> str | None:
@@ -89,6 +90,23 @@ def sweep_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("sweep")
     fabricate_sweep(folder)
     return write_sweep_report(folder)
+
+
+@pytest.fixture(scope="module")
+def capacity_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from test_capacity import SERVICE_S, one_at_a_time
+
+    from servesim.capacity import plan_capacity, validate_capacity
+    from servesim.capacity.output import write_capacity
+    from servesim.report.capacity_report import write_capacity_report
+
+    doc = one_at_a_time("constant", 2 * SERVICE_S, 99, 300, 1, target_rate=2.5 / SERVICE_S)
+    doc["candidates"] = {"hardware": ["h100-sxm-80gb"], "kind": ["colocated", "disaggregated"],
+                         "splits": ["1:1", "3:1"]}
+    answer = plan_capacity(validate_capacity(doc))
+    folder = tmp_path_factory.mktemp("capacity")
+    write_capacity(answer, folder)
+    return write_capacity_report(folder, answer=answer)
 
 
 PLOTS = """return Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => ({
@@ -156,3 +174,24 @@ def test_sweep_report_renders_in_chromium(browser, sweep_report: Path) -> None:
     for part in ("hardware = ", "deployment.tp = ", "workload.arrival.rate = ", "p99 TTFT", "req/s"):
         assert part in text, text
     assert screenshot(browser, "sweep_report.png").stat().st_size > 50_000
+
+
+def test_capacity_report_renders_in_chromium(browser, capacity_report: Path) -> None:
+    plots = load(browser, capacity_report, CAPACITY_CHARTS)
+    assert severe_errors(browser) == []
+    assert len(plots) == CAPACITY_CHARTS, plots
+    for plot in plots:
+        assert plot["traces"] > 0 and plot["svg"] and plot["drawn"] > 0, plot
+    # The winner's search: hovering its first simulated rate names the step and the verdict.
+    text = hover_text(browser, "chart-search")
+    assert "req/s: p99 TTFT" in text and "step" in text and ("passed" in text or "failed" in text), text
+    # Picking another candidate in the menu shows its traces.
+    shown = browser.execute_script(
+        "const el = document.getElementById('chart-search');"
+        "const menu = el.layout.updatemenus[0].buttons[1];"
+        "return Plotly.update(el, menu.args[0]).then(() => el.data.filter(t => t.visible === true).length);")
+    assert shown >= 4
+    text = hover_text(browser, "chart-cost")
+    assert "$ per 1M output tokens" in text and "p99 TTFT" in text, text
+    assert browser.execute_script("return document.querySelectorAll('aside table.why tr').length") == 4
+    assert screenshot(browser, "capacity_report.png").stat().st_size > 50_000

@@ -20,8 +20,9 @@ import pytest
 from servesim.errors import ServesimError
 from servesim.metrics.stats import weighted_percentile
 from servesim.report import write_run_report
+from servesim.report.balance_figures import replica_balance, replica_chart, ttft_prompt_chart
 from servesim.report.format import METRICS
-from servesim.report.run_data import load_run
+from servesim.report.run_data import RunData, load_run
 from servesim.report.run_report import build_run_charts
 from servesim.report.series import (
     bin_edges,
@@ -38,7 +39,7 @@ from servesim.report.series import (
 )
 from servesim.report.verdict import SloCheck
 
-NUM_CHARTS = 7
+NUM_CHARTS = 9
 LATENCY_KEYS = ("ttft_s", "tpot_s", "e2e_s", "queueing_s")
 
 # ---------------------------------------------------------------- fabricated run directory
@@ -411,7 +412,9 @@ def test_sparse_run_still_renders(tmp_path: Path) -> None:
     assert "1 of 1 SLO(s) cannot be checked (no data): TTFT" in html
     assert "p99 TTFT – vs 5.00 s: no data" in html
     assert "No config.resolved.yaml" in html
-    assert html.count('class="plotly-graph-div"') == NUM_CHARTS
+    # TTFT against prompt length has no completed request to show and says so instead
+    assert "has no completed request with a prompt length" in html
+    assert html.count('class="plotly-graph-div"') == NUM_CHARTS - 1
 
 
 @pytest.mark.parametrize("missing", ["requests.parquet", "steps.parquet", "itl.parquet", "summary.json"])
@@ -443,3 +446,34 @@ def test_large_run_stays_small_and_fast(tmp_path: Path) -> None:
     print(f"large run report: {size / 1e6:.2f} MB written in {elapsed:.2f} s")
     assert size < 6e6
     assert elapsed < 6.0  # target < 2 s; headroom for a loaded CI machine
+
+
+# ---------------------------------------------------------------- router balance, TTFT by prompt
+
+
+def test_replica_balance_by_hand() -> None:
+    """Replica 0 gets 3 requests and is busy 2 s of the 10 s run; replica 1 gets 1 and is busy 5 s.
+    p99 TTFT of replica 0's TTFTs 0.1, 0.2, 0.3 is 0.298 (linear interpolation)."""
+    requests = pd.DataFrame({"replica": [0, 0, 0, 1], "arrival_s": [0.0, 1.0, 2.0, 3.0],
+                             "finish_s": [4.0, 5.0, 6.0, 10.0], "status": ["completed"] * 4,
+                             "ttft_s": [0.1, 0.2, 0.3, 1.0]})
+    steps = pd.DataFrame({"replica": [0, 0, 1], "start_s": [0.0, 3.0, 4.0], "duration_s": [1.0, 1.0, 5.0]})
+    data = RunData(Path("."), requests, steps, np.empty(0), np.empty(0), {}, None)
+    b = replica_balance(data)
+    assert list(b["replica"]) == [0, 1] and list(b["requests"]) == [3, 1]
+    np.testing.assert_allclose(b["busy"], [0.2, 0.5])
+    np.testing.assert_allclose(b["p99_ttft_s"], [0.298, 1.0])
+    chart = replica_chart(data)
+    assert chart.figure is not None and "3.00x the requests of the least busy" in chart.caption
+
+
+def test_ttft_prompt_bins_by_hand() -> None:
+    """Prompts 10..10,000 with TTFT = prompt / 1000 s: each bin's p50 rises with its lengths."""
+    prompts = np.repeat([10, 100, 1000, 10000], 20).astype(float)
+    requests = pd.DataFrame({"replica": 0, "arrival_s": np.arange(80.0), "finish_s": np.arange(80.0) + 1,
+                             "status": "completed", "ttft_s": prompts / 1000, "prompt_tokens": prompts})
+    data = RunData(Path("."), requests, pd.DataFrame(), np.empty(0), np.empty(0), {}, None)
+    chart = ttft_prompt_chart(data, [])
+    assert chart.figure is not None
+    p50 = chart.figure.data[1]
+    np.testing.assert_allclose(p50.y, [0.01, 0.1, 1.0, 10.0], rtol=1e-6)

@@ -102,7 +102,7 @@ def test_a_run_from_before_the_operator_columns_still_renders(tmp_path: Path) ->
     pd.read_parquet(path).drop(columns=list(OP_COLUMNS)).to_parquet(path)
     html = write_run_report(tmp_path).read_text(encoding="utf-8")
     assert "has no op_*_s columns" in html
-    assert html.count('class="plotly-graph-div"') == 6
+    assert html.count('class="plotly-graph-div"') == 8  # every chart of the run report but the operators
 
 
 def test_engine_run_records_operator_time_that_adds_up(tmp_path: Path) -> None:
@@ -127,4 +127,4 @@ def test_engine_run_records_operator_time_that_adds_up(tmp_path: Path) -> None:
     assert (points["flops_per_s"] <= ceiling * (1 + 1e-9)).all()
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     figures = _plot_data(html)
-    assert len(figures) == 7 and all(figures)
+    assert len(figures) == 9 and all(figures)

@@ -15,9 +15,15 @@ from sweep_fixtures import fabricate_sweep
 from test_report_run import _has_points, _plot_data, fabricate_run
 
 from servesim.errors import ServesimError
-from servesim.report.sweep_data import find_axes, load_sweep
-from servesim.report.sweep_figures import build_sweep_charts, heatmap_pairs, pareto_front
-from servesim.report.sweep_report import best_points, write_sweep_report
+from servesim.report.sweep_data import SweepData, find_axes, format_value, load_sweep
+from servesim.report.sweep_figures import (
+    axis_groups,
+    build_sweep_charts,
+    heatmap_pairs,
+    pareto_front,
+    with_dimensions,
+)
+from servesim.report.sweep_report import best_points, render_sweep_report, wide_intervals, write_sweep_report
 
 AXES = ["hardware", "deployment.tp", "workload.arrival.rate"]
 # By hand (sweep_fixtures): p99 TTFT = ln(100) / (mu - lambda) <= 1 s and p99 TPOT <= 50 ms:
@@ -174,8 +180,87 @@ def test_cli_report_names_what_is_missing(tmp_path: Path) -> None:
     done = servesim("report", str(tmp_path))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "neither summary.json (a run) nor results.parquet (a sweep)" in lines[0]
+    assert len(lines) == 1
+    assert "has none of summary.json (a run), results.parquet (a sweep), capacity.json" in lines[0]
     (tmp_path / "summary.json").write_text("{}", encoding="utf-8")
     done = servesim("report", str(tmp_path))
     assert done.returncode == 2 and "requests.parquet not found" in done.stderr
     assert "output: full" in done.stderr
+
+
+# ---------------------------------------------------------------------- rough edges found by use
+def test_structured_values_read_as_people_write_them() -> None:
+    """A policy mapping (as a dict, or as the repr text older sweeps stored) is its name and knobs."""
+    sjf = {"name": "sjf", "predictor": "noisy", "sigma": 1.0}
+    assert format_value(sjf) == "sjf (predictor=noisy, sigma=1)"
+    decode_first = "{'name': 'continuous', 'order': 'decode_first'}"
+    assert format_value(decode_first) == "continuous (order=decode_first)"
+    assert format_value("{'name': 'chunked_prefill'}") == "chunked_prefill"
+    assert format_value({"kind": "nvlink"}) == "kind=nvlink" and format_value(None) == "–"
+    assert format_value("{not a literal") == "{not a literal" and format_value(16.0) == "16"
+
+
+def zipped_sweep(folder: Path) -> SweepData:
+    """tp and replicas zipped (tp x replicas = 4 GPUs) against the rate, a policy mapping beside
+    its name, every point costing the same $8/hour; the middle rate's TTFT interval is wide."""
+    rows = []
+    for tp, replicas in ((1, 4), (2, 2), (4, 1)):
+        for rate in (4.0, 8.0, 12.0):
+            ttft = 0.1 * tp * rate
+            rows.append({"point": f"tp{tp}-r{rate:g}", "status": "ok", "reason": "", "deployment.tp": tp,
+                         "deployment.replicas": replicas, "workload.arrival.rate": rate,
+                         "policy": "{'name': 'continuous', 'order': 'decode_first'}",
+                         "policy.name": "continuous", "gpus": 4, "cost_per_hour": 8.0, "replications": 3,
+                         "hardware": "h100-sxm-80gb", "model": "llama-3-8b",
+                         "ttft_s.p99": ttft, "ttft_s.p99.ci95": ttft * (1.5 if rate == 8 else 0.1),
+                         "tpot_s.p99": 0.02, "tpot_s.p99.ci95": 0.001,
+                         "throughput.requests_per_s": rate, "throughput.requests_per_s.ci95": 0.1,
+                         "throughput.output_tokens_per_s": 200 * rate,
+                         "throughput.output_tokens_per_s.ci95": 1.0})
+    folder.mkdir()
+    pd.DataFrame(rows).to_parquet(folder / "results.parquet", index=False)
+    return load_sweep(folder)
+
+
+def test_zipped_axes_are_one_heatmap_dimension(tmp_path: Path) -> None:
+    """tp and replicas always move together: a tp x replicas heatmap would be 3 cells of 9. They
+    become one dimension, drawn against the rate (every cell ran)."""
+    data = zipped_sweep(tmp_path / "zip")
+    assert axis_groups(data) == [["deployment.tp", "deployment.replicas"]]
+    grouped, dims = with_dimensions(data)
+    assert dims == ["deployment.tp + deployment.replicas"]
+    assert sorted(set(grouped.frame[dims[0]])) == ["tp=1, replicas=4", "tp=2, replicas=2", "tp=4, replicas=1"]
+    assert heatmap_pairs(grouped, dims) == [("workload.arrival.rate", dims[0])]
+    assert heatmap_pairs(data) == [("workload.arrival.rate", "deployment.tp")]  # replicas x tp: sparse
+    keys = [c.key for c in build_sweep_charts(data)]
+    assert keys == ["knee", "latency", "heatmap1", "pareto"]
+
+
+def test_equal_costs_plot_the_price_of_the_work(tmp_path: Path) -> None:
+    """Every point costs $8/hour: x is $8 / (output tokens/s x 3600) x 1e6 instead of one column."""
+    data = zipped_sweep(tmp_path / "zip")
+    chart = next(c for c in build_sweep_charts(data) if c.key == "pareto")
+    assert chart.figure is not None and chart.figure.layout.xaxis.title.text == "$ per 1M output tokens"
+    first = chart.figure.data[0]  # rate 4: 800 tokens/s
+    assert list(first.x) == pytest.approx([8.0 / (800 * 3600) * 1e6] * 3)
+    assert "Every point costs the same $8/hour" in chart.caption
+
+
+def test_intervals_wider_than_the_mean_are_flagged(tmp_path: Path) -> None:
+    data = zipped_sweep(tmp_path / "zip")
+    wide = wide_intervals(data)
+    assert [row["workload.arrival.rate"] for row, _ in wide] == [8.0, 8.0, 8.0]
+    assert all(labels == ["p99 TTFT"] for _, labels in wide)
+    html = render_sweep_report(data, plotlyjs="cdn")  # plotly.js's own source holds such reprs
+    assert "Uncertain near the knee" in html and "workload.num_requests" in html
+    assert html.count('class="wide"') == 3
+    assert "{'name'" not in html
+
+
+def test_legends_sit_under_the_charts(tmp_path: Path) -> None:
+    """Above the plot a long legend grew into the linear/log buttons."""
+    data = zipped_sweep(tmp_path / "zip")
+    for chart in build_sweep_charts(data)[:2]:
+        assert chart.figure is not None and chart.figure.layout.legend.y < 0
+    buttons = build_sweep_charts(data)[1].figure.layout.updatemenus[0]
+    assert buttons.y > 1

@@ -7,3 +7,9 @@ from servesim.capacity.plan import plan_capacity
 
 __all__ = ["CapacityConfig", "decode_batch_limits", "load_capacity_document", "plan_capacity",
            "validate_capacity"]
+
+import sys as _sys
+
+from servesim.api import CallablePackage as _CallablePackage
+
+_sys.modules[__name__].__class__ = _CallablePackage  # servesim.capacity(...) plans (servesim.api)

@@ -1,10 +1,17 @@
 """Everything servesim learns about one candidate deployment, computed in one worker process.
 
-For a candidate (hardware x TP x PP x DP x EP x policy x replicas) :func:`analyse_candidate` resolves the
-deployment (a model that does not fit is *infeasible*, with the reason, not an error), computes
-its decode-batch limits, searches the highest sustainable rate, diagnoses the knee, and with a
-target rate sizes and verifies the fleet. It returns plain data, so the process pool can send it
-back and the JSON can hold it as is.
+For a candidate (hardware x TP x PP x DP x EP x policy x replica set: colocated replicas, or
+a disaggregated prefill:decode split) :func:`analyse_candidate` resolves the deployment (a
+model that does not fit is *infeasible*, with the reason, not an error), computes its
+decode-batch limits, searches the highest sustainable rate of one replica set, diagnoses the
+knee, and then sizes and verifies the fleet: the fewest sets for a target rate
+(:func:`size_for_target`), or the sets that fit a GPU budget and the highest rate they sustain
+together (:func:`size_for_budget`). It returns plain data, so the process pool can send it back
+and the JSON can hold it as is.
+
+A *replica set* is the unit a fleet is made of: ``replicas`` colocated replicas, or ``p`` prefill
+and ``d`` decode replicas behind one KV link. A fleet of ``n`` sets is one deployment of ``n x
+replicas`` replicas (or ``n x p`` prefill and ``n x d`` decode replicas) behind the router.
 """
 
 from __future__ import annotations
@@ -14,19 +21,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servesim.capacity.config import CapacityConfig
+from servesim.capacity.config import CapacityConfig, Split
 from servesim.capacity.evaluate import WorkloadSample, judge, run_once, sample_workload
 from servesim.capacity.limits import decode_batch_limits
-from servesim.capacity.search import SearchResult, saturation_rate, search_rate
+from servesim.capacity.search import SearchResult, search_rate, topology_saturation_rate
 from servesim.config import ExperimentConfig, PolicyConfig, validate_document
 from servesim.engines import make_engine
 from servesim.errors import ServesimError
+from servesim.inputs.flag_names import relabel
 from servesim.topology.group import ReplicaGroup
 from servesim.topology.resolve import resolve_topology
 from servesim.workloads import build_workload
 
 VERIFY_ATTEMPTS = 3
 """Fleet sizes tried at the target rate: the computed one, then one and two more replica sets."""
+
+SHORT_RUN_FACTOR = 10.0
+"""A search run whose arrivals span less than this many times the latency limit cannot show a
+queue that builds up: a burst drains within the limit, and the knee comes out too high."""
 
 KV_FULL = 0.95
 """Peak KV-pool use at which a run counts as KV-cache limited (vLLM preempts near a full pool)."""
@@ -39,13 +51,24 @@ class Candidate:
     tp: int
     policy: PolicyConfig
     replicas: int
+    """Replicas per set: a colocated set's replicas; a disaggregated set's prefill + decode."""
+    split: Split | None = None
+    """Disaggregated candidates only: (prefill, decode) replicas per set."""
     pp: int = 1
     dp: int = 1
     ep: int = 1
 
     @property
+    def kind(self) -> str:
+        return "colocated" if self.split is None else "disaggregated"
+
+    @property
     def gpus_per_replica(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def gpus_per_set(self) -> int:
+        return self.gpus_per_replica * self.replicas
 
     @property
     def layout(self) -> dict[str, int]:
@@ -61,14 +84,18 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        set_ = f" x{self.replicas}" if self.replicas > 1 else ""
+        if self.split is not None:
+            set_ = f" disagg {self.split[0]}:{self.split[1]}"
+        else:
+            set_ = f" x{self.replicas}" if self.replicas > 1 else ""
         extra = "".join(f" {k}{v}" for k, v in self.layout.items() if v > 1)
         return f"{self.hardware} tp{self.tp}{extra}{set_} {self.policy_label}"
 
 
 def expand_candidates(config: CapacityConfig) -> list[Candidate]:
-    """The cartesian product, in the order hardware, tp, pp, dp, ep, policy, replicas (a policy
-    without a name is the engine's default)."""
+    """The cartesian product, in the order hardware, tp, pp, dp, ep, policy, then the colocated
+    replica counts and the disaggregated splits (a policy without a name is the engine's
+    default)."""
     c = config.candidates
     default = make_engine(config.engine.name, config.engine.knobs(), "engine").defaults.policy
     policies = [p if p.name else PolicyConfig(name=default, **p.knobs()) for p in c.policy]
@@ -79,20 +106,34 @@ def expand_candidates(config: CapacityConfig) -> list[Candidate]:
                 for dp in c.dp:
                     for ep in c.ep:
                         for policy in policies:
-                            for replicas in c.replicas:
-                                out.append(Candidate(len(out), hardware, tp, policy, replicas, pp, dp, ep))
+                            if "colocated" in c.kind:
+                                for replicas in c.replicas:
+                                    out.append(Candidate(len(out), hardware, tp, policy, replicas,
+                                                         pp=pp, dp=dp, ep=ep))
+                            if "disaggregated" in c.kind:
+                                for split in c.splits:
+                                    out.append(Candidate(len(out), hardware, tp, policy, sum(split), split,
+                                                         pp=pp, dp=dp, ep=ep))
     return out
 
 
-def experiment_for(config: CapacityConfig, candidate: Candidate, replicas: int | None = None
-                   ) -> ExperimentConfig:
-    """The experiment that simulates ``candidate`` (its workload is replaced at every rate)."""
+def experiment_for(config: CapacityConfig, candidate: Candidate, sets: int = 1) -> ExperimentConfig:
+    """The experiment that simulates ``sets`` replica sets of ``candidate`` behind the router (its
+    workload is replaced at every rate)."""
     slo = {k: v for k, v in config.slo.limits().items()}
+    deployment: dict[str, Any] = {**config.deployment.model_dump(exclude_none=True), "tp": candidate.tp,
+                                  **candidate.layout}
+    if candidate.split is None:
+        deployment["replicas"] = sets * candidate.replicas
+    else:
+        prefill, decode = candidate.split
+        deployment.update(kind="disaggregated", prefill={"replicas": sets * prefill},
+                          decode={"replicas": sets * decode},
+                          link=config.candidates.link.model_dump(exclude_none=True))
     document = {
         "name": f"{config.name}-{candidate.index}", "seed": config.seed, "model": config.model,
         "hardware": candidate.hardware, "engine": config.engine.model_dump(),
-        "deployment": {**config.deployment.model_dump(exclude_none=True), "tp": candidate.tp,
-                       **candidate.layout, "replicas": replicas or candidate.replicas},
+        "deployment": deployment,
         "precision": config.precision.model_dump(), "policy": candidate.policy.model_dump(),
         "router": config.router.model_dump(), "workload": config.workload, "slo": slo,
         "output": "summary",
@@ -100,17 +141,31 @@ def experiment_for(config: CapacityConfig, candidate: Candidate, replicas: int |
     return validate_document(document, "capacity")
 
 
+CAPACITY_NAMES = {"deployment.tp": "candidates.tp", "deployment.pp": "candidates.pp",
+                  "deployment.dp": "candidates.dp", "deployment.ep": "candidates.ep",
+                  "deployment.replicas": "candidates.replicas"}
+"""A candidate's experiment keys as the capacity plan spells them."""
+
+
+def capacity_names(error: ServesimError) -> ServesimError:
+    """``error`` with the candidate experiment's keys named as the capacity plan writes them."""
+    return relabel(error, CAPACITY_NAMES)
+
+
 def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Path | None) -> dict[str, Any]:
     record: dict[str, Any] = {"index": candidate.index, "candidate": candidate.label,
                               "hardware": candidate.hardware, "tp": candidate.tp,
-                              "policy": candidate.policy.model_dump(), "replicas": candidate.replicas}
+                              "policy": candidate.policy.model_dump(), "replicas": candidate.replicas,
+                              "kind": candidate.kind}
+    if candidate.split is not None:
+        record["split"] = {"prefill": candidate.split[0], "decode": candidate.split[1]}
     if candidate.layout:
         record.update(candidate.layout, gpus_per_replica=candidate.gpus_per_replica)
     experiment = experiment_for(config, candidate)
     try:
         topology = resolve_topology(experiment)
     except ServesimError as exc:
-        record.update(feasible=False, infeasible_reason=str(exc))
+        record.update(feasible=False, infeasible_reason=str(capacity_names(exc)))
         return record
     group = topology.kv_group
     record["feasible"] = True
@@ -125,7 +180,7 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
         runs = [run_once(experiment, sample.at_rate(k, rate), config) for k in range(len(sample.tables))]
         return judge(config, runs, rate)
 
-    guess = saturation_rate(group, sample.mean_prompt_tokens, sample.mean_output_tokens)
+    guess = topology_saturation_rate(topology, sample.mean_prompt_tokens, sample.mean_output_tokens)
     s = config.search
     result = search_rate(evaluate, guess, s.precision, s.max_doublings, s.max_halvings)
     record["search"] = {"status": result.status, "max_rate": result.rate,
@@ -134,10 +189,29 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
                         "simulations": sum(e["replications"] for e in result.evaluations),
                         "evaluations": result.evaluations}
     record["knee"] = diagnose(config, result, group)
+    warning = short_run_warning(config, result.rate, len(sample.tables[0]))
+    if warning:
+        record["warnings"] = [warning]
     record["mean_output_tokens"] = sample.mean_output_tokens
     if config.target_rate is not None:
         record["target"] = size_for_target(config, candidate, result, sample, base_dir)
+    if config.gpu_budget is not None:
+        record["budget"] = size_for_budget(config, candidate, result, sample, base_dir)
     return record
+
+
+def short_run_warning(config: CapacityConfig, rate: float, requests: int) -> str | None:
+    """A warning when the runs at ``rate`` are too short to judge it (see :data:`SHORT_RUN_FACTOR`)."""
+    limits = config.slo.limits()
+    longest = max((limits[k] for k in ("ttft_s", "e2e_s") if k in limits), default=None)
+    if rate <= 0 or longest is None:
+        return None
+    span = requests / rate
+    if span >= SHORT_RUN_FACTOR * longest:
+        return None
+    return (f"runs too short to judge {rate:.3g} req/s: {requests} requests arrive in {span:.2g} s, under "
+            f"{SHORT_RUN_FACTOR:g}x the {longest:g} s latency limit, so a queue has no time to build and the "
+            "highest rate is overestimated; raise search.requests_per_run (--requests)")
 
 
 def diagnose(config: CapacityConfig, result: SearchResult, group: ReplicaGroup) -> dict[str, Any]:
@@ -169,7 +243,8 @@ def diagnose(config: CapacityConfig, result: SearchResult, group: ReplicaGroup) 
         knee["peak_kv_use"] = at["peak_kv_use"]
         knee["preemptions"] = at["preemptions"]
         knee["queue_growth_per_s"] = at["queue_growth_per_s"]
-        knee["slot_limited"] = at["max_running"] >= group.limits.max_num_seqs * group.replicas
+        # ``max_running`` is the most requests one replica ran in a step: compare with its seats
+        knee["slot_limited"] = at["max_running"] >= group.limits.max_num_seqs
     knee["summary"] = _knee_text(knee, result)
     return knee
 
@@ -221,13 +296,13 @@ def size_for_target(config: CapacityConfig, candidate: Candidate, result: Search
     assert target is not None
     if result.rate <= 0:
         return {"sets": None, "replicas": None, "gpus": None, "verified": False,
-                "note": "the SLOs are not met at any rate searched"}
+                "note": "the SLOs are not met at any rate searched", "rate": target}
     sets = max(1, math.ceil(target / result.rate * (1 - 1e-12)))
     computed = sets
     attempts = []
     for _ in range(VERIFY_ATTEMPTS):
         replicas = sets * candidate.replicas
-        experiment = experiment_for(config, candidate, replicas)
+        experiment = experiment_for(config, candidate, sets)
         table = _fleet_table(config, sample, sets, target, base_dir)
         evaluation = judge(config, [run_once(experiment, table, config)], target)
         attempts.append({"sets": sets, "replicas": replicas, "passed": evaluation["passed"],
@@ -241,7 +316,44 @@ def size_for_target(config: CapacityConfig, candidate: Candidate, result: Search
     return {"sets": final["sets"], "computed_sets": computed, "replicas": final["replicas"],
             "gpus": final["replicas"] * candidate.gpus_per_replica, "verified": bool(verified),
             "router": config.router.name, "attempts": attempts,
-            "margins": final["margins"]}
+            "margins": final["margins"], "rate": target}
+
+
+def size_for_budget(config: CapacityConfig, candidate: Candidate, result: SearchResult,
+                    sample: WorkloadSample, base_dir: Path | None) -> dict[str, Any]:
+    """The highest rate a fleet on the GPU budget sustains, checked by simulating it.
+
+    The fleet is as many whole replica sets as fit: ``floor(budget / GPUs per set)`` (GPUs left
+    over are reported as idle, never split into a smaller replica). Its first estimate is that
+    many times the rate one set sustains; the whole fleet is then simulated at that rate (one
+    replication, ``requests_per_run x sets`` requests, as for a target) and, if it misses the
+    SLOs, at rates lowered by the search precision each time, up to :data:`VERIFY_ATTEMPTS`."""
+    budget = config.gpu_budget
+    assert budget is not None
+    sets = budget // candidate.gpus_per_set
+    gpus = sets * candidate.gpus_per_set
+    base = {"gpu_budget": budget, "sets": sets, "gpus": gpus, "idle_gpus": budget - gpus}
+    if sets == 0:
+        return {**base, "rate": None, "verified": False,
+                "note": f"one replica set needs {candidate.gpus_per_set} GPUs, more than the budget"}
+    if result.rate <= 0:
+        return {**base, "rate": None, "verified": False, "note": "the SLOs are not met at any rate searched"}
+    estimate = sets * result.rate
+    rate = estimate
+    experiment = experiment_for(config, candidate, sets)
+    attempts = []
+    for _ in range(VERIFY_ATTEMPTS):
+        table = _fleet_table(config, sample, sets, rate, base_dir)
+        evaluation = judge(config, [run_once(experiment, table, config)], rate)
+        attempts.append({"rate": rate, "passed": evaluation["passed"], "margins": evaluation["margins"],
+                         "metrics": evaluation["metrics"], "attainment": evaluation["attainment"]})
+        if evaluation["passed"]:
+            break
+        rate *= 1 - config.search.precision
+    final = attempts[-1]
+    return {**base, "replicas": sets * candidate.replicas, "estimated_rate": estimate,
+            "rate": final["rate"], "verified": bool(final["passed"]), "router": config.router.name,
+            "attempts": attempts, "margins": final["margins"]}
 
 
 def _fleet_table(config: CapacityConfig, sample: WorkloadSample, sets: int, rate: float,

@@ -11,24 +11,28 @@ both become a :class:`CapacityConfig`.
       num_requests: 1000
       lengths: {preset: azure-conversation}
     slo:
-      ttft_s: 2.0                   # per-request limits, as in an experiment's slo:
-      tpot_s: 0.05
+      ttft_s: 2.0                   # per-request limits, as in an experiment's slo: (seconds, or
+      tpot_s: 50ms                  #   with a unit; tpot_ms: 50 is the same)
       percentile: 99                # judged as p99 TTFT <= 2 s and p99 TPOT <= 50 ms ...
       attainment: null              # ... or, if set (e.g. 0.99), >= 99% of requests meet all limits
     engine: vllm-v0                 # the serving engine every candidate runs (its defaults apply)
-    candidates:                     # cartesian product: hardware x tp x pp x dp x ep x policy x replicas
+    candidates:                     # every combination of hardware, tp, pp, dp, ep, policy, replicas|splits
       hardware: [h100-sxm-80gb, a100-sxm-80gb]
       tp: [1, 2]
       pp: [1]                       # pipeline stages; dp: data-parallel attention ranks; ep:
       dp: [1]                       #   expert-parallel degree (layouts a model cannot take are
       ep: [1]                       #   listed as infeasible with the reason)
       policy: [continuous]          # names, or {name: ..., knob: ...} mappings
-      replicas: [1]
+      replicas: [1]                 # colocated: replicas per replica set
+      kind: [colocated]             # add disaggregated to rank prefill/decode splits beside them
+      splits: ["1:1"]               # disaggregated: prefill:decode replicas per replica set
+      link: {kind: infiniband}      # disaggregated: the KV link (deployment.link's keys)
     deployment: {max_num_seqs: 256}   # engine limits shared by every candidate (not tp/replicas)
     precision: {weights: bf16, activations: bf16, kv_cache: bf16}
     router: {name: round_robin}
     search: {replications: 3, precision: 0.05, requests_per_run: null, warmup_fraction: 0.1}
-    target_rate: 40                 # optional: size every candidate for 40 requests/s
+    target_rate: 40                 # optional: size every candidate for 40 requests/s, or ...
+    gpu_budget: null                # ... optional: the best deployment on exactly this many GPUs
     prices: {h100-sxm-80gb: 2.5}    # optional USD per GPU-hour, beats the profile's
     decode_context: null            # context of the decode-batch limits (default: workload mean)
 
@@ -38,7 +42,7 @@ Every key is checked, and a mistake is one line naming the key and the fix.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -55,17 +59,19 @@ from servesim.errors import ServesimError
 from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import StrictModel, user_error
+from servesim.inputs.slo import SloLimits
+from servesim.topology.keys import LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
+TOPOLOGY_KINDS = ("colocated", "disaggregated")
 
-class CapacitySlo(StrictModel):
-    """What a rate must meet. Per-request limits (seconds) as in an experiment's ``slo:``; judged
-    either as percentile targets (``p<percentile>`` of each metric within its limit) or, with
-    ``attainment``, as the fraction of requests meeting every limit (DistServe's SLO attainment)."""
 
-    ttft_s: float | None = Field(None, gt=0)
-    tpot_s: float | None = Field(None, gt=0)
-    e2e_s: float | None = Field(None, gt=0)
+class CapacitySlo(SloLimits):
+    """What a rate must meet. Per-request limits as in an experiment's ``slo:`` (seconds, any unit
+    on input); judged either as percentile targets (``p<percentile>`` of each metric within its
+    limit) or, with ``attainment``, as the fraction of requests meeting every limit (DistServe's
+    SLO attainment)."""
+
     percentile: float = Field(99.0, gt=0, le=100, description="percentile of the targets")
     attainment: float | None = Field(None, gt=0, le=1,
                                      description="required fraction of requests meeting all limits")
@@ -73,12 +79,8 @@ class CapacitySlo(StrictModel):
     @model_validator(mode="after")
     def _some_limit(self) -> CapacitySlo:
         if not self.limits():
-            raise ValueError("give at least one of ttft_s, tpot_s, e2e_s (seconds)")
+            raise ValueError("give at least one of ttft_s, tpot_s, e2e_s (seconds; or their _ms keys)")
         return self
-
-    def limits(self) -> dict[str, float]:
-        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s),
-                                  ("e2e_s", self.e2e_s)) if v is not None}
 
     @property
     def mode(self) -> str:
@@ -96,8 +98,32 @@ def _seconds(value: float) -> str:
     return f"{value * 1e3:g} ms" if value < 1 else f"{value:g} s"
 
 
+Split = tuple[int, int]
+"""A disaggregated replica set: (prefill replicas, decode replicas)."""
+
+
+def parse_split(value: Any) -> Split:
+    """``"3:1"``, ``[3, 1]`` or ``{prefill: 3, decode: 1}`` -> (3, 1)."""
+    if isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+            return int(parts[0]), int(parts[1])
+    elif isinstance(value, list | tuple) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return int(value[0]), int(value[1])
+    elif isinstance(value, dict) and set(value) == {"prefill", "decode"}:
+        return parse_split([value["prefill"], value["decode"]])
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 60:
+        raise ValueError(f"{value} is a number: unquoted, YAML reads a split such as 3:1 as a base-60 "
+                         "number; quote it (\"3:1\")")
+    raise ValueError(f"{value!r} is not a prefill:decode split; write e.g. \"3:1\" (3 prefill replicas "
+                     "for each decode replica)")
+
+
 class CandidatesConfig(StrictModel):
-    """The deployments to compare: every combination of the lists."""
+    """The deployments to compare: every combination of hardware, tp, pp, dp, ep and policy, each
+    as the colocated replica sets of ``replicas`` and, with ``kind`` listing ``disaggregated``, as the
+    prefill:decode ``splits`` joined by ``link`` (one ranking holds both)."""
 
     hardware: list[str] = Field(min_length=1)
     tp: list[int] = Field([1], min_length=1)
@@ -106,8 +132,13 @@ class CandidatesConfig(StrictModel):
     ep: list[int] = Field([1], min_length=1, description="expert-parallel degree of the MoE layers")
     policy: list[PolicyConfig] = Field([PolicyConfig()], min_length=1)
     replicas: list[int] = Field([1], min_length=1)
+    kind: list[Literal["colocated", "disaggregated"]] = Field(
+        ["colocated"], min_length=1, description="topologies to compare: colocated, disaggregated")
+    splits: list[Split] = Field([(1, 1)], min_length=1,
+                                description="disaggregated: prefill:decode replicas per replica set")
+    link: LinkKeys = Field(LinkKeys(), description="disaggregated: the KV link between the groups")
 
-    @field_validator("hardware", "tp", "pp", "dp", "ep", "policy", "replicas", mode="before")
+    @field_validator("hardware", "tp", "pp", "dp", "ep", "policy", "replicas", "kind", mode="before")
     @classmethod
     def _listify(cls, value: Any) -> Any:
         return value if isinstance(value, list) else [value]
@@ -128,6 +159,18 @@ class CandidatesConfig(StrictModel):
                 data.pop(key)
         return data
 
+    @field_validator("splits", mode="before")
+    @classmethod
+    def _splits(cls, value: Any) -> Any:
+        if isinstance(value, tuple) or not isinstance(value, list) or _is_split_pair(value):
+            value = [value]  # one split: "3:1" or [3, 1]
+        splits = [parse_split(v) for v in value]
+        if any(p < 1 or d < 1 for p, d in splits):
+            raise ValueError(f"each side of a split needs at least one replica, got {value}")
+        if len(set(splits)) != len(splits):
+            raise ValueError(f"lists a split twice: {value}")
+        return splits
+
     @field_validator("tp", "pp", "dp", "ep", "replicas")
     @classmethod
     def _positive(cls, value: list[int]) -> list[int]:
@@ -136,6 +179,18 @@ class CandidatesConfig(StrictModel):
         if len(set(value)) != len(value):
             raise ValueError(f"lists a value twice: {value}")
         return value
+
+    @field_validator("kind")
+    @classmethod
+    def _kinds_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a kind twice: {value}")
+        return value
+
+
+def _is_split_pair(value: list[Any]) -> bool:
+    """``splits: [3, 1]`` is one split, not two."""
+    return len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
 
 
 class SharedDeployment(StrictModel):
@@ -176,6 +231,7 @@ class CapacityConfig(StrictModel):
     router: RouterConfig = RouterConfig()
     search: SearchConfig = SearchConfig()
     target_rate: float | None = Field(None, gt=0, description="requests/s to size every candidate for")
+    gpu_budget: int | None = Field(None, ge=1, description="GPUs every candidate's fleet must fit in")
     prices: dict[str, float] = Field(default_factory=dict, description="USD per GPU-hour by hardware")
     decode_context: int | None = Field(None, ge=1, description="context of the decode-batch limits")
 
@@ -183,6 +239,13 @@ class CapacityConfig(StrictModel):
     @classmethod
     def _engine_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_question(self) -> CapacityConfig:
+        if self.target_rate is not None and self.gpu_budget is not None:
+            raise ValueError("give target_rate (the fewest GPUs for a rate) or gpu_budget (the highest "
+                             "rate on a number of GPUs), not both")
+        return self
 
     @field_validator("prices")
     @classmethod
@@ -217,7 +280,7 @@ def load_capacity_document(path: str | Path | None, overrides: list[str] | None 
 
 
 _MISSING_HINTS = {"model": "--model NAME", "candidates": "--hardware NAME",
-                  "candidates.hardware": "--hardware NAME", "slo": "--ttft/--tpot/--e2e SECONDS",
+                  "candidates.hardware": "--hardware NAME", "slo": "--ttft/--tpot/--e2e (e.g. --tpot 50ms)",
                   "workload": "a workload: section"}
 """A missing key names the flag that gives it (flags and YAML share this schema)."""
 

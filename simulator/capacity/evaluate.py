@@ -134,8 +134,14 @@ def run_once(experiment: ExperimentConfig, table: RequestTable, config: Capacity
     records = result.step_log.records()
     bound_seconds = {name: float(records["duration_s"][records["bound"] == i].sum())
                      for i, name in enumerate(BOUNDS)}
-    blocks = result.plan.topology.kv_group.limits.num_blocks
-    peak = max(state.pool.peak_used for state in result.replica_states) / blocks
+    topology = result.plan.topology
+    blocks = topology.kv_group.limits.num_blocks
+    kv_run = next(run for run in result.groups if run.group is topology.kv_group)
+    peak = max(state.pool.peak_used for state in kv_run.states) / blocks
+    queue_growth = _queue_growth(records, table)  # every group's queue
+    if len(topology.groups) > 1:  # KV use and batch of the group where requests decode
+        kv_replicas = np.arange(kv_run.first_index, kv_run.first_index + len(kv_run.replicas))
+        records = records[np.isin(records["replica"], kv_replicas)]
     if records.size and records["duration_s"].sum() > 0:
         mean_kv = float(np.average(records["kv_blocks_used"] / blocks, weights=records["duration_s"]))
         mean_batch = float(np.average(records["num_prefills"] + records["num_decodes"],
@@ -145,7 +151,7 @@ def run_once(experiment: ExperimentConfig, table: RequestTable, config: Capacity
     return RunMetrics(percentiles=percentiles, attainment=float(met.mean()) if met.size else 0.0,
                       bound_seconds=bound_seconds, preemptions=int(r.preemptions.sum()),
                       peak_kv=float(peak), mean_kv=mean_kv,
-                      queue_growth_per_s=_queue_growth(records, table),
+                      queue_growth_per_s=queue_growth,
                       mean_batch=mean_batch,
                       max_running=int(records["running"].max()) if records.size else 0,
                       rejected=int(np.count_nonzero(~done)), misses=misses)

@@ -5,15 +5,21 @@ policy and router knobs, price keys), runs :func:`~servesim.capacity.candidate.a
 for every candidate in a process pool, and puts the answers together:
 
 - **cost**: USD per GPU-hour from ``prices`` (``--price``) or the hardware profile's
-  ``cost_per_gpu_hour``; ``$/hour`` is GPUs x price; ``$/1M output tokens`` divides it by the
-  output tokens served in an hour (rate x mean output tokens x 3600);
+  ``cost_per_gpu_hour``; ``$/hour`` is GPUs x price. Two prices per output token, named so they
+  cannot be confused: ``usd_per_1m_output_tokens_at_max_rate`` is one replica set running at its
+  own highest sustainable rate (the cheapest a token gets on that candidate), and the fleet's
+  ``usd_per_1m_output_tokens`` (in ``target`` or ``budget``) is the whole fleet's $/hour over the
+  output tokens of the rate it serves (the target rate, or the budget fleet's verified rate);
 - **ranking**: with a target rate, cheapest fleet first ($/hour at the target, verified fleets
-  before unverified ones); without one, cheapest per output token at each candidate's own
-  highest rate. Infeasible and unattainable candidates come last;
+  before unverified ones); with a GPU budget, the highest verified rate on the budget first
+  (then the cheaper); without either, cheapest per output token at each candidate's own highest
+  rate. Infeasible and unattainable candidates come last;
 - **frontier**: the Pareto set of (USD/hour of one replica set, highest sustainable rate):
   candidates no other candidate beats on both;
-- **why the losers lose**: for each candidate ranked below the first, its cost against the
-  winner's and the diagnosis of its knee.
+- **why the losers lose**: for each candidate ranked below the first, its cost (or rate) against
+  the winner's and the diagnosis of its knee;
+- **launch**: the winner's fleet as ``vllm serve`` and SGLang command lines
+  (:mod:`servesim.launch`), so the plan can be tried as it was simulated.
 
 Same config and seed give the same answer, whatever the number of workers: each candidate is
 computed on its own from the config's seeds, and the results are put back in candidate order.
@@ -27,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import servesim.policies  # noqa: F401  (registers the built-in policies and routers)
-from servesim.capacity.candidate import Candidate, analyse_candidate, expand_candidates, experiment_for
+from servesim.capacity.candidate import (
+    Candidate,
+    analyse_candidate,
+    capacity_names,
+    expand_candidates,
+    experiment_for,
+)
 from servesim.capacity.config import CapacityConfig
 from servesim.capacity.evaluate import sample_workload
 from servesim.capacity.limits import decode_batch_limits
@@ -35,6 +47,7 @@ from servesim.dtypes import Precision
 from servesim.engines import make_engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
+from servesim.launch import launch_configs
 from servesim.model_config import load_model
 from servesim.policies.base import check_policy
 from servesim.policies.routers import check_router
@@ -98,11 +111,13 @@ def plan_capacity(config: CapacityConfig, base_dir: Path | None = None, workers:
         record["rank"] = rank
     _mark_frontier(records)
     _explain_losers(ranking, config)
+    launch = winner_launch(config, candidates, ranking[0]) if ranking else None
     return {
         "name": config.name,
         "model": config.model,
         "slo": {**config.slo.model_dump(), "mode": config.slo.mode, "description": config.slo.describe()},
         "target_rate": config.target_rate,
+        "gpu_budget": config.gpu_budget,
         "router": config.router.name,
         "search": {**config.search.model_dump(), "requests_per_run": config.requests_per_run,
                    "rule": "a rate passes when the mean over replications of each SLO metric meets "
@@ -112,8 +127,29 @@ def plan_capacity(config: CapacityConfig, base_dir: Path | None = None, workers:
         "candidates": sorted(records, key=lambda r: r["rank"]),
         "frontier": [r["index"] for r in sorted((r for r in records if r.get("on_frontier")),
                                                 key=lambda r: r["usd_per_hour_per_set"])],
+        "launch": launch,
         "config": config.model_dump(mode="json"),
     }
+
+
+def winner_sets(record: dict[str, Any]) -> int:
+    """Replica sets of the winner's fleet: sized for the target or the budget, else one."""
+    for key in ("target", "budget"):
+        fleet = record.get(key)
+        if fleet and fleet.get("sets"):
+            return int(fleet["sets"])
+    return 1
+
+
+def winner_launch(config: CapacityConfig, candidates: list[Candidate], record: dict[str, Any]
+                  ) -> dict[str, Any] | None:
+    """The launch configuration of the winner's fleet (None when no candidate can serve)."""
+    if not record.get("feasible") or record["search"]["max_rate"] <= 0:
+        return None
+    candidate = candidates[record["index"]]
+    topology = resolve_topology(experiment_for(config, candidate, winner_sets(record)))
+    return {"candidate": record["candidate"], "replica_sets": winner_sets(record),
+            **launch_configs(topology, config.router.name, config.model)}
 
 
 def _analyse_all(config: CapacityConfig, candidates: list[Candidate], base_dir: Path | None,
@@ -146,6 +182,13 @@ def _add_costs(record: dict[str, Any], prices: dict[str, float | None], overridd
         target["usd_per_hour"] = usd
         at_target = config.target_rate * record["mean_output_tokens"] * 3600
         target["usd_per_1m_output_tokens"] = usd / at_target * MILLION if usd is not None else None
+    budget = record.get("budget")
+    if budget is not None:
+        usd = price * budget["gpu_budget"] if price is not None else None  # idle GPUs are paid too
+        budget["usd_per_hour"] = usd
+        served = (budget.get("rate") or 0.0) * record.get("mean_output_tokens", 0.0) * 3600
+        budget["usd_per_1m_output_tokens"] = usd / served * MILLION if usd is not None and served > 0 \
+            else None
 
 
 def _sort_key(record: dict[str, Any], config: CapacityConfig) -> tuple:
@@ -159,6 +202,13 @@ def _sort_key(record: dict[str, Any], config: CapacityConfig) -> tuple:
         usd = target.get("usd_per_hour")
         return (0 if target["verified"] else 1, usd if usd is not None else math.inf,
                 -search["max_rate_per_replica"], record["index"])
+    if config.gpu_budget is not None:
+        budget = record["budget"]
+        if budget.get("rate") is None:  # no whole replica set fits the budget
+            return (2, math.inf, record["index"])
+        usd = budget.get("usd_per_hour")
+        return (0 if budget["verified"] else 1, -budget["rate"], usd if usd is not None else math.inf,
+                record["index"])
     usd = record["usd_per_1m_output_tokens_at_max_rate"]
     return (0, usd if usd is not None else math.inf, -search["max_rate"], record["index"])
 
@@ -207,6 +257,14 @@ def _cost_comparison(record: dict[str, Any], best: dict[str, Any] | None, config
             return "no price"
         return (f"{mine / theirs:.2f}x the cost of the best ({record['target']['gpus']} vs "
                 f"{best['target']['gpus']} GPUs)")
+    if config.gpu_budget is not None:
+        mine_budget, best_budget = record["budget"], best["budget"]
+        if mine_budget.get("rate") is None:
+            return mine_budget.get("note", "")
+        if not best_budget.get("rate"):
+            return ""
+        return (f"{mine_budget['rate'] / best_budget['rate']:.0%} of the best's rate on "
+                f"{config.gpu_budget} GPUs ({mine_budget['rate']:.3g} vs {best_budget['rate']:.3g} req/s)")
     mine, theirs = (record["usd_per_1m_output_tokens_at_max_rate"],
                     best["usd_per_1m_output_tokens_at_max_rate"])
     if mine is None or theirs is None:
@@ -225,7 +283,7 @@ def decode_limits_only(config: CapacityConfig, base_dir: Path | None = None) -> 
         try:
             group = resolve_topology(experiment_for(config, candidate)).kv_group
         except ServesimError as exc:
-            record.update(feasible=False, infeasible_reason=str(exc))
+            record.update(feasible=False, infeasible_reason=str(capacity_names(exc)))
         else:
             record.update(feasible=True,
                           decode_batch_limits=decode_batch_limits(group, context, config.slo.tpot_s))

@@ -4,7 +4,9 @@
    completes when it runs flat out, from the cost model alone: a mean prompt's prefill plus its
    share of decode steps at the largest batch the engine would run (``max_num_seqs``, or what
    the KV pool holds at the mean prompt + output), times the replicas. No SLO is met at
-   saturation, so the first guess is usually a failing upper end.
+   saturation, so the first guess is usually a failing upper end. A disaggregated set saturates
+   at the lower of its prefill group's rate (prompts per second, one after another) and its
+   decode group's (the decode steps alone at that largest batch).
 2. **Bracket** by halving (if the guess fails) or doubling (if it passes) until one rate passes
    and the next fails; at most ``max_halvings`` / ``max_doublings`` steps.
 3. **Bisect** geometrically (``sqrt(pass * fail)``) until ``(fail - pass) / pass <= precision``.
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesim.cost import BatchShape
+from servesim.topology.base import Topology
 from servesim.topology.group import ReplicaGroup
 
 Evaluate = Callable[[float], dict[str, Any]]
@@ -49,6 +52,29 @@ def saturation_rate(group: ReplicaGroup, mean_prompt: float, mean_output: float)
     prefill_s = cost.step_time(BatchShape.prefill(prompt))
     per_request_s = prefill_s + (output - 1) * decode_s / batch
     return group.replicas / per_request_s
+
+
+def _largest_batch(group: ReplicaGroup, prompt: int, output: float) -> int:
+    limits = group.limits
+    blocks_each = math.ceil((prompt + output) / limits.block_size)
+    return max(1, min(limits.max_num_seqs, limits.num_blocks // max(1, blocks_each)))
+
+
+def topology_saturation_rate(topology: Topology, mean_prompt: float, mean_output: float) -> float:
+    """Requests/s the topology completes when always busy: :func:`saturation_rate` of its one
+    group, or the slower of a prefill group and a decode group (see the module docstring)."""
+    if len(topology.groups) == 1:
+        return saturation_rate(topology.groups[0], mean_prompt, mean_output)
+    prefill, decode = topology.groups[0], topology.groups[-1]
+    prompt = max(1, round(mean_prompt))
+    output = max(1.0, mean_output)
+    prefill_rate = prefill.replicas / prefill.cost_model().step_time(BatchShape.prefill(prompt))
+    if output <= 1:
+        return prefill_rate
+    batch = _largest_batch(decode, prompt, output)
+    decode_s = decode.cost_model().step_time(BatchShape.decode(batch, max(0, round(prompt + output / 2))))
+    decode_rate = decode.replicas * batch / ((output - 1) * decode_s)
+    return min(prefill_rate, decode_rate)
 
 
 @dataclass

@@ -3,6 +3,9 @@
 Each sub-command lives in its own module and only parses flags, calls the API and prints. A user
 mistake (:class:`~servesim.errors.ServesimError`) is printed as one ``error:`` line on stderr
 with exit status 2, never as a traceback.
+
+The command modules import what their command needs inside the command, so that ``--help``,
+``models``, ``hardware`` and ``step`` start without pandas, plotly or the simulation engine.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from servesim.cli.report import report_command
 from servesim.cli.run import run_command, validate_command
 from servesim.cli.step import step_command
 from servesim.cli.sweep import sweep_command
-from servesim.config import MigrationNote
 from servesim.errors import ServesimError
 
 app = typer.Typer(
@@ -46,6 +48,8 @@ app.add_typer(calibrate_app, name="calibrate")
 def _show_note(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                file: TextIO | None = None, line: str | None = None) -> None:
     """A config read in its new form prints one ``note:`` line (once per message)."""
+    from servesim.config import MigrationNote  # loaded by then: only a config warns
+
     if issubclass(category, MigrationNote):
         error_console.print(f"[yellow]note:[/] {escape(str(message))}", markup=True)
     else:

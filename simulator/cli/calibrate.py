@@ -1,6 +1,7 @@
 """``servesim calibrate``: microbenchmark, fit and validate (a thin shell over ``calibration``).
 
-``bench`` needs torch (``pip install torch==2.13.0``); ``fit``, ``import-vidur`` and ``validate``
+``bench`` needs torch (a CPU wheel: ``pip install torch --index-url
+https://download.pytorch.org/whl/cpu``); ``fit``, ``import-vidur`` and ``validate``
 need only numpy and pandas. The calibration package is imported inside each command so that
 ``servesim`` itself starts without it, and the simulator core never imports torch.
 """
@@ -9,13 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 
 from servesim.cli.console import console as _console
-from servesim.hardware_io import load_hardware
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 calibrate_app = typer.Typer(help="Microbenchmark kernels, fit hardware profiles, validate the cost model.",
                             no_args_is_help=True)
@@ -60,13 +62,22 @@ def fit_command(
 def import_vidur_command(
     path: Annotated[Path, typer.Argument(help="The vidur_profiling folder")] = Path(
         "../shared/data/kernels/vidur_profiling"),
-    out_dir: Annotated[Path | None, Opt(help="Write profiles here (default: the built-in ones)")] = None,
+    out_dir: Annotated[Path | None, Opt(
+        help="Write profiles here (default: $SERVESIM_HOME/hardware_profiles or "
+             "~/.local/share/servesim/hardware_profiles; hardware_profiles/ of a checkout refits the "
+             "shipped ones)")] = None,
 ) -> None:
     """Fit a100-sxm-80gb and h100-sxm-80gb from the public Vidur profiles."""
     from servesim.calibration.profiles import import_vidur
+    from servesim.resources import user_profiles_dir
 
-    _, report = import_vidur(path, out_dir)
+    target = out_dir or user_profiles_dir()
+    fitted, report = import_vidur(path, target)
     _print(report, "APE % on held-out rows: spec = spec-sheet roofline, prior = previous profile")
+    for name in fitted.values():
+        _console.print(f"wrote {target / (name.name + '.yaml')}")
+    _console.print(f"use them with --hardware {target}/<name>.yaml (or hardware: PATH in an experiment); "
+                   "the built-in profiles are unchanged")
 
 
 @calibrate_app.command("validate")
@@ -78,6 +89,7 @@ def validate_command(
 ) -> None:
     """Predicted vs measured kernel time per family: median and p90 absolute % error."""
     from servesim.calibration.validate import validate
+    from servesim.hardware_io import load_hardware
 
     summary, _ = validate(directory, load_hardware(profile, "--profile"), out)
     if as_json:
@@ -97,6 +109,7 @@ def e2e_command(
     """Run a small transformer with torch under continuous batching; compare each step with the
     cost model."""
     from servesim.calibration.transformer_e2e import run_e2e
+    from servesim.hardware_io import load_hardware
 
     steps = run_e2e(load_hardware(profile, "--profile"), threads=threads)
     if out:

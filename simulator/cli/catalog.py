@@ -9,8 +9,6 @@ import typer
 from rich.table import Table
 
 from servesim.cli.console import console as _console
-from servesim.hardware_io import builtin_hardware_names, load_hardware
-from servesim.model_config import builtin_model_names, load_model
 
 
 def _print_table(title: str, rows: list[dict[str, object]]) -> None:
@@ -27,6 +25,8 @@ def models_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """List the built-in models, or describe one (a name or a path to a config.json)."""
+    from servesim.model_config import builtin_model_names, load_model
+
     if name is not None:
         model = load_model(name)
         detail = {**model.summary(), "params": model.param_count,
@@ -53,6 +53,8 @@ def hardware_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """List the built-in hardware profiles, or show one with the source of every number."""
+    from servesim.hardware_io import builtin_hardware_names, load_hardware
+
     if name is not None:
         profile = load_hardware(name)
         if as_json:

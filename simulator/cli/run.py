@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -12,19 +12,23 @@ from rich.table import Table
 
 from servesim.atomic_io import make_output_dir
 from servesim.cli.console import console
-from servesim.metrics.stats import fmt_seconds
-from servesim.metrics.summary import Summary
-from servesim.pipeline import RunPlan, load_plan, render, simulate
+from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
+from servesim.errors import ServesimError
 from servesim.resources import configs_dir, find_builtin
-from servesim.sweep.spec import is_sweep_file
-from servesim.topology.base import Topology
-from servesim.topology.group import ReplicaGroup
+
+if TYPE_CHECKING:
+    from servesim.metrics.summary import Summary
+    from servesim.pipeline import RunPlan
+    from servesim.topology.base import Topology
+    from servesim.topology.group import ReplicaGroup
 
 GIB = 2**30
 
 
 def find_config(text: str) -> Path:
     """A path, or the name of a built-in experiment (``quickstart`` -> configs/quickstart.yaml)."""
+    from servesim.sweep.spec import is_sweep_file
+
     return find_builtin(text, [configs_dir()], "CONFIG", "experiment",
                         lambda path: not is_sweep_file(path))
 
@@ -35,6 +39,8 @@ SeedOption = Annotated[int | None, typer.Option(help="Seed of the workload (over
 
 
 def _plan(config_path: str, overrides: list[str] | None, seed: int | None) -> RunPlan:
+    from servesim.pipeline import load_plan
+
     return load_plan(find_config(config_path), overrides or [], seed)
 
 
@@ -43,6 +49,18 @@ def _group_line(group: ReplicaGroup) -> str:
     return (f"KV pool {m.kv_cache_bytes / GIB:.1f} GiB = {lim.num_blocks:,} blocks of {lim.block_size} "
             f"tokens per replica; max_num_seqs {lim.max_num_seqs}, max_num_batched_tokens "
             f"{lim.max_num_batched_tokens:,}")
+
+
+def percentiles_override(text: str) -> str:
+    """``--metric-percentiles 50,90,99`` as the override ``metric_percentiles=[50.0, 90.0, 99.0]``."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ServesimError("--metric-percentiles", f"{text!r} is not a list of numbers",
+                            "write e.g. --metric-percentiles 50,90,99") from None
+    if not values:
+        raise ServesimError("--metric-percentiles", "is empty", "write e.g. --metric-percentiles 50,90,99")
+    return f"metric_percentiles=[{', '.join(repr(v) for v in values)}]"
 
 
 def describe_plan(plan: RunPlan) -> None:
@@ -102,8 +120,17 @@ def run_command(
     seed: SeedOption = None,
     report: Annotated[bool, typer.Option(help="Write report.html")] = True,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
+    plotlyjs: PlotlyJsOption = "inline",
+    metric_percentiles: Annotated[str | None, typer.Option(
+        help="Percentiles of summary.json's vLLM-named keys, e.g. 50,90,99 (as vllm bench serve; "
+             "default 99)")] = None,
 ) -> None:
     """Simulate an experiment and write its summary, tables and interactive report."""
+    check_plotlyjs_early(plotlyjs)
+    if metric_percentiles is not None:
+        overrides = [*(overrides or []), percentiles_override(metric_percentiles)]
+    from servesim.pipeline import render, simulate
+
     plan = _plan(config, overrides, seed)
     describe_plan(plan)
     cfg, workload = plan.config, plan.workload
@@ -119,7 +146,7 @@ def run_command(
             bar.update(task, completed=done, sim=sim_s)
 
         result = simulate(plan, progress=None if quiet else progress)
-    render(result, out_dir, report=report)
+    render(result, out_dir, report=report, plotlyjs=plotlyjs)
     render_summary(result.summary, plan.topology)
     console.print(f"simulated {len(workload):,} requests, {len(result.steps):,} steps in "
                   f"{result.wall_time_s:.2f} s wall ({len(workload) / max(result.wall_time_s, 1e-9):,.0f} "
@@ -131,6 +158,8 @@ def run_command(
 
 
 def render_summary(summary: Summary, topology: Topology) -> None:
+    from servesim.metrics.stats import fmt_seconds
+
     table = Table(show_edge=False, box=None, pad_edge=False)
     table.add_column("latency")
     for column in ("mean", "p50", "p90", "p99", "max"):

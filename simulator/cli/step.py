@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import JustifyMethod
 from rich.table import Table
 
 from servesim.cli.console import console as _console
-from servesim.cost import BatchShape
-from servesim.dtypes import Precision
-from servesim.engines import DEFAULT_ENGINE, RuntimeCosts, make_engine
 from servesim.errors import ServesimError
-from servesim.hardware_io import load_hardware
-from servesim.model_config import load_model
-from servesim.step_report import StepReport, analyse_step
+
+if TYPE_CHECKING:
+    from servesim.step_report import StepReport
 
 GIB = 2**30
 
@@ -55,11 +52,33 @@ def step_command(
         str | None, Opt(help="Routed experts' weights when they differ (e.g. mxfp4 for gpt-oss)")] = None,
     gpu_memory_utilization: Annotated[
         float | None, Opt(help="Fraction of HBM the engine may use (default: the engine's)")] = None,
-    engine: Annotated[str, Opt(help="Serving engine whose step cost and defaults apply")] = DEFAULT_ENGINE,
+    engine: Annotated[str | None, Opt(
+        help="Serving engine whose step cost and defaults apply (default: the default engine)")] = None,
     ideal: Annotated[bool, Opt(help="Pure roofline: efficiency 1, no launch or engine step cost")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Predict one iteration's time with a per-operator breakdown and its bound."""
+    from servesim.inputs.flag_names import as_flags
+
+    try:
+        _step(model, hardware, tp, prefill_tokens, prefill_context, decode_batch, decode_context,
+              weight_dtype, act_dtype, kv_dtype, group_size, expert_dtype, gpu_memory_utilization, engine,
+              ideal, as_json)
+    except ServesimError as exc:  # the core names YAML keys (precision.weights); here they are flags
+        raise as_flags(exc) from None
+
+
+def _step(model: str, hardware: str, tp: int, prefill_tokens: str, prefill_context: str, decode_batch: int,
+          decode_context: int, weight_dtype: str, act_dtype: str, kv_dtype: str, group_size: int,
+          expert_dtype: str | None, gpu_memory_utilization: float | None, engine: str | None, ideal: bool,
+          as_json: bool) -> None:
+    from servesim.cost import BatchShape
+    from servesim.dtypes import Precision
+    from servesim.engines import DEFAULT_ENGINE, RuntimeCosts, make_engine
+    from servesim.hardware_io import load_hardware
+    from servesim.model_config import load_model
+    from servesim.step_report import analyse_step
+
     if decode_batch < 0:
         raise ServesimError("--decode-batch", f"must be >= 0, got {decode_batch}", "use 0 or more")
     if decode_context < 0:
@@ -78,7 +97,7 @@ def step_command(
     precision = Precision.from_names(weight_dtype, act_dtype, kv_dtype, group_size, expert_dtype)
     batch = BatchShape.build(chunks, contexts, [decode_context] * decode_batch)
     report = analyse_step(spec, profile, batch, tp, precision, gpu_memory_utilization,
-                          engine=make_engine(engine, {}, "--engine"),
+                          engine=make_engine(engine or DEFAULT_ENGINE, {}, "--engine"),
                           runtime=RuntimeCosts.none() if ideal else None)
     if as_json:
         print(json.dumps(report.to_dict(), indent=2))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 from rich.markup import escape
 from rich.progress import (
@@ -21,10 +20,13 @@ from rich.table import Table
 
 from servesim.cli.console import console
 from servesim.cli.interrupt import Interrupted
-from servesim.sweep import find_sweep, load_sweep
-from servesim.sweep.axes import point_label
-from servesim.sweep.backends import Backend, check_backend, default_workers
-from servesim.sweep.runner import SweepOutcome, prepare
+from servesim.cli.report import PlotlyJsOption, check_plotlyjs_early
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from servesim.sweep.backends import Backend
+    from servesim.sweep.runner import SweepOutcome
 
 SHOWN_METRICS = (("ttft_s.p99", "p99 TTFT", "s"), ("tpot_s.p50", "p50 TPOT", "s"),
                  ("throughput.requests_per_s", "req/s", ""), ("goodput_requests_per_s", "goodput", ""),
@@ -48,10 +50,19 @@ def sweep_command(
     force: Annotated[bool, typer.Option(
         help="Replace the sweep the --out folder holds (keeping the runs both share)")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
+    plotlyjs: PlotlyJsOption = "inline",
 ) -> None:
     """Run a parameter sweep: results.parquet (one row per point, mean and 95% CI over
     replications), one folder per run under points/, resumable by rerunning."""
+    import pandas as pd
+
+    from servesim.sweep import find_sweep, load_sweep
+    from servesim.sweep.axes import point_label
+    from servesim.sweep.backends import check_backend
+    from servesim.sweep.runner import prepare
+
     chosen = check_backend(backend)
+    check_plotlyjs_early(plotlyjs)
     sweep = load_sweep(find_sweep(sweep_file), overrides)
     out_dir = out or Path("sweeps") / sweep.name
     if dry_run:
@@ -99,7 +110,7 @@ def sweep_command(
     _report_faults(outcome)
     console.print(f"wrote {out_dir}/ (results.parquet, points.parquet, sweep.resolved.yaml, points/)")
     if report:
-        _write_report(out_dir)
+        _write_report(out_dir, plotlyjs)
 
 
 def _report_faults(outcome: SweepOutcome) -> None:
@@ -114,21 +125,26 @@ def _report_faults(outcome: SweepOutcome) -> None:
 
 
 def _where(backend: Backend | str, workers: int | None, address: str | None) -> str:
+    from servesim.sweep.backends import default_workers
+
     if backend == "ray":
         return f"Ray at {address}" if address else f"local Ray ({workers or default_workers()} CPUs)"
     count = workers or default_workers()
     return f"{count} local worker{'s' if count > 1 else ''}"
 
 
-def _write_report(out_dir: Path) -> None:
+def _write_report(out_dir: Path, plotlyjs: str) -> None:
+    from servesim.report.page import check_plotlyjs
     from servesim.report.sweep_report import write_sweep_report
 
-    path = write_sweep_report(out_dir)
+    path = write_sweep_report(out_dir, plotlyjs=check_plotlyjs(plotlyjs))
     console.print(f"wrote {path}")
 
 
 def render_results(results: pd.DataFrame, keys: list[str]) -> None:
     """The points as a table: the varied keys, then a few headline metrics (mean ± ci95)."""
+    from servesim.report.sweep_data import format_value
+
     table = Table(show_edge=False, box=None, pad_edge=False)
     shown_keys = [k for k in keys if k in results] or ["point"]
     for key in shown_keys:
@@ -137,7 +153,7 @@ def render_results(results: pd.DataFrame, keys: list[str]) -> None:
     for _, label, _ in metrics:
         table.add_column(label, justify="right")
     for _, row in results.head(MAX_ROWS_SHOWN).iterrows():
-        cells = [escape(str(row[k])) for k in shown_keys]
+        cells = [escape(format_value(row[k])) for k in shown_keys]
         if row["status"] != "ok":
             cells += [f"[yellow]{row['status']}[/]"] + [""] * (len(metrics) - 1)
         else:

@@ -26,9 +26,13 @@ Mooncake conversation trace with 288k ids) and shared by every replica.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from servesim.workloads.requests import RequestTable
+if TYPE_CHECKING:
+    from servesim.workloads.requests import RequestTable
+
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from servesim.core.state import DONE, REJECTED, RequestState
 from servesim.core.step_log import StepLog
-from servesim.workloads.requests import RequestTable
+
+if TYPE_CHECKING:
+    from servesim.workloads.requests import RequestTable
 
 Progress = Callable[[int, int, float], None]
 """Called now and then with (requests finished or rejected, total requests, simulated time)."""

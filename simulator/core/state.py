@@ -10,10 +10,13 @@ this one rule, applied by :meth:`RequestState.complete_step` for every policy.
 from __future__ import annotations
 
 from array import array
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.workloads.requests import RequestTable
+if TYPE_CHECKING:
+    from servesim.workloads.requests import RequestTable
+
 
 # Life cycle of a request (``status``).
 PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4

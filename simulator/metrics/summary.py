@@ -11,18 +11,21 @@ given, and goodput is those requests per second (DistServe's definition).
 
 :meth:`Summary.to_dict` is ``summary.json`` key for key (its order and names are stable);
 :meth:`Summary.from_dict` reads one back, so a report built from files and one built from a run
-in memory see the same object.
+in memory see the same object. After the stable keys come the same numbers under ``vllm bench
+serve``'s flat names and units (:mod:`servesim.metrics.benchmark_names`), so one script reads a
+simulated run and a real benchmark alike.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from servesim.core.state import UNFINISHED_NAME
+from servesim.metrics.benchmark_names import DEFAULT_PERCENTILES, benchmark_names, is_benchmark_key
 from servesim.metrics.stats import describe, describe_weighted
 
 SUMMARY_LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queueing_s")
@@ -118,6 +121,9 @@ class Summary:
     sections: dict[str, Any]
     """The topology's own sections (``disaggregation``), between ``batch`` and ``prefix_cache``."""
     prefix_cache: PrefixCacheStats | None
+    benchmark: dict[str, Any] = field(default_factory=dict)
+    """vLLM's benchmark names and units (``mean_ttft_ms``, ``p99_tpot_ms``, ``request_throughput``,
+    ...), written flat after the stable keys."""
 
     def latency(self, key: str) -> LatencyStats:
         """The statistics of ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s`` or ``queueing_s``."""
@@ -131,7 +137,7 @@ class Summary:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "sections":
+            if f.name in ("sections", "benchmark"):
                 out.update(value)
             elif f.name in ("deployment", "slos"):
                 out[f.name] = value
@@ -143,7 +149,7 @@ class Summary:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
         """A summary read back from ``summary.json``."""
-        known = {f.name for f in fields(cls)} - {"sections"}
+        known = {f.name for f in fields(cls)} - {"sections", "benchmark"}
         prefix = data.get("prefix_cache")
         return cls(
             **{key: LatencyStats(**data[key]) for key in SUMMARY_LATENCIES},
@@ -154,8 +160,9 @@ class Summary:
             slos=data.get("slos"), duration_s=data["duration_s"], num_requests=data["num_requests"],
             offered_rate=data["offered_rate"], deployment=data.get("deployment") or {},
             kv=KvUsage(**data["kv"]), swap=SwapUsage(**data["swap"]), batch=BatchUsage(**data["batch"]),
-            sections={k: v for k, v in data.items() if k not in known},
-            prefix_cache=PrefixCacheStats(**prefix) if prefix else None)
+            sections={k: v for k, v in data.items() if k not in known and not is_benchmark_key(k)},
+            prefix_cache=PrefixCacheStats(**prefix) if prefix else None,
+            benchmark={k: v for k, v in data.items() if is_benchmark_key(k)})
 
 
 def slo_met(requests: pd.DataFrame, limits: dict[str, float]) -> np.ndarray:
@@ -184,8 +191,10 @@ def run_span(requests: pd.DataFrame) -> float:
 def summarise(requests: pd.DataFrame, itl: pd.DataFrame, *, slo_limits: dict[str, float],
               offered_rate: float, deployment: dict[str, Any], kv: dict[str, Any], swap: dict[str, Any],
               batch: dict[str, Any], sections: dict[str, Any],
-              prefix_cache: dict[str, Any] | None) -> Summary:
-    """The summary of a run from its tables and the usage figures of its replicas."""
+              prefix_cache: dict[str, Any] | None, steps: pd.DataFrame | None = None,
+              metric_percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> Summary:
+    """The summary of a run from its tables and the usage figures of its replicas (``steps`` and
+    ``metric_percentiles`` feed the vLLM-named section)."""
     completed = requests["status"] == "completed"
     span = run_span(requests)
     done = requests[completed]
@@ -210,7 +219,9 @@ def summarise(requests: pd.DataFrame, itl: pd.DataFrame, *, slo_limits: dict[str
         slo_attainment=attainment, goodput_requests_per_s=goodput, slos=slo_limits or None,
         duration_s=span, num_requests=len(requests), offered_rate=offered_rate, deployment=deployment,
         kv=KvUsage(**kv), swap=SwapUsage(**swap), batch=BatchUsage(**batch), sections=sections,
-        prefix_cache=PrefixCacheStats(**prefix_cache) if prefix_cache else None)
+        prefix_cache=PrefixCacheStats(**prefix_cache) if prefix_cache else None,
+        benchmark=benchmark_names(requests, itl, steps if steps is not None else pd.DataFrame(), span,
+                                  goodput, metric_percentiles))
 
 
 def prefix_cache_stats(requests: pd.DataFrame, caches: list[Any], workload_has_prefixes: bool

@@ -67,8 +67,10 @@ def result_files(result: RunResult) -> dict[str, bytes]:
     return files
 
 
-def render(result: RunResult, out_dir: Path, report: bool = True) -> list[Path]:
-    """Write the run directory (see the module docstring); returns the files written.
+def render(result: RunResult, out_dir: Path, report: bool = True, plotlyjs: str = "inline") -> list[Path]:
+    """Write the run directory (see the module docstring); returns the files written. ``plotlyjs``
+    is how the report loads plotly.js (``inline``, ``cdn`` or ``directory``; see
+    :mod:`servesim.report.page`).
 
     Every file is first written into a staging folder inside ``out_dir``, so a full disk or an
     interrupt leaves an earlier run in ``out_dir`` untouched; only then are the files renamed into
@@ -87,11 +89,13 @@ def render(result: RunResult, out_dir: Path, report: bool = True) -> list[Path]:
             atomic_write_bytes(staging / name, content)
         if report and full:
             # plotly loads only when a report is written
+            from servesim.report.page import check_plotlyjs
             from servesim.report.run_data import RunData
             from servesim.report.run_report import write_run_report
 
             data = RunData.from_result(result, out_dir, files[CONFIG_FILE].decode())
-            write_run_report(out_dir, out=staging / REPORT_FILE, data=data)
+            write_run_report(out_dir, out=staging / REPORT_FILE, data=data,
+                             plotlyjs=check_plotlyjs(plotlyjs))
         return _publish(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -87,5 +87,6 @@ class RunResult:
             kv=kv_usage(kv_run.states, kv_steps), swap=swap_usage(states), batch=batch_usage(steps),
             sections=topology.summary_sections(self.sim, self.built, requests, steps, span),
             prefix_cache=prefix_cache_stats(requests, [s.prefix_cache for s in states],
-                                            plan.workload.has_prefixes))
+                                            plan.workload.has_prefixes),
+            steps=steps, metric_percentiles=tuple(plan.config.metric_percentiles))
 

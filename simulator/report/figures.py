@@ -60,6 +60,8 @@ class Chart:
     caption: str
     figure: go.Figure | None  # None: the run lacks the data; the caption says so instead
     height: int
+    aside: str = ""
+    """HTML shown beside the chart (a table that explains it); empty for none."""
 
 
 def f32(values: np.ndarray) -> np.ndarray:

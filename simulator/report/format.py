@@ -84,3 +84,37 @@ def fmt_rate(value: Any, unit: str) -> str:
     """A rate (requests/s, tokens/s) with its unit."""
     text = fmt_sig(value)
     return text if text == MISSING else f"{text} {unit}"
+
+
+def format_value(value: Any) -> str:
+    """A varied key's value as people read it: ``16``, ``chunked_prefill``, and a mapping (a
+    ``policy`` with its knobs) as ``sjf (predictor=noisy, sigma=1)`` rather than a Python dict
+    repr, also when an older sweep stored it as that repr's text."""
+    if isinstance(value, str) and value[:1] in "{[":
+        value = _literal(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        return f"{value:g}"
+    if value is None:
+        return "–"
+    if isinstance(value, dict):
+        items = {k: v for k, v in value.items() if v is not None}
+        name = items.pop("name", None)
+        knobs = ", ".join(f"{k}={format_value(v)}" for k, v in items.items())
+        if name is None:
+            return knobs or "–"
+        return f"{name} ({knobs})" if knobs else str(name)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _literal(text: str) -> Any:
+    """The Python or JSON literal ``text`` spells (a mapping stored as its repr), else the text."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text

@@ -36,7 +36,7 @@ REQUIRED_FILES = (REQUESTS_FILE, STEPS_FILE, ITL_FILE, SUMMARY_FILE)
 # Columns the report reads; anything else in the files is ignored. Optional columns get a default.
 REQUEST_COLUMNS = ("replica", "arrival_s", "output_tokens", "status", "first_token_s", "finish_s",
                    "ttft_s", "tpot_s", "e2e_s")
-REQUEST_OPTIONAL = {"reject_reason": "", "max_itl_s": np.nan, "preemptions": 0}
+REQUEST_OPTIONAL = {"reject_reason": "", "max_itl_s": np.nan, "preemptions": 0, "prompt_tokens": np.nan}
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes", "prefill_tokens",
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
 STEP_OPTIONAL: dict[str, str | float] = {

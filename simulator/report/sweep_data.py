@@ -12,7 +12,6 @@ axes when it names them, and supplies the SLOs when the table has no ``slos.*`` 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import pyarrow.parquet as pq
 
 from servesim.errors import ServesimError
 from servesim.inputs.files import load_yaml_text, read_text
-from servesim.report.format import METRICS
+from servesim.report.format import METRICS, format_value
 
 RESULTS_FILE = "results.parquet"
 RESOLVED_FILE = "sweep.resolved.yaml"
@@ -207,14 +206,6 @@ def meets_slos(frame: pd.DataFrame, slos: dict[str, float]) -> np.ndarray:
         )
         meets &= p99 <= limits
     return meets
-
-
-def format_value(value: Any) -> str:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "–"
-        return f"{value:g}"
-    return str(value)
 
 
 def config_text(frame: pd.DataFrame, axes: list[str]) -> list[str]:

@@ -8,7 +8,8 @@ reader can go from any dot to the run folder it summarises. Error bars are the `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 import numpy as np
@@ -58,6 +59,8 @@ def _has(data: SweepData, metric: SweepMetric) -> bool:
 def _groups(data: SweepData, frame: pd.DataFrame, exclude: list[str]) -> list[tuple[str, pd.DataFrame]]:
     """Rows grouped by the varied keys other than ``exclude``: one line per combination."""
     others = [a for a in data.axes if a not in exclude]
+    if "policy" in others and "policy.name" in others:  # the name restates the mapping
+        others.remove("policy.name")
     if not others:
         return [("all points", frame)]
     out = []
@@ -109,6 +112,16 @@ def _missing(key: str, title: str, why: str) -> Chart:
     return Chart(key, title, why, None, 0)
 
 
+BOTTOM_LEGEND = {"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0}
+"""Legends go under the plot: above it they grow into the menus when there are many lines."""
+
+
+def _legend_room(data: SweepData, exclude: list[str | None]) -> int:
+    """Extra pixels under a chart for a legend of one entry per line (about four per row)."""
+    lines = len(_groups(data, data.ok, [e for e in exclude if e is not None]))
+    return 24 * max(0, math.ceil(lines / 4) - 1)
+
+
 # ---------------------------------------------------------------- load curves
 
 
@@ -145,7 +158,8 @@ def knee_chart(data: SweepData) -> Chart:
     fig.update_xaxes(title_text=f"offered rate ({rate}, req/s)")
     fig.update_yaxes(title_text=f"{THROUGHPUT.label} ({THROUGHPUT.unit})", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text=f"{second.label} ({second.unit})", rangemode="tozero", row=1, col=2)
-    fig.update_layout(template=TEMPLATE, height=460, hovermode="closest", margin={"t": 70})
+    fig.update_layout(template=TEMPLATE, height=460 + _legend_room(data, [rate]), hovermode="closest",
+                      margin={"t": 40, "b": 60 + _legend_room(data, [rate])}, legend=BOTTOM_LEGEND)
     caption = (
         "Mean over replications with 95% confidence bars, one line per combination of the other "
         "varied keys. Throughput follows the dashed offered-load line until the deployment saturates "
@@ -156,7 +170,7 @@ def knee_chart(data: SweepData) -> Chart:
             else "latency climbs (no SLOs set, so output tokens/s stands in for goodput)."
         )
     )
-    return Chart("knee", title, caption, fig, 460)
+    return Chart("knee", title, caption, fig, 460 + _legend_room(data, [rate]))
 
 
 def latency_chart(data: SweepData) -> Chart:
@@ -185,14 +199,16 @@ def latency_chart(data: SweepData) -> Chart:
             )
         fig.update_yaxes(title_text=f"{metric.label} ({metric.unit})", rangemode="tozero", row=1, col=col)
     fig.update_xaxes(title_text=f"offered rate ({rate}, req/s)")
-    fig.update_layout(template=TEMPLATE, height=480, margin={"t": 100}, updatemenus=[_y_type_buttons()])
+    room = _legend_room(data, [rate])
+    fig.update_layout(template=TEMPLATE, height=480 + room, margin={"t": 60, "b": 60 + room},
+                      updatemenus=[_y_type_buttons()], legend=BOTTOM_LEGEND)
     return Chart(
         "latency",
         title,
         "p99 of each point (mean over replications, 95% confidence bars). Dashed red: the SLO limit; a "
         "point meets it when its p99 is at or below the line. Use log y to read past the knee.",
         fig,
-        460,
+        480 + room,
     )
 
 
@@ -202,7 +218,7 @@ def _y_type_buttons() -> dict:
         "direction": "right",
         "x": 0.0,
         "xanchor": "left",
-        "y": 1.14,
+        "y": 1.02,
         "yanchor": "bottom",
         "buttons": [
             {"label": f"{kind} y", "method": "relayout", "args": [{"yaxis.type": kind, "yaxis2.type": kind}]}
@@ -224,17 +240,72 @@ def _heatmap_metrics(data: SweepData, pair: tuple[str, str]) -> list[SweepMetric
     return metrics
 
 
-def heatmap_pairs(data: SweepData) -> list[tuple[str, str]]:
-    """Up to two pairs of axes: the two non-rate axes with most levels, and one against rate."""
-    others = sorted((a for a in data.axes if a != data.rate_axis), key=lambda a: -data.frame[a].nunique())
-    pairs: list[tuple[str, str]] = []
+MIN_HEATMAP_FILL = 0.75
+"""A heatmap is drawn only over two dimensions whose combinations mostly ran (a grid), never over
+keys varied together (a zip), whose cells would be mostly empty."""
+
+
+def axis_groups(data: SweepData) -> list[list[str]]:
+    """The non-rate axes, grouped where one determines another: keys zipped together, or a
+    ``policy`` mapping and the ``policy.name`` it implies. Each group is one dimension."""
+    axes = [a for a in data.axes if a != data.rate_axis]
+    labels = {a: data.frame[a].map(format_value) for a in axes}
+    parent = {a: a for a in axes}
+
+    def root(a: str) -> str:
+        while parent[a] != a:
+            a = parent[a]
+        return a
+
+    for a, b in combinations(axes, 2):
+        pairs = len(set(zip(labels[a], labels[b], strict=True)))
+        if pairs == max(labels[a].nunique(), labels[b].nunique()):
+            parent[root(b)] = root(a)
+    groups: dict[str, list[str]] = {}
+    for a in axes:
+        groups.setdefault(root(a), []).append(a)
+    return list(groups.values())
+
+
+def _group_label(row: pd.Series, group: list[str]) -> str:
+    shown = [a for a in group if not (a == "policy.name" and "policy" in group)]
+    if len(shown) == 1:
+        return format_value(row[shown[0]])
+    return ", ".join(f"{a.rsplit('.', 1)[-1]}={format_value(row[a])}" for a in shown)
+
+
+def with_dimensions(data: SweepData) -> tuple[SweepData, list[str]]:
+    """``data`` with one column per axis group (a group of one is its own axis) and their names."""
+    frame = data.frame.copy()
+    dims = []
+    for group in axis_groups(data):
+        if len(group) == 1:
+            dims.append(group[0])
+            continue
+        name = " + ".join(a for a in group if not (a == "policy.name" and "policy" in group))
+        frame[name] = [_group_label(row, group) for _, row in frame.iterrows()]
+        dims.append(name)
+    return replace(data, frame=frame), dims
+
+
+def _fill(data: SweepData, x: str, y: str) -> float:
+    labels_x, labels_y = data.frame[x].map(format_value), data.frame[y].map(format_value)
+    cells = labels_x.nunique() * labels_y.nunique()
+    return len(set(zip(labels_x, labels_y, strict=True))) / cells if cells else 0.0
+
+
+def heatmap_pairs(data: SweepData, dims: list[str] | None = None) -> list[tuple[str, str]]:
+    """Up to two pairs of dimensions: the two non-rate ones with most levels, and one against the
+    rate; pairs whose combinations mostly did not run are left out (see MIN_HEATMAP_FILL)."""
+    if dims is None:
+        dims = [a for a in data.axes if a != data.rate_axis]
+    others = sorted(dims, key=lambda a: -data.frame[a].map(format_value).nunique())
+    candidates: list[tuple[str, str]] = []
     if len(others) >= 2:
-        pairs.append((others[1], others[0]))
+        candidates.append((others[1], others[0]))
     if data.rate_axis and others:
-        pairs.append((data.rate_axis, others[0]))
-    if not pairs and len(data.axes) >= 2:
-        pairs.extend(list(combinations(data.axes, 2))[:1])
-    return pairs
+        candidates.append((data.rate_axis, others[0]))
+    return [(x, y) for x, y in candidates if _fill(data, x, y) >= MIN_HEATMAP_FILL]
 
 
 def _cell_best(
@@ -353,11 +424,36 @@ def pareto_front(cost: np.ndarray, latency: np.ndarray) -> np.ndarray:
     return np.asarray(front, dtype=np.int64)
 
 
+def cost_axis(data: SweepData) -> tuple[str, str, str]:
+    """(column, label, note) of the Pareto chart's x axis. $/hour (or GPUs without prices); when
+    every point costs the same that is one vertical column, so the cost of the work instead:
+    $ per million output tokens, or GPU-seconds per request without prices."""
+    column = data.cost_column
+    values = _values(data, data.ok, column)
+    finite = values[np.isfinite(values)]
+    if finite.size < 2 or np.ptp(finite) > 0:
+        return column, ("cost ($/hour)" if column == "cost_per_hour" else "GPUs"), ""
+    if column == "cost_per_hour":
+        return ("_usd_per_1m_output_tokens", "$ per 1M output tokens",
+                f" Every point costs the same ${finite[0]:.4g}/hour, so the x axis is the price of the "
+                "work instead: $/hour over the output tokens served.")
+    return ("_gpu_s_per_request", "GPU-seconds per request",
+            f" Every point runs on {finite[0]:g} GPU(s), so the x axis is the cost of the work instead: "
+            "GPUs / requests per second.")
+
+
+def _with_cost_columns(data: SweepData, frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    tokens = _values(data, frame, OUTPUT_TOKENS.column) * 3600
+    frame["_usd_per_1m_output_tokens"] = _values(data, frame, "cost_per_hour") / tokens * 1e6
+    frame["_gpu_s_per_request"] = _values(data, frame, "gpus") / _values(data, frame, THROUGHPUT.column)
+    return frame
+
+
 def pareto_chart(data: SweepData) -> Chart:
     """Cost (or GPUs) against p99 latency; the frontier per offered rate highlighted."""
-    cost_column = data.cost_column
-    cost_label = "cost ($/hour)" if cost_column == "cost_per_hour" else "GPUs"
-    ok = data.ok
+    cost_column, cost_label, cost_note = cost_axis(data)
+    ok = _with_cost_columns(data, data.ok)
     metrics = [m for m in (LATENCIES["ttft_s"], LATENCIES["tpot_s"], LATENCIES["e2e_s"]) if _has(data, m)]
     if not len(ok) or not metrics:
         return _missing("pareto", "Cost against latency", "No point ran, so there is nothing to compare.")
@@ -453,15 +549,18 @@ def pareto_chart(data: SweepData) -> Chart:
         "Filled markers meet every SLO, open ones miss one."
         + (
             ""
-            if cost_column == "cost_per_hour"
+            if data.cost_column == "cost_per_hour"
             else " No price per GPU-hour is known for every point, so GPUs stand in for cost."
         )
+        + cost_note
     )
     return Chart("pareto", "Cost against tail latency", caption, fig, 480)
 
 
 def build_sweep_charts(data: SweepData) -> list[Chart]:
     charts = [knee_chart(data), latency_chart(data)]
-    charts.extend(heatmap_chart(data, x, y, i) for i, (x, y) in enumerate(heatmap_pairs(data), start=1))
+    grouped, dims = with_dimensions(data)
+    charts.extend(heatmap_chart(grouped, x, y, i)
+                  for i, (x, y) in enumerate(heatmap_pairs(grouped, dims), start=1))
     charts.append(pareto_chart(data))
     return charts

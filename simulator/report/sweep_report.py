@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servesim.atomic_io import atomic_write_text
 from servesim.report.format import METRICS, fmt_count, fmt_latency, fmt_pct, fmt_sig
-from servesim.report.page import render_page
+from servesim.report.page import PlotlyJs, render_page, write_page
 from servesim.report.sweep_data import RESOLVED_FILE, RESULTS_FILE, SweepData, format_value, load_sweep
 from servesim.report.sweep_figures import build_sweep_charts
 
@@ -155,6 +154,40 @@ def _ci(value: float, ci: float, show: Callable[[float], str]) -> str:
     return text
 
 
+WIDE_CI_METRICS = (("ttft_s.p99", "p99 TTFT"), ("tpot_s.p99", "p99 TPOT"), ("e2e_s.p99", "p99 E2E"),
+                   ("throughput.requests_per_s", "req/s"), ("goodput_requests_per_s", "goodput req/s"))
+"""Metrics whose 95% interval is checked against their mean (see :func:`wide_intervals`)."""
+
+
+def wide_intervals(data: SweepData) -> list[tuple[pd.Series, list[str]]]:
+    """Points where a metric's 95% confidence half-width exceeds its mean: the replications
+    disagree, as they do near the knee, where one seed's queue builds and another's does not."""
+    out = []
+    for _, row in data.ok.iterrows():
+        wide = [label for column, label in WIDE_CI_METRICS
+                if _num(row, f"{column}.ci95") > abs(_num(row, column)) > 0]
+        if wide:
+            out.append((row, wide))
+    return out
+
+
+def _ci_warning(data: SweepData) -> str:
+    wide = wide_intervals(data)
+    if not wide:
+        return ""
+    items = "".join(f"<li>{_config_cell(row, data.axes)}: {escape(', '.join(labels))}</li>"
+                    for row, labels in wide[:12])
+    more = f"<li>and {len(wide) - 12} more</li>" if len(wide) > 12 else ""
+    return ('<div class="ciwarn"><p><b>Uncertain near the knee:</b> at these points a 95% interval is '
+            "wider than its mean, so the replications disagree (one seed's queue builds, another's does "
+            "not). Do not read a verdict from them: rerun those points with more requests "
+            "(<code>workload.num_requests</code>) or more <code>replications</code>.</p>"
+            f'<ul class="warnings">{items}{more}</ul></div>')
+
+
+WIDE_CELL = ' class="wide" title="95% interval wider than the mean"'
+
+
 def _points_table(data: SweepData) -> str:
     frame = data.frame
     columns: list[tuple[str, str, Callable[[float], str]]] = [
@@ -169,11 +202,14 @@ def _points_table(data: SweepData) -> str:
     columns = [
         c for c in columns if c[0] in frame and pd.to_numeric(frame[c[0]], errors="coerce").notna().any()
     ]
-    head = "".join(f"<th>{escape(a)}</th>" for a in data.axes)
+    shown_axes = [a for a in data.axes if not (a == "policy.name" and "policy" in data.axes)]
+    head = f"<th>{escape(' · '.join(shown_axes) or 'point')}</th>"
     head += "<th>verdict</th>" + "".join(f"<th>{label}</th>" for _, label, _ in columns)
+    wide = {str(row["point"]): labels for row, labels in wide_intervals(data)}
     body = []
     for _, row in frame.iterrows():
-        cells = "".join(f"<td>{escape(format_value(row[a]))}</td>" for a in data.axes)
+        config = " · ".join(format_value(row[a]) for a in shown_axes) or str(row["point"])
+        cells = f'<td class="config">{escape(config)}</td>'
         if row["status"] != "ok":
             verdict = (
                 f'<td class="bad" title="{escape(row["reason"])}">{escape(row["status"])}: '
@@ -187,13 +223,17 @@ def _points_table(data: SweepData) -> str:
                 if row["meets"]
                 else f'<td class="bad">{_misses(data, row)}</td>'
             )
+        flagged = set(wide.get(str(row["point"]), []))
         values = "".join(
-            f"<td>{_ci(_num(row, c), _num(row, f'{c}.ci95'), show)}</td>" for c, _, show in columns
+            f"<td{WIDE_CELL if label in flagged else ''}>"
+            f"{_ci(_num(row, c), _num(row, f'{c}.ci95'), show)}</td>"
+            for c, label, show in columns
         )
         body.append(f"<tr>{cells}{verdict}{values}</tr>")
     return (
-        f'<h2>All points</h2><p class="note">Means over replications, ± the 95% confidence half-width. '
-        f'Sorted by the varied keys.</p><div class="scroll"><table class="points"><tr>{head}</tr>'
+        f'<h2>All points</h2><p class="note">Means over replications, ± the 95% confidence half-width '
+        "(shaded where it is wider than the mean). Sorted by the varied keys.</p>"
+        f'<div class="scroll"><table class="points"><tr>{head}</tr>'
         f"{''.join(body)}</table></div>"
     )
 
@@ -223,7 +263,7 @@ def render_header(data: SweepData) -> str:
         f"{len(frame)} point(s){', ' + ', '.join(fixed) if fixed else ''}; "
         f"up to {fmt_count(float(reps.max()))} replication(s) per point</p>"
         f'<p class="sub">varied: {axes}</p></header>'
-        f'<section class="verdict" id="verdict">{_banner(data)}{_best_table(data)}'
+        f'<section class="verdict" id="verdict">{_banner(data)}{_ci_warning(data)}{_best_table(data)}'
         f"{_points_table(data)}</section>"
     )
 
@@ -231,12 +271,15 @@ def render_header(data: SweepData) -> str:
 SWEEP_CSS = """<style>
 .scroll { max-height: 420px; overflow: auto; border: 1px solid #eee; }
 table.points td { white-space: nowrap; } table.points td.good, table.points td.bad { text-align: left; }
+table.points td.config { white-space: normal; text-align: left; min-width: 12em; max-width: 26em; }
+table.points th:first-child { text-align: left; } table.points td.wide { background: #fff3cd; }
+.ciwarn { background: #fff8e1; border-left: 4px solid #f9a825; padding: 4px 12px; margin: 12px 0; }
 td.good { color: #1e6b34; } td.bad { color: #a50e0e; }
 table.best td.config { text-align: left; } table.best th { text-align: left; }
 </style>"""
 
 
-def render_sweep_report(data: SweepData) -> str:
+def render_sweep_report(data: SweepData, plotlyjs: PlotlyJs = "inline") -> str:
     title = f"servesim sweep: {data.sweep_dir.name}"
     return render_page(
         title,
@@ -245,13 +288,13 @@ def render_sweep_report(data: SweepData) -> str:
         data.config_text,
         footer=f"servesim sweep report for {data.sweep_dir.resolve()}",
         config_name=RESOLVED_FILE,
+        plotlyjs=plotlyjs,
     )
 
 
-def write_sweep_report(sweep_dir: Path, out: Path | None = None) -> Path:
+def write_sweep_report(sweep_dir: Path, out: Path | None = None, plotlyjs: PlotlyJs = "inline") -> Path:
     """Read ``sweep_dir/results.parquet`` and write ``sweep_dir/report.html`` (or ``out``)."""
     sweep_dir = Path(sweep_dir)
     data = load_sweep(sweep_dir)
     target = Path(out) if out is not None else sweep_dir / REPORT_FILE
-    atomic_write_text(target, render_sweep_report(data))
-    return target
+    return write_page(target, render_sweep_report(data, plotlyjs), plotlyjs)

@@ -14,3 +14,9 @@ from servesim.sweep.spec import Sweep, find_sweep, load_sweep, parse_sweep
 
 __all__ = ["Sweep", "SweepOutcome", "SweepPlan", "ci95_halfwidth", "execute_run", "expand", "find_sweep",
            "load_sweep", "parse_sweep", "plan_sweep", "run_point", "run_sweep", "store_run", "t_quantile"]
+
+import sys as _sys
+
+from servesim.api import CallablePackage as _CallablePackage
+
+_sys.modules[__name__].__class__ = _CallablePackage  # servesim.sweep(...) runs a sweep (servesim.api)

@@ -2,7 +2,8 @@
 row per point, its replications aggregated).
 
 Each numeric leaf of a run's ``summary.json`` (except the ``deployment`` section, which restates
-the config) becomes a column named by its dotted path (``ttft_s.p99``, ``throughput.requests_per_s``,
+the config, and the vLLM-named keys, which restate the metrics in other units) becomes a column
+named by its dotted path (``ttft_s.p99``, ``throughput.requests_per_s``,
 ``slo_attainment``...). Across a point's K replications, ``<metric>`` is the mean and
 ``<metric>.ci95`` the half-width of the 95% confidence interval of that mean,
 ``t(0.975, K-1) * s / sqrt(K)`` with ``s`` the sample standard deviation (Student's t, since
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from servesim.metrics.benchmark_names import is_benchmark_key
 from servesim.sweep.execute import RUN_RECORD
 from servesim.sweep.plan import SweepPlan
 
@@ -83,8 +85,8 @@ def flatten_metrics(summary: dict[str, Any], prefix: str = "") -> dict[str, floa
     flat: dict[str, float] = {}
     for key, value in summary.items():
         name = f"{prefix}{key}"
-        if not prefix and key in SKIPPED_SECTIONS:
-            continue
+        if not prefix and (key in SKIPPED_SECTIONS or is_benchmark_key(key)):
+            continue  # the deployment restates the config; vLLM's names restate the metrics
         if isinstance(value, dict):
             flat.update(flatten_metrics(value, f"{name}."))
         elif value is None:

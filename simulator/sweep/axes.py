@@ -97,4 +97,7 @@ def varied_keys(spec: SweepSpec) -> list[str]:
 
 
 def point_label(point: Point) -> str:
-    return ", ".join(f"{k}={v}" for k, v in point.items()) or "(the base)"
+    """``policy=sjf (predictor=noisy), workload.arrival.rate=16``: values as the reports show them."""
+    from servesim.report.format import format_value
+
+    return ", ".join(f"{k}={format_value(v)}" for k, v in point.items()) or "(the base)"

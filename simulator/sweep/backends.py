@@ -70,7 +70,8 @@ def import_ray():
         ray = None
     if getattr(ray, "remote", None) is None:
         raise ServesimError("--backend ray", "ray is not installed",
-                            "pip install 'servesim[ray]' (ray==2.60.0), or use --backend local")
+                            "pip install 'ray>=2.9' (or pip install -e '.[ray]' in the servesim checkout; "
+                            "servesim is not on PyPI), or use --backend local")
     return ray
 
 

@@ -150,11 +150,12 @@ def _check_names(config: ExperimentConfig, blame: Any, loaded: dict[tuple[str, s
     engine: Engine = check("engine", lambda: make_engine(config.engine.name, config.engine.knobs()))
     check("policy", lambda: check_policy(config.policy.name or engine.defaults.policy, config.policy.knobs()))
     check("router", lambda: check_router(config.router.name, config.router.knobs()))
-    check("precision.weights", lambda: DType.parse(p.weights, "weight_dtype"))
-    check("precision.activations", lambda: DType.parse(p.activations, "act_dtype"))
-    check("precision.kv_cache", lambda: DType.parse(p.kv_cache, "kv_dtype"))
+    check("precision.weights", lambda: DType.parse(p.weights, "precision.weights"))
+    check("precision.activations", lambda: DType.parse(p.activations, "precision.activations"))
+    check("precision.kv_cache", lambda: DType.parse(p.kv_cache, "precision.kv_cache"))
     if p.expert_weights is not None:
-        check("precision.expert_weights", lambda: DType.parse(str(p.expert_weights), "expert_weights"))
+        check("precision.expert_weights",
+              lambda: DType.parse(str(p.expert_weights), "precision.expert_weights"))
     return model, hardware, engine
 
 

@@ -1,0 +1,127 @@
+"""The run's numbers under ``vllm bench serve``'s names and units, beside servesim's own.
+
+``summary.json`` keeps its stable keys (seconds, nested: ``ttft_s.p99``) and adds, at its end,
+the flat keys ``vllm bench serve --save-result`` writes (``vllm/benchmarks/serve.py``), so one
+script reads a simulated run and a real benchmark alike::
+
+    duration, failed, total_input_tokens, total_output_tokens, request_throughput,
+    request_goodput, output_throughput, total_token_throughput, max_output_tokens_per_s,
+    max_concurrent_requests, and per metric (ttft, tpot, itl, e2el) in milliseconds:
+    mean_<m>_ms, median_<m>_ms, std_<m>_ms, p<P>_<m>_ms for each P of --metric-percentiles
+
+(``completed`` is already a stable key with vLLM's meaning.) Definitions follow vLLM's: over the
+completed requests; TPOT only for outputs longer than one token; ITL pooled over every gap;
+``std`` the population standard deviation (``np.std``); percentiles by linear interpolation;
+``P`` written as vLLM writes it (``p99``, ``p99.9``). ``max_output_tokens_per_s`` counts output
+tokens per whole second since the first arrival, each token at the moment it was emitted (a
+request's first token at its first-token time, a decode step's tokens at the step's end), and
+``max_concurrent_requests`` is the most completed requests in flight at once (arrival to
+finish, a finish before an arrival at the same instant). A statistic of no value is ``null``
+(vLLM writes 0 there).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from servesim.metrics.stats import merge_weighted, weighted_percentile
+
+DEFAULT_PERCENTILES = (99.0,)
+"""vLLM's ``--metric-percentiles`` default."""
+BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")
+FIXED_KEYS = ("duration", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+              "request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+              "max_concurrent_requests")
+STAT_KEY = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+
+
+def is_benchmark_key(key: str) -> bool:
+    """Whether ``key`` of a summary is one of vLLM's benchmark names (these are not sweep metrics:
+    they restate servesim's own in other units)."""
+    return key in FIXED_KEYS or STAT_KEY.match(key) is not None
+
+
+def percentile_word(p: float) -> str:
+    """``99`` -> ``"99"``, ``99.9`` -> ``"99.9"`` (vLLM's ``p_word``)."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _stats(values: np.ndarray, counts: np.ndarray | None, name: str, percentiles: tuple[float, ...]
+           ) -> dict[str, float | None]:
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms",
+            *(f"p{percentile_word(p)}_{name}_ms" for p in percentiles)]
+    weights = np.ones_like(values) if counts is None else counts
+    keep = np.isfinite(values) & (weights > 0)
+    values, weights = values[keep], weights[keep]
+    if values.size == 0:
+        return dict.fromkeys(keys)
+    mean = float(np.average(values, weights=weights))
+    std = float(math.sqrt(np.average((values - mean) ** 2, weights=weights)))
+    points = weighted_percentile(values, weights, np.asarray([50.0, *percentiles]))
+    assert isinstance(points, np.ndarray)
+    stats = [mean, float(points[0]), std, *(float(v) for v in points[1:])]
+    return {key: value * 1e3 for key, value in zip(keys, stats, strict=True)}
+
+
+def max_output_tokens_per_s(requests: pd.DataFrame, steps: pd.DataFrame) -> float:
+    """Most output tokens emitted in one whole second since the first arrival (vLLM's buckets)."""
+    done = requests[requests["status"] == "completed"]
+    if not len(done):
+        return 0.0
+    start = float(requests["arrival_s"].min())
+    times = [done["first_token_s"].to_numpy(float)]
+    weights = [np.ones(len(done))]
+    if len(steps):
+        times.append((steps["start_s"] + steps["duration_s"]).to_numpy(float))
+        weights.append(steps["decode_tokens"].to_numpy(float))
+    t, w = np.concatenate(times), np.concatenate(weights)
+    buckets = np.floor(t - start).astype(np.int64)
+    keep = (buckets >= 0) & (w > 0)
+    return float(np.bincount(buckets[keep], weights=w[keep]).max()) if keep.any() else 0.0
+
+
+def max_concurrent_requests(requests: pd.DataFrame) -> int:
+    """Most completed requests between arrival and finish at once (half-open intervals)."""
+    done = requests[requests["status"] == "completed"]
+    if not len(done):
+        return 0
+    times = np.concatenate([done["arrival_s"].to_numpy(float), done["finish_s"].to_numpy(float)])
+    deltas = np.concatenate([np.ones(len(done)), -np.ones(len(done))])
+    order = np.lexsort((deltas, times))  # at one instant, finishes (-1) before arrivals (+1)
+    return int(np.cumsum(deltas[order]).max())
+
+
+def benchmark_names(requests: pd.DataFrame, itl: pd.DataFrame, steps: pd.DataFrame, span: float,
+                    goodput: float | None, percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+                    ) -> dict[str, Any]:
+    """The flat vLLM-named section of ``summary.json`` (see the module docstring)."""
+    done = requests[requests["status"] == "completed"]
+    input_tokens = int(done["prompt_tokens"].sum())
+    output_tokens = int(done["output_tokens"].sum())
+    out: dict[str, Any] = {
+        "duration": span,
+        "failed": int(len(requests) - len(done)),
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": len(done) / span,
+        "request_goodput": goodput,
+        "output_throughput": output_tokens / span,
+        "total_token_throughput": (input_tokens + output_tokens) / span,
+        "max_output_tokens_per_s": max_output_tokens_per_s(requests, steps),
+        "max_concurrent_requests": max_concurrent_requests(requests),
+    }
+    multi = done["output_tokens"].to_numpy() > 1
+    series = {"ttft": (done["ttft_s"].to_numpy(float), None),
+              "tpot": (done["tpot_s"].to_numpy(float)[multi], None),
+              "itl": merge_weighted(itl["itl_s"].to_numpy(float), itl["count"].to_numpy(float)),
+              "e2el": (done["e2e_s"].to_numpy(float), None)}
+    for name in BENCH_METRICS:
+        values, counts = series[name]
+        out.update(_stats(np.asarray(values, float), None if counts is None else np.asarray(counts, float),
+                          name, percentiles))
+    return out

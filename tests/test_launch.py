@@ -1,0 +1,116 @@
+"""Launch configurations: every engine argument the simulation ran with appears as the flag the
+engine reads it from, and the commands quote back to the exact argument vectors."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from servesim.config import validate_document
+from servesim.launch import launch_plans
+from servesim.resources import model_configs_dir
+from servesim.topology.resolve import resolve_topology
+
+
+def experiment(**deployment: Any) -> dict[str, Any]:
+    return {"model": "llama-3-8b", "hardware": "h100-sxm-80gb", "engine": "vllm-v0",
+            "deployment": {"tp": 2, "replicas": 3, **deployment},
+            "workload": {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 10,
+                         "lengths": {"preset": "azure-conversation"}}}
+
+
+def plans(document: dict[str, Any], router: str = "round_robin") -> dict[str, Any]:
+    config = validate_document(document)
+    return launch_plans(resolve_topology(config), router, config.model)
+
+
+def flags(argv: tuple[str, ...]) -> dict[str, str | None]:
+    """``--flag value`` pairs (a bare flag maps to None)."""
+    out: dict[str, str | None] = {}
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            out[arg] = nxt if nxt is not None and not nxt.startswith("--") else None
+    return out
+
+
+def unquote(command: str) -> list[str]:
+    return shlex.split(command.replace("\\\n", " "))
+
+
+def test_vllm_flags_are_the_simulated_engine_arguments() -> None:
+    doc = experiment(max_num_seqs=128, max_num_batched_tokens=4096, gpu_memory_utilization=0.85,
+                     enable_prefix_caching=True, num_gpu_blocks=5000)
+    doc["policy"] = {"name": "chunked_prefill"}
+    doc["precision"] = {"kv_cache": "fp8"}
+    server = plans(doc)["vllm"].servers[0]
+    assert server.argv[:3] == ("vllm", "serve", "meta-llama/Meta-Llama-3-8B")
+    assert (server.copies, server.gpus_each, server.hardware) == (3, 2, "h100-sxm-80gb")
+    assert flags(server.argv) == {
+        "--tensor-parallel-size": "2", "--dtype": "bfloat16", "--kv-cache-dtype": "fp8",
+        "--gpu-memory-utilization": "0.85", "--max-model-len": "8192", "--max-num-seqs": "128",
+        "--max-num-batched-tokens": "4096", "--block-size": "16", "--enable-chunked-prefill": None,
+        "--enable-prefix-caching": None, "--num-gpu-blocks-override": "5000"}
+    assert dict(server.env) == {"VLLM_USE_V1": "0"}
+    assert unquote(server.shell()) == ["VLLM_USE_V1=0", *server.argv]
+
+
+def test_priority_swap_and_unmodelled_policies_become_flags_or_notes() -> None:
+    doc = experiment()
+    doc["policy"] = {"name": "priority", "preemption_mode": "swap", "swap_space_gib": 8}
+    argv = plans(doc)["vllm"].servers[0].argv
+    assert flags(argv)["--scheduling-policy"] == "priority"
+    assert flags(argv)["--preemption-mode"] == "swap" and flags(argv)["--swap-space"] == "8"
+    assert "--no-enable-chunked-prefill" in argv and "--no-enable-prefix-caching" in argv
+    doc["policy"] = {"name": "sjf"}
+    vllm = plans(doc)["vllm"].servers[0]
+    assert "--scheduling-policy" not in vllm.argv
+    assert any("shortest-job-first" in note for note in vllm.notes)
+
+
+def test_sglang_names_and_the_static_memory_fraction_by_hand() -> None:
+    """--mem-fraction-static = (weights + KV pool) / HBM of the simulated memory plan, so SGLang's
+    KV pool comes out the size that was simulated."""
+    config = validate_document(experiment(max_num_seqs=64))
+    topology = resolve_topology(config)
+    memory = topology.groups[0].memory
+    server = launch_plans(topology, "prefix_affinity", config.model)["sglang"]
+    argv = flags(server.servers[0].argv)
+    expected = int(1000 * (memory.weight_bytes + memory.kv_cache_bytes) / memory.capacity_bytes) / 1000
+    assert 0.8 < expected < 0.9
+    assert argv["--mem-fraction-static"] == f"{expected:g}"
+    assert argv["--tp-size"] == "2" and argv["--max-running-requests"] == "64"
+    assert argv["--context-length"] == "8192" and argv["--page-size"] == "16"
+    assert argv["--chunked-prefill-size"] == "-1" and argv["--max-prefill-tokens"] == "8192"
+    assert "--disable-radix-cache" in argv and argv["--model-path"] == "meta-llama/Meta-Llama-3-8B"
+    assert server.router_argv[-2:] == ("--policy", "cache_aware")
+
+
+def test_disaggregated_groups_get_their_kv_roles() -> None:
+    doc = experiment()
+    doc["deployment"] = {"kind": "disaggregated", "tp": 1, "prefill": {"replicas": 3},
+                         "decode": {"replicas": 1, "tp": 2}}
+    launch = plans(doc)
+    prefill, decode = launch["vllm"].servers
+    assert (prefill.role, prefill.copies, prefill.gpus_each) == ("prefill", 3, 1)
+    assert (decode.role, decode.copies, decode.gpus_each) == ("decode", 1, 2)
+    assert json.loads(flags(prefill.argv)["--kv-transfer-config"] or "")["kv_role"] == "kv_producer"
+    assert json.loads(flags(decode.argv)["--kv-transfer-config"] or "")["kv_role"] == "kv_consumer"
+    assert launch["vllm"].gpus == 5
+    assert any("a 3:1 split needs vLLM V1's NixlConnector" in note for note in launch["vllm"].notes)
+    sglang = launch["sglang"]
+    assert [flags(s.argv)["--disaggregation-mode"] for s in sglang.servers] == ["prefill", "decode"]
+    assert "--pd-disaggregation" in sglang.router_argv
+
+
+def test_a_local_config_json_serves_its_folder(tmp_path) -> None:
+    folder = tmp_path / "my-finetune"
+    folder.mkdir()
+    source = json.loads((model_configs_dir() / "llama-3-8b.json").read_text())
+    source.pop("_servesim")
+    (folder / "config.json").write_text(json.dumps(source))
+    doc = experiment()
+    doc["model"] = str(folder / "config.json")
+    assert plans(doc)["vllm"].servers[0].argv[2] == str(folder)
