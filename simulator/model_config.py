@@ -108,6 +108,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
         sliding_window=int(window) if window else None, moe=moe, mla=mla,
         source=str(extra.get("source", "")),
+        mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
     )
 
 

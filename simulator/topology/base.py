@@ -162,12 +162,14 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
                 make_state: Callable[[int], ReplicaState],
                 wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None) -> GroupRun:
     """The replicas of ``group`` on ``sim``'s clock, indices from ``first_index``, each running its
-    group's policy (wrapped by ``wrap_policy`` if given) and sharing one cost model (its memo
-    serves them all)."""
-    cost = group.cost_model()
+    group's policy (wrapped by ``wrap_policy`` if given), with its own speculator when the group
+    speculates, and sharing one cost model (its memo serves them all)."""
+    cost = group.step_pricer()
     replicas = []
     for i in range(group.replicas):
         state = make_state(first_index + i)
+        if group.speculation is not None:
+            state.speculation = group.speculation.speculator(sim.seed)
         policy = group.policy.make(state)
         if wrap_policy is not None:
             policy = wrap_policy(state, policy)

@@ -16,6 +16,7 @@ from typing import Any
 from servesim.core.replica_state import EngineLimits, ReplicaState
 from servesim.core.swap import SwapPath
 from servesim.cost import CostModel
+from servesim.cost.speculative import SpeculativeCost
 from servesim.dtypes import Precision
 from servesim.engines import Engine, RuntimeCosts
 from servesim.errors import ServesimError
@@ -23,6 +24,8 @@ from servesim.hardware import HardwareProfile
 from servesim.memory import MemoryPlan, plan_memory
 from servesim.model_spec import ModelSpec
 from servesim.policies.base import POLICIES, Policy, PolicyOptions, check_policy
+from servesim.speculative.plan import SpeculationPlan, resolve_speculation
+from servesim.speculative.schema import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,11 @@ class PolicyChoice:
 
     def make(self, state: ReplicaState) -> Policy:
         return self.cls(state, self.options)
+
+
+def speculating_policies() -> list[str]:
+    """The registered policies that let their decodes verify speculative proposals."""
+    return sorted(name for name, cls in POLICIES.items() if cls.supports_speculation)
 
 
 def prefix_caching_policies() -> list[str]:
@@ -105,6 +113,8 @@ class ReplicaGroup:
     policy: PolicyChoice
     settings: GroupKeys
     """The group's deployment keys with the engine's defaults filled in (what it ran with)."""
+    speculation: SpeculationPlan | None = None
+    """Speculative decoding on this group's replicas (None: none)."""
 
     @property
     def tp(self) -> int:
@@ -116,8 +126,14 @@ class ReplicaGroup:
 
     def cost_model(self, runtime: RuntimeCosts | None = None) -> CostModel:
         """Prices this group's steps: the model on its GPUs, as its engine runs them (``runtime``
-        replaces the engine's step cost)."""
+        replaces the engine's step cost). The target's pass only: see :meth:`step_pricer`."""
         return CostModel(self.model, self.hardware, self.tp, self.precision, runtime or self.runtime)
+
+    def step_pricer(self) -> CostModel | SpeculativeCost:
+        """What the replicas price their steps with: the cost model, with the proposer's passes
+        added when the group speculates."""
+        cost = self.cost_model()
+        return cost if self.speculation is None else self.speculation.cost(cost)
 
     def describe(self) -> dict[str, object]:
         p = self.precision
@@ -133,10 +149,16 @@ class ReplicaGroup:
 
 
 def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: HardwareProfile,
-                  precision: Precision, engine: Engine, policy: PolicyChoice) -> ReplicaGroup:
+                  precision: Precision, engine: Engine, policy: PolicyChoice,
+                  speculative: SpeculativeConfig | None = None) -> ReplicaGroup:
     """Fill in the engine's defaults and check every limit of one group (errors name the
-    ``deployment`` key; a topology relabels them for its groups)."""
+    ``deployment`` key; a topology relabels them for its groups). ``speculative``: the
+    experiment's speculative decoding, resolved here with the group's model, GPU and tp."""
     defaults = engine.defaults
+    speculation = resolve_speculation(speculative, model, hardware, keys.tp, precision, engine)
+    if speculation is not None and not policy.cls.supports_speculation:
+        raise ServesimError("speculative", f"is not modelled for policy {policy.name!r}",
+                            f"use {', '.join(speculating_policies())}, or remove speculative")
     prefix_caching = defaults.enable_prefix_caching if keys.enable_prefix_caching is None \
         else keys.enable_prefix_caching
     if prefix_caching and not policy.cls.supports_prefix_caching:
@@ -157,11 +179,15 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
             f"scheduled by policy {policy.name!r}",
             f"raise it to {max_model_len}, lower deployment.max_model_len, or use chunked prefill")
     max_num_seqs = keys.max_num_seqs or defaults.max_num_seqs
+    if keys.max_num_seqs is None and speculation is not None and engine.speculation.max_num_seqs:
+        max_num_seqs = engine.speculation.max_num_seqs  # e.g. SGLang: 48 while speculating
     if max_num_seqs > budget:
         raise ServesimError("deployment.max_num_seqs", f"{max_num_seqs} exceeds the step's token "
                             f"budget {budget}", "lower max_num_seqs or raise max_num_batched_tokens")
     utilization = keys.gpu_memory_utilization or defaults.gpu_memory_utilization
     memory = plan_memory(model, hardware, keys.tp, precision, utilization, budget, max_num_seqs)
+    if speculation is not None:
+        memory = speculation.memory(memory, max_num_seqs, budget, model.vocab_size)
     block_size = keys.block_size or defaults.block_size
     num_blocks = memory.num_blocks(block_size)
     if keys.num_gpu_blocks is not None:
@@ -186,4 +212,5 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                          max_model_len=max_model_len, watermark=watermark, num_gpu_blocks=keys.num_gpu_blocks,
                          enable_prefix_caching=prefix_caching)
     return ReplicaGroup(name, model, hardware, Parallelism(tp=keys.tp), precision, engine,
-                        engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings)
+                        engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings,
+                        speculation)
