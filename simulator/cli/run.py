@@ -16,6 +16,7 @@ from servesim.metrics.stats import fmt_seconds
 from servesim.metrics.summary import Summary
 from servesim.pipeline import RunPlan, load_plan, render, simulate
 from servesim.resources import configs_dir, find_builtin
+from servesim.speculative.metrics import speculation_lines, speculation_plan_line
 from servesim.sweep.spec import is_sweep_file
 from servesim.topology.base import Topology
 from servesim.topology.group import ReplicaGroup
@@ -59,6 +60,8 @@ def describe_plan(plan: RunPlan) -> None:
         console.print(f"memory per GPU: weights {m.weight_bytes / GIB:.1f} GiB, activations "
                       f"{m.activation_bytes / GIB:.1f} GiB, {_group_line(g)}, max_model_len "
                       f"{lim.max_model_len:,}")
+        if g.speculation is not None:
+            console.print(escape(speculation_plan_line(g.speculation)))
     else:
         console.print(f"[bold]{config.name}[/]: {topology.model.name}, [bold]{topology.kind}[/] on "
                       f"{topology.num_gpus} GPUs, engine {engine.name} {engine.version}, router "
@@ -147,7 +150,7 @@ def render_summary(summary: Summary, topology: Topology) -> None:
     console.print(f"completed {summary.completed:,}, rejected {summary.rejected:,}, preemptions "
                   f"{summary.preemptions:,}; mean batch {batch.mean_size:.1f}; KV use mean "
                   f"{kv.mean_utilization:.0%}, peak {kv.peak_fraction:.0%}")
-    for line in topology.summary_lines(summary.sections):
+    for line in topology.summary_lines(summary.sections) + speculation_lines(summary.sections):
         console.print(line)
     swap = summary.swap
     if swap.swaps_out:

@@ -91,7 +91,7 @@ class Speculator:
         self._negated = -self.survival
         self.propose_rate = propose_rate
         self.disable_above = disable_above
-        self._seed = np.uint64(seed) * np.uint64(0x9FB21C651E98DF25)
+        self._seed = np.uint64((seed * 0x9FB21C651E98DF25 + 1) & 0xFFFF_FFFF_FFFF_FFFF)
         self.counts = SpeculationCounts(accepted_per_position=np.zeros(num_tokens, dtype=np.int64))
 
     def proposals(self, running: int, requests: np.ndarray, generated: np.ndarray,
