@@ -179,3 +179,35 @@ def test_unsupported_combinations_are_one_line_errors(top: dict[str, Any], messa
     with pytest.raises(ServesimError, match=message):
         prepare(experiment(deployment, speculative=EAGLE3, engine="vllm-v0", **top))
 
+
+
+def test_an_engine_states_its_speculation_defaults() -> None:
+    """An SGLang-like engine: speculating lowers max_num_seqs to 48 (SGLang's max_running_requests
+    while speculating) unless the deployment sets it, caps speculation above 16 running requests,
+    and charges its own software time; the experiment's keys override each."""
+    from typing import ClassVar
+
+    from servesim.engines import ENGINES, Engine, SpeculationDefaults, register_engine
+
+    @register_engine
+    class SglangLike(Engine):
+        name = "sglang-like"
+        title = "a test engine"
+        versions = ("1",)
+        speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults(
+            disable_by_batch_size=16, max_num_seqs=48, step_overhead_s=2e-4, pass_overhead_s=1e-4)
+
+    try:
+        group = prepare(experiment(engine="sglang-like", speculative=EAGLE3)).topology.groups[0]
+        assert group.limits.max_num_seqs == 48 and group.speculation is not None
+        assert group.speculation.disable_by_batch_size == 16
+        assert (group.speculation.step_overhead_s, group.speculation.pass_overhead_s) == (2e-4, 1e-4)
+        plain = prepare(experiment(engine="sglang-like")).topology.groups[0]
+        assert plain.limits.max_num_seqs == 256  # only while speculating
+        own = prepare(experiment({"max_num_seqs": 100}, engine={"name": "sglang-like",
+                                                                "proposal_pass_overhead_s": 0.0},
+                                 speculative={**EAGLE3, "disable_by_batch_size": 64})).topology.groups[0]
+        assert own.limits.max_num_seqs == 100 and own.speculation is not None
+        assert own.speculation.disable_by_batch_size == 64 and own.speculation.pass_overhead_s == 0.0
+    finally:
+        del ENGINES["sglang-like"]

@@ -13,6 +13,13 @@ carried over unchanged from the hardware profiles that held them before engines 
 per step, 0.8 ms on A100- and MI300X-based servers, whose host CPUs are a generation older or
 whose software stack (ROCm) adds launch cost. Not measured here; the serving-engine models fit
 these to end-to-end measurements.
+
+Speculative decoding: vLLM never turns it off by batch size unless told to
+(``disable_by_batch_size``), and its software adds time per verifying step (rejection sampling,
+proposal bookkeeping) and per proposer pass (input preparation, launch, sampling the proposal).
+Those two are fitted to vLLM V1's published step times (``servesim.calibration.speculation``), the
+only public data; V0 speculated in a separate proposer worker with more overhead (vLLM issue #9565),
+not measured.
 """
 
 from __future__ import annotations
