@@ -4,6 +4,8 @@
   vocabulary (vLLM requires the same tokenizer), at tensor parallelism 1 or the target's. Its
   weights and its own KV cache (every layer, per token) sit beside the target's on each GPU; vLLM
   puts the draft's KV in the same block pool, so a block holds both and the pool has fewer blocks.
+  At tp 1 under a wider target the whole draft sits on one GPU of the group, which then has the
+  least room and sizes every GPU's pool: that GPU is the one planned here.
 - **eagle** (EAGLE-1/2) and **eagle3**: one decoder layer on the target's hidden states. By
   default it is shaped like one layer of the target (its attention and a dense MLP of the target's
   ``intermediate_size``), which is how the published heads are built; ``model:`` may name the
