@@ -13,6 +13,7 @@ router run, which traffic arrives, and optionally the SLOs to judge it by::
     precision: {weights: bf16, activations: bf16, kv_cache: bf16}
     policy: {name: continuous}
     router: {name: round_robin}
+    speculative: {method: eagle3, num_speculative_tokens: 3, acceptance: {rate: 0.7}}  # optional
     workload: {arrival: {process: poisson, rate: 8}, num_requests: 2000,
                lengths: {preset: azure-conversation}}
     slo: {ttft_s: 2.0, tpot_s: 0.05}
@@ -55,6 +56,7 @@ from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import NamedSection, StrictModel, user_error
 from servesim.inputs.slo import SloLimits
+from servesim.speculative.schema import SpeculativeConfig
 from servesim.topology.keys import AllToAllBackend, DecodeGroupKeys, ExpertRoutingKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
@@ -161,6 +163,9 @@ class ExperimentConfig(StrictModel):
     precision: PrecisionConfig = PrecisionConfig()
     policy: PolicyConfig = PolicyConfig()
     router: RouterConfig = RouterConfig()
+    speculative: SpeculativeConfig | None = Field(
+        None, description="speculative decoding, as vLLM's --speculative-config (see "
+        "servesim.speculative.schema); unset: none")
     workload: WorkloadConfig
     slo: SloConfig | None = None
     output: Literal["full", "summary"] = Field(

@@ -17,7 +17,7 @@ import simpy
 from servesim.core.progress import MAX_IDLE_WAKES, describe, stalled
 from servesim.core.replica_state import ReplicaState
 from servesim.core.step_log import StepLog
-from servesim.cost import CostModel
+from servesim.cost import BatchShape, CostModel, StepRecord
 
 if TYPE_CHECKING:  # policies are given to replicas; the core never imports them at run time
     from servesim.policies.base import Policy
@@ -39,9 +39,17 @@ class ServingUnit(Protocol):
     def wake(self) -> None: ...
 
 
+class StepPricer(Protocol):
+    """What a replica asks of its cost model: one step's record (a :class:`CostModel`, or a
+    :class:`~servesim.cost.speculative.SpeculativeCost` that adds a proposer's passes)."""
+
+    def step_record(self, batch: BatchShape) -> StepRecord: ...
+
+
 class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
-                 cost: CostModel, steps: StepLog, prompts_done: PromptsDone | None = None) -> None:
+                 cost: CostModel | StepPricer, steps: StepLog,
+                 prompts_done: PromptsDone | None = None) -> None:
         """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
         emits nothing here and goes to ``prompts_done`` instead."""
         self.env = env
@@ -92,11 +100,18 @@ class Replica:
             extra = batch.extra_s  # time beyond the priced model pass (KV swap copies)
             if extra:
                 record = record._replace(time_s=record.time_s + extra)
+            proposals = batch.speculation
             append(index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
-                   shape.num_decodes, pool.total - pool.free, len(state.waiting),
-                   int(state.running.size), batch.preempted, *record, extra)
+                   shape.num_decode_tokens, pool.total - pool.free, len(state.waiting),
+                   int(state.running.size), batch.preempted,
+                   0 if proposals is None else proposals.proposed_total,
+                   0 if proposals is None else proposals.accepted_total, *record, extra)
             yield env.timeout(record.time_s)
-            if prompts_done is None:
+            if proposals is not None:  # speculative decoding: several tokens per request
+                finished = state.complete_speculative_step(batch.ids, batch.new_tokens, proposals, env.now)
+                if finished.size:
+                    state.drop_finished()
+            elif prompts_done is None:
                 finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
                 if finished.size:
                     state.drop_finished()

@@ -105,7 +105,7 @@ class RequestState:
         return int(self.prompt[request] + self.generated[request])
 
     def complete_step(self, ids: np.ndarray, new_tokens: np.ndarray, now: float,
-                      decode_only: bool = False) -> np.ndarray:
+                      decode_only: bool = False, accepted: np.ndarray | None = None) -> np.ndarray:
         """Credit a finished step: ``ids[i]`` computed ``new_tokens[i]`` more tokens at ``now``.
 
         Requests whose computed count reaches their token count sample one token; their first
@@ -113,12 +113,20 @@ class RequestState:
         their last output token (the caller frees their blocks). ``decode_only`` says every
         request decoded one token after an earlier one (so all emit, none for the first time),
         which skips those checks on the engine's most frequent path.
+
+        Speculative decoding: ``accepted[i]`` proposals of ``ids[i]`` were accepted, and its
+        ``new_tokens[i]`` counts only the tokens whose KV is kept (its last token and the accepted
+        proposals). Such a request's computed count then passes its token count by ``accepted[i]``
+        and it emits ``1 + accepted[i]`` tokens at once: one chunk, so one inter-token gap.
         """
         if decode_only:
             self.computed[ids] += 1
             return self._emit(ids, now, may_be_first=False)
         computed = self.computed[ids] + new_tokens
         self.computed[ids] = computed
+        if accepted is not None:
+            emits = computed == self.prompt[ids] + self.generated[ids] + accepted
+            return self._emit(ids[emits], now, may_be_first=True, counts=1 + accepted[emits])
         emits = computed == self.prompt[ids] + self.generated[ids]
         return self._emit(ids if emits.all() else ids[emits], now, may_be_first=True)
 
@@ -138,11 +146,13 @@ class RequestState:
         self.transfer_end[ids] = now
         return self._emit(ids, now, may_be_first=True)
 
-    def _emit(self, emitted: np.ndarray, now: float, may_be_first: bool) -> np.ndarray:
-        """``emitted`` each sample one token at ``now``; returns those that are now done."""
+    def _emit(self, emitted: np.ndarray, now: float, may_be_first: bool,
+              counts: np.ndarray | int = 1) -> np.ndarray:
+        """``emitted`` each sample one token (``counts`` tokens: speculative decoding) at ``now``,
+        delivered together (one inter-token gap each); returns those that are now done."""
         if emitted.size == 0:
             return emitted
-        generated = self.generated[emitted] + 1
+        generated = self.generated[emitted] + counts
         self.generated[emitted] = generated
         last = self.last_token[emitted]
         first = np.isnan(last) if may_be_first else None

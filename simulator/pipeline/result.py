@@ -21,6 +21,7 @@ from servesim.metrics.summary import Summary, prefix_cache_stats, run_span, summ
 from servesim.metrics.tables import itl_frame, request_frame
 from servesim.metrics.usage import batch_usage, kv_usage, swap_usage
 from servesim.pipeline.plan import RunPlan
+from servesim.speculative.metrics import speculative_section
 from servesim.topology.base import Built, GroupRun
 
 
@@ -81,11 +82,15 @@ class RunResult:
         span = run_span(requests)
         states = self.replica_states
         slo = plan.config.slo
+        sections = topology.summary_sections(self.sim, self.built, requests, steps, span)
+        speculation = kv_run.group.speculation
+        if speculation is not None:
+            sections = {**sections, "speculation": speculative_section(speculation, kv_run.states, kv_steps)}
         return summarise(
             requests, self.itl, slo_limits=slo.limits() if slo else {},
             offered_rate=plan.workload.mean_rate, deployment=plan.describe(),
             kv=kv_usage(kv_run.states, kv_steps), swap=swap_usage(states), batch=batch_usage(steps),
-            sections=topology.summary_sections(self.sim, self.built, requests, steps, span),
+            sections=sections,
             prefix_cache=prefix_cache_stats(requests, [s.prefix_cache for s in states],
                                             plan.workload.has_prefixes),
             steps=steps, metric_percentiles=tuple(plan.config.metric_percentiles))

@@ -41,7 +41,9 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
 STEP_OPTIONAL: dict[str, str | float] = {
     "bound": "unknown", "preempted": 0, "flops": np.nan, "hbm_bytes": np.nan, "pool": "",
-    **dict.fromkeys(OP_COLUMNS, np.nan)}
+    **dict.fromkeys(OP_COLUMNS, np.nan),
+    # runs written before speculative decoding existed did not speculate
+    "op_proposal_s": 0.0, "proposed_tokens": 0, "accepted_tokens": 0, "verify_extra_s": 0.0}
 ITL_COLUMNS = ("itl_s", "count")
 
 

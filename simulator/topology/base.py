@@ -168,15 +168,18 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
                 make_state: Callable[[int], ReplicaState],
                 wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None) -> GroupRun:
     """The replicas of ``group`` on ``sim``'s clock, indices from ``first_index``, each running its
-    group's policy (wrapped by ``wrap_policy`` if given) and sharing one cost model (its memo
-    serves them all). Pipelined replicas (stages or DP ranks) get one state and policy per
-    scheduling unit, numbered replica by replica, virtual engine by virtual engine, rank by rank."""
+    group's policy (wrapped by ``wrap_policy`` if given), with its own speculator when the group
+    speculates, and sharing one cost model (its memo serves them all). Pipelined replicas (stages
+    or DP ranks) get one state and policy per scheduling unit, numbered replica by replica, virtual
+    engine by virtual engine, rank by rank."""
     if group.runs_pipeline:
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
-    cost = group.cost_model()
+    cost = group.step_pricer()
     replicas: list[ServingUnit] = []
     for i in range(group.replicas):
         state = make_state(first_index + i)
+        if group.speculation is not None:
+            state.speculation = group.speculation.speculator(sim.seed)
         policy = group.policy.make(state)
         if wrap_policy is not None:
             policy = wrap_policy(state, policy)
