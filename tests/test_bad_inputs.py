@@ -258,7 +258,8 @@ def test_an_infinite_value_anywhere_in_a_sweep_is_one_line(tmp_path: Path) -> No
 
 def test_capacity_absurd_values(tmp_path: Path) -> None:
     document = yaml.safe_load((configs_dir() / "capacity" / "llama3-8b-chat.yaml").read_text())
-    refused(lambda: validate_capacity({**document, "slo": {"ttft_s": math.inf}}), "slo.ttft_s", "positive duration (got inf)")
+    refused(lambda: validate_capacity({**document, "slo": {"ttft_s": math.inf}}), "slo.ttft_s",
+            "positive duration (got inf)")
     refused(lambda: validate_capacity({**document, "prices": {"h100-sxm-80gb": math.nan}}),
             "prices", "finite")
     refused(lambda: validate_capacity({**document, "name": "../up"}), "name: is not a safe folder name")
