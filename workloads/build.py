@@ -15,10 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from servesim.workloads.arrivals import arrival_times
-from servesim.workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
-from servesim.workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths
+from servesim.workloads.config import WorkloadConfig
+from servesim.workloads.length_dists import LengthDist, sample_lengths
+from servesim.workloads.lengths import resample_pairs
 from servesim.workloads.presets import get_preset
 from servesim.workloads.requests import PrefixBlocks, RequestTable
+from servesim.workloads.sessions import build_sessions
+from servesim.workloads.trace_sessions import chain_sessions
 from servesim.workloads.traces import read_lengths, read_trace
 
 
@@ -26,10 +29,13 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
     """The requests of ``config``; relative paths in it resolve against ``base_dir``."""
     if config.trace is not None:
         trace = config.trace
-        return read_trace(_resolve(trace.path, base_dir), trace.format, rate_scale=trace.rate_scale,
-                          start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
-                          model=trace.model)
+        table = read_trace(_resolve(trace.path, base_dir), trace.format, rate_scale=trace.rate_scale,
+                           start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
+                           model=trace.model)
+        return chain_sessions(table) if trace.sessions else table
     assert config.arrival is not None
+    if config.sessions is not None:
+        return build_sessions(config, seed, base_dir)
     arrival_rng, prompt_rng, output_rng, priority_rng, prefix_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
     arrival = config.arrival
@@ -51,10 +57,10 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
             prompt, output = resample_pairs(sample.prompt_tokens, sample.output_tokens, n, prompt_rng)
             parts.append(f"lengths resampled from {sample.source}")
     if config.prompt is not None:
-        prompt = _sample(config.prompt, n, prompt_rng)
+        prompt = sample_lengths(config.prompt, n, prompt_rng)
         parts.append(f"prompt {_label(config.prompt)}")
     if config.output is not None:
-        output = _sample(config.output, n, output_rng)
+        output = sample_lengths(config.output, n, output_rng)
         parts.append(f"output {_label(config.output)}")
     assert prompt is not None and output is not None
     priority = None
@@ -85,15 +91,6 @@ def with_shared_prefix(prompt: np.ndarray, tokens: int, groups: int, rng: np.ran
     return np.asarray(prompt, dtype=np.int64) + tokens, {
         "prefix_block_offsets": np.arange(n + 1, dtype=np.int64), "prefix_block_ids": group,
         "prefix_block_size": int(tokens)}
-
-
-def _sample(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
-    if isinstance(dist, FixedLength):
-        return fixed_lengths(dist.value, n)
-    if isinstance(dist, UniformLength):
-        return uniform_lengths(dist.low, dist.high, n, rng)
-    assert isinstance(dist, LognormalLength)
-    return lognormal_lengths(dist.median, dist.sigma, n, rng, min_tokens=dist.min, max_tokens=dist.max)
 
 
 def _label(dist: LengthDist) -> str:

@@ -41,7 +41,9 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from servesim.errors import ServesimError
 from servesim.inputs.schema import StrictModel, parse_model
+from servesim.workloads.length_dists import LengthDist
 from servesim.workloads.presets import PRESETS
+from servesim.workloads.session_config import SessionsConfig
 
 TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "sharegpt", "arxiv"]
 
@@ -56,9 +58,14 @@ class TraceConfig(StrictModel):
     end_s: PositiveFloat | None = None
     max_requests: PositiveInt | None = None
     model: str | None = None  # burstgpt only: keep this model's rows
+    sessions: bool = Field(False, description="mooncake only: chain requests into sessions by their "
+                           "prefix block ids; a turn waits for the answer it follows")
 
     @model_validator(mode="after")
     def _check(self) -> TraceConfig:
+        if self.sessions and self.format != "mooncake":
+            raise ValueError("sessions are found from prefix block ids, which only mooncake traces "
+                             "have; remove sessions or use format: mooncake")
         if self.format in ("sharegpt", "arxiv"):
             raise ValueError(f"format {self.format} holds lengths only, no arrival times: use it as "
                              f"`lengths: {{trace: {self.path}, format: {self.format}}}` with an `arrival:` "
@@ -84,44 +91,6 @@ class ArrivalConfig(StrictModel):
             raise ValueError(f"burstiness applies to process gamma only, not {self.process}; "
                              "remove it or use process: gamma")
         return self
-
-
-class FixedLength(StrictModel):
-    dist: Literal["fixed"]
-    value: PositiveInt
-
-
-class UniformLength(StrictModel):
-    """Integers uniform on [low, high], both inclusive."""
-
-    dist: Literal["uniform"]
-    low: PositiveInt
-    high: PositiveInt
-
-    @model_validator(mode="after")
-    def _check(self) -> UniformLength:
-        if self.high < self.low:
-            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
-        return self
-
-
-class LognormalLength(StrictModel):
-    """ln(length) ~ Normal(ln median, sigma), rounded, clipped to [min, max]."""
-
-    dist: Literal["lognormal"]
-    median: PositiveFloat
-    sigma: Annotated[float, Field(ge=0)]
-    min: PositiveInt = 1
-    max: PositiveInt | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> LognormalLength:
-        if self.max is not None and self.max < self.min:
-            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
-        return self
-
-
-LengthDist = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="dist")]
 
 
 class LengthsConfig(StrictModel):
@@ -180,7 +149,7 @@ class SharedPrefixConfig(StrictModel):
 
 
 _GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output", "priority",
-                   "shared_prefix")
+                   "shared_prefix", "sessions")
 
 
 class WorkloadConfig(StrictModel):
@@ -195,10 +164,13 @@ class WorkloadConfig(StrictModel):
     output: LengthDist | None = None
     priority: PriorityMix | None = None
     shared_prefix: SharedPrefixConfig | None = None
+    sessions: SessionsConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadConfig:
         generator = [key for key in _GENERATOR_KEYS if getattr(self, key) is not None]
+        if self.sessions is not None:
+            return self._check_sessions()
         if self.trace is not None:
             if generator:
                 raise ValueError(f"trace replays its own arrivals and lengths; remove {', '.join(generator)} "
@@ -213,6 +185,22 @@ class WorkloadConfig(StrictModel):
             if self.lengths is None and getattr(self, side) is None:
                 raise ValueError(f"no {side} lengths: give lengths: {{preset: ...}} or "
                                  f"{side}: {{dist: fixed|uniform|lognormal, ...}}")
+        return self
+
+    def _check_sessions(self) -> WorkloadConfig:
+        """Sessions start by ``arrival`` (and ``duration_s``); each turn's lengths come from
+        ``sessions``, so the per-request length keys do not apply."""
+        wrong = [key for key in ("trace", "num_requests", "lengths", "prompt", "output")
+                 if getattr(self, key) is not None]
+        if wrong:
+            raise ValueError(f"with sessions, {', '.join(wrong)} do not apply (turn lengths come from "
+                             "sessions; sessions.count or duration_s bounds the sessions); remove them")
+        if self.arrival is None:
+            raise ValueError("sessions need arrival: {process, rate}: when sessions start")
+        assert self.sessions is not None
+        if self.sessions.count is None and self.duration_s is None:
+            raise ValueError("give sessions.count (sessions), duration_s (sessions starting before it), "
+                             "or both")
         return self
 
     @property
