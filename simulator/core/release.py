@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import simpy
@@ -72,11 +73,10 @@ class Releases:
         delay = at - now
         if now + delay < at:  # never before ``at`` by rounding (as the arrival loop)
             delay = math.nextafter(delay, math.inf)
-        timer = self.env.timeout(delay, value=child)
-        timer.callbacks.append(self._fire)
+        timer = self.env.timeout(delay)
+        timer.callbacks.append(partial(self._fire, child))
 
-    def _fire(self, event: simpy.Event) -> None:
-        request: int = event.value
+    def _fire(self, request: int, _: simpy.Event) -> None:
         now = self.env.now
         self.requests.arrival[request] = now
         self.released += 1
