@@ -10,6 +10,7 @@ same arrival times (common random numbers), so two runs that differ in one knob 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from servesim.workloads.config import WorkloadConfig
 from servesim.workloads.length_dists import LengthDist, sample_lengths
 from servesim.workloads.lengths import resample_pairs
 from servesim.workloads.presets import get_preset
+from servesim.workloads.rate_profile import shape_of, shaped_arrival_times, warp
 from servesim.workloads.requests import PrefixBlocks, RequestTable
 from servesim.workloads.sessions import build_sessions
 from servesim.workloads.trace_sessions import chain_sessions
@@ -32,19 +34,25 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         table = read_trace(_resolve(trace.path, base_dir), trace.format, rate_scale=trace.rate_scale,
                            start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
                            model=trace.model)
+        if trace.rate_profile is not None:
+            shape = shape_of(trace.rate_profile, base_dir, "workload.trace.rate_profile")
+            table = replace(table, arrival_s=warp(table.arrival_s, shape),
+                            source=f"{table.source}; replayed under {shape.label}")
         return chain_sessions(table) if trace.sessions else table
     assert config.arrival is not None
-    if config.sessions is not None:
-        return build_sessions(config, seed, base_dir)
     arrival_rng, prompt_rng, output_rng, priority_rng, prefix_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
     arrival = config.arrival
     burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
-    arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng, num_requests=config.num_requests,
-                             duration_s=config.duration_s, burstiness=burstiness)
+    if config.sessions is not None:
+        count = config.sessions.count
+        return build_sessions(config, seed, base_dir, _arrivals(config, count, arrival_rng, base_dir))
+    arrivals = _arrivals(config, config.num_requests, arrival_rng, base_dir)
     n = arrivals.size
     parts = [f"{arrival.process} {arrival.rate:g} req/s"
              + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
+    if arrival.profile is not None:
+        parts.append(f"rate x {shape_of(arrival.profile, base_dir).label}")
     prompt = output = None
     if config.lengths is not None:
         lengths = config.lengths
@@ -79,6 +87,21 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
     parts.append(f"seed {seed}")
     return RequestTable(arrivals, prompt, output, priority=priority, source="generated: " + ", ".join(parts),
                         **prefixes)
+
+
+def _arrivals(config: WorkloadConfig, count: int | None, rng: np.random.Generator,
+              base_dir: Path | None) -> np.ndarray:
+    """Arrival (or session start) times of the generator: the renewal process at ``rate``, under
+    the rate profile if there is one (:mod:`servesim.workloads.rate_profile`)."""
+    arrival = config.arrival
+    assert arrival is not None
+    burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
+    if arrival.profile is None:
+        return arrival_times(arrival.process, arrival.rate, rng, num_requests=count,
+                             duration_s=config.duration_s, burstiness=burstiness)
+    shape = shape_of(arrival.profile, base_dir, "workload.arrival.profile")
+    return shaped_arrival_times(arrival.process, arrival.rate, shape, rng, num_requests=count,
+                                duration_s=config.duration_s, burstiness=burstiness)
 
 
 def with_shared_prefix(prompt: np.ndarray, tokens: int, groups: int, rng: np.random.Generator

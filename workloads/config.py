@@ -43,6 +43,7 @@ from servesim.errors import ServesimError
 from servesim.inputs.schema import StrictModel, parse_model
 from servesim.workloads.length_dists import LengthDist
 from servesim.workloads.presets import PRESETS
+from servesim.workloads.profile_config import RateProfileConfig
 from servesim.workloads.session_config import SessionsConfig
 
 TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "sharegpt", "arxiv"]
@@ -60,6 +61,9 @@ class TraceConfig(StrictModel):
     model: str | None = None  # burstgpt only: keep this model's rows
     sessions: bool = Field(False, description="mooncake only: chain requests into sessions by their "
                            "prefix block ids; a turn waits for the answer it follows")
+    rate_profile: RateProfileConfig | None = Field(
+        None, description="replay faster or slower over time: the trace's clock runs at this "
+        "multiplier (applied after rate_scale)")
 
     @model_validator(mode="after")
     def _check(self) -> TraceConfig:
@@ -84,6 +88,9 @@ class ArrivalConfig(StrictModel):
     process: Literal["poisson", "gamma", "constant"]
     rate: PositiveFloat
     burstiness: PositiveFloat | None = None  # gamma only: CV of gaps = 1/sqrt(burstiness)
+    profile: RateProfileConfig | None = Field(
+        None, description="a multiplier of rate over time (diurnal, points, csv, bursts); "
+        "see servesim.workloads.profile_config")
 
     @model_validator(mode="after")
     def _check(self) -> ArrivalConfig:

@@ -62,6 +62,8 @@ def build_sessions(config: WorkloadConfig, seed: int, base_dir: Path | None,
                                burstiness=arrival.burstiness if arrival.burstiness is not None else 1.0)
     count = starts.size
     parts = [f"{arrival.process} {arrival.rate:g} sessions/s"]
+    if arrival.profile is not None:
+        parts.append("rate profile")
     if sessions.conversations is not None:
         source = sessions.conversations
         path = Path(source.path).expanduser()
