@@ -10,13 +10,14 @@ same arrival times (common random numbers), so two runs that differ in one knob 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from servesim.workloads.arrivals import arrival_times
-from servesim.workloads.config import WorkloadConfig
+from servesim.workloads.config import VllmRandomLengths, WorkloadConfig
 from servesim.workloads.length_dists import LengthDist, sample_lengths
 from servesim.workloads.lengths import resample_pairs
 from servesim.workloads.presets import get_preset
@@ -54,14 +55,21 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
     if arrival.profile is not None:
         parts.append(f"rate x {shape_of(arrival.profile, base_dir).label}")
     prompt = output = None
+    prefix_len = 0  # vLLM random's shared prefix
     if config.lengths is not None:
         lengths = config.lengths
         if lengths.preset is not None:
             prompt, output = get_preset(lengths.preset).sample(n, prompt_rng, output_rng)
             parts.append(f"lengths preset {lengths.preset}")
+        elif lengths.random is not None:
+            prompt, output, label = vllm_random_lengths(lengths.random, n, prompt_rng, output_rng)
+            parts.append(label)
+            if lengths.random.prefix_len:
+                prefix_len = lengths.random.prefix_len
         else:
             assert lengths.trace is not None and lengths.format is not None
-            sample = read_lengths(_resolve(lengths.trace, base_dir), lengths.format, model=lengths.model)
+            sample = read_lengths(_resolve(lengths.trace, base_dir), lengths.format, model=lengths.model,
+                                  tokenizer=lengths.tokenizer)
             prompt, output = resample_pairs(sample.prompt_tokens, sample.output_tokens, n, prompt_rng)
             parts.append(f"lengths resampled from {sample.source}")
     if config.prompt is not None:
@@ -80,6 +88,9 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         priority = priority_rng.choice(classes, size=n, p=share)
         parts.append("priority " + "/".join(f"{c}:{p:.0%}" for c, p in zip(classes, share, strict=True)))
     prefixes: PrefixBlocks = {}
+    if prefix_len:  # one prefix before every prompt (already counted in the prompt lengths)
+        prefixes = {"prefix_block_offsets": np.arange(n + 1, dtype=np.int64),
+                    "prefix_block_ids": np.zeros(n, dtype=np.int64), "prefix_block_size": prefix_len}
     if config.shared_prefix is not None:
         shared = config.shared_prefix
         prompt, prefixes = with_shared_prefix(prompt, shared.tokens, shared.groups, prefix_rng)
@@ -114,6 +125,22 @@ def with_shared_prefix(prompt: np.ndarray, tokens: int, groups: int, rng: np.ran
     return np.asarray(prompt, dtype=np.int64) + tokens, {
         "prefix_block_offsets": np.arange(n + 1, dtype=np.int64), "prefix_block_ids": group,
         "prefix_block_size": int(tokens)}
+
+
+def vllm_random_lengths(spec: VllmRandomLengths, n: int, prompt_rng: np.random.Generator,
+                        output_rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str]:
+    """vLLM bench's random dataset (see :class:`~servesim.workloads.config.VllmRandomLengths`)."""
+    r = spec.range_ratio
+    input_low, input_high = math.floor(spec.input_len * (1 - r)), math.ceil(spec.input_len * (1 + r))
+    output_low = max(math.floor(spec.output_len * (1 - r)), 1)
+    output_high = max(math.ceil(spec.output_len * (1 + r)), 1)
+    prompt = spec.prefix_len + prompt_rng.integers(input_low, input_high + 1, size=n, dtype=np.int64)
+    output = output_rng.integers(output_low, output_high + 1, size=n, dtype=np.int64)
+    if spec.prefix_len == 0:
+        prompt = np.maximum(prompt, 1)
+    label = (f"vLLM random: input {input_low}..{input_high}, output {output_low}..{output_high}"
+             + (f", shared prefix {spec.prefix_len}" if spec.prefix_len else ""))
+    return prompt, output, label
 
 
 def _label(dist: LengthDist) -> str:

@@ -46,7 +46,8 @@ from servesim.workloads.presets import PRESETS
 from servesim.workloads.profile_config import RateProfileConfig
 from servesim.workloads.session_config import SessionsConfig
 
-TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "sharegpt", "arxiv"]
+TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "vidur-stats", "arxiv", "sharegpt"]
+LENGTH_ONLY = ("vidur-stats", "arxiv", "sharegpt")
 
 
 class TraceConfig(StrictModel):
@@ -70,7 +71,7 @@ class TraceConfig(StrictModel):
         if self.sessions and self.format != "mooncake":
             raise ValueError("sessions are found from prefix block ids, which only mooncake traces "
                              "have; remove sessions or use format: mooncake")
-        if self.format in ("sharegpt", "arxiv"):
+        if self.format in LENGTH_ONLY:
             raise ValueError(f"format {self.format} holds lengths only, no arrival times: use it as "
                              f"`lengths: {{trace: {self.path}, format: {self.format}}}` with an `arrival:` "
                              "process instead of `trace:`")
@@ -100,26 +101,51 @@ class ArrivalConfig(StrictModel):
         return self
 
 
+class VllmRandomLengths(StrictModel):
+    """``vllm bench serve --dataset-name random``: prompt ``prefix_len`` + an integer uniform on
+    ``[floor(input_len (1 - r)), ceil(input_len (1 + r))]``, output uniform on
+    ``[max(1, floor(output_len (1 - r))), ceil(output_len (1 + r))]`` with ``r = range_ratio``
+    (vLLM's ``RandomDataset.get_sampling_params``). vLLM first subtracts the tokenizer's special
+    tokens from ``input_len`` (1 for Llama's BOS); without a tokenizer servesim does not. The
+    ``prefix_len`` tokens are one prefix shared by every prompt (prefix caching can hit it)."""
+
+    input_len: PositiveInt = 1024
+    output_len: PositiveInt = 128
+    range_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    prefix_len: Annotated[int, Field(ge=0)] = 0
+
+
 class LengthsConfig(StrictModel):
-    """Joint (prompt, output) lengths: a named preset, or pairs resampled from a trace."""
+    """Joint (prompt, output) lengths: a named preset, pairs resampled from a trace or dataset, or
+    vLLM bench's random dataset."""
 
     preset: str | None = None
     trace: Path | None = None
     format: TraceFormat | None = None
     model: str | None = None  # burstgpt only
+    tokenizer: str | None = None  # sharegpt only: a local Hugging Face tokenizer for real counts
+    random: VllmRandomLengths | None = None
 
     @model_validator(mode="after")
     def _check(self) -> LengthsConfig:
-        if (self.preset is None) == (self.trace is None):
+        given = [key for key in ("preset", "trace", "random") if getattr(self, key) is not None]
+        if len(given) != 1:
             raise ValueError("give exactly one of preset (one of " + ", ".join(PRESETS)
-                             + ") or trace (a file, with its format)")
+                             + "), trace (a file, with its format) or random (vLLM bench's random dataset)")
+        if self.tokenizer is not None and self.format != "sharegpt":
+            raise ValueError("tokenizer counts the text of sharegpt JSON; remove it")
+        if self.random is not None:
+            if self.format is not None or self.model is not None:
+                raise ValueError("format and model go with trace, not random")
+            return self
         if self.preset is not None:
             if self.preset not in PRESETS:
                 raise ValueError(f"unknown preset {self.preset!r}; use one of {', '.join(PRESETS)}")
             if self.format is not None or self.model is not None:
                 raise ValueError("format and model go with trace, not preset")
         elif self.format is None:
-            raise ValueError("trace needs its format: one of csv, azure, mooncake, burstgpt, sharegpt, arxiv")
+            raise ValueError("trace needs its format: one of csv, azure, mooncake, burstgpt, vidur-stats, "
+                             "arxiv, sharegpt")
         if self.model is not None and self.format != "burstgpt":
             raise ValueError("model filters burstgpt traces only; remove it")
         return self
@@ -188,6 +214,10 @@ class WorkloadConfig(StrictModel):
                              "{process, rate} with num_requests and lengths to generate requests")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("a generated workload needs num_requests, duration_s, or both")
+        if (self.lengths is not None and self.lengths.random is not None and self.lengths.random.prefix_len
+                and self.shared_prefix is not None):
+            raise ValueError("lengths.random.prefix_len and shared_prefix both put a prefix before every "
+                             "prompt; keep one")
         for side in ("prompt", "output"):
             if self.lengths is None and getattr(self, side) is None:
                 raise ValueError(f"no {side} lengths: give lengths: {{preset: ...}} or "
