@@ -45,10 +45,11 @@ from servesim.errors import ServesimError
 from servesim.inputs.files import yaml_mapping
 from servesim.inputs.overrides import apply_overrides
 from servesim.inputs.schema import NamedSection, StrictModel, user_error
+from servesim.topology.fleet_keys import FleetGroupKeys
 from servesim.topology.keys import DecodeGroupKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
-TOPOLOGY_KINDS = ("colocated", "disaggregated")
+TOPOLOGY_KINDS = ("colocated", "disaggregated", "fleet")
 
 
 class MigrationNote(UserWarning):
@@ -61,9 +62,9 @@ class DeploymentConfig(StrictModel):
 
     tp: int = Field(1, ge=1, description="tensor-parallel degree")
     replicas: int = Field(1, ge=1, description="data-parallel copies behind the router")
-    kind: Literal["colocated", "disaggregated"] = Field(
+    kind: Literal["colocated", "disaggregated", "fleet"] = Field(
         "colocated", description="colocated: replicas behind a router; disaggregated: prefill and "
-        "decode groups joined by a KV link")
+        "decode groups joined by a KV link; fleet: groups on any GPUs, autoscaled or not, behind one router")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     block_size: int | None = Field(None, ge=1, description="tokens per KV-cache block")
     max_num_seqs: int | None = Field(None, ge=1, description="most requests in one step")
@@ -80,6 +81,8 @@ class DeploymentConfig(StrictModel):
     prefill: GroupKeys | None = Field(None, description="kind disaggregated: the prefill group")
     decode: DecodeGroupKeys | None = Field(None, description="kind disaggregated: the decode group")
     link: LinkKeys | None = Field(None, description="kind disaggregated: the KV link between them")
+    groups: dict[str, FleetGroupKeys] | None = Field(
+        None, description="kind fleet: its replica groups by name (servesim.topology.fleet)")
 
 
 class PrecisionConfig(StrictModel):

@@ -49,7 +49,7 @@ class Releases:
         self.child_offsets, self.child_ids = links.children()
         self.has_children = np.diff(self.child_offsets) > 0
         self.released = 0
-        requests.on_done = self.done
+        requests.done_listeners.append(self.done)
 
     def entry(self, request: int, now: float) -> None:
         """The arrival loop's entry: requests that wait for others are sent by :meth:`done`."""

@@ -87,9 +87,9 @@ class RequestState:
         self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
         self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache
         self.itl = ItlLog()
-        self.on_done: Callable[[np.ndarray, float], None] | None = None
+        self.done_listeners: list[Callable[[np.ndarray, float], None]] = []
         """Called with the requests that just completed and the time (requests released by
-        completions listen here, :mod:`servesim.core.release`)."""
+        completions, :mod:`servesim.core.release`, and autoscalers listen here)."""
         # Disaggregated serving only (NaN / -1 otherwise): ``replica`` is then the prefill replica.
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.prefill_end = np.full(n, np.nan)
@@ -161,8 +161,8 @@ class RequestState:
         finished = emitted[done]
         self.finish[finished] = now
         self.status[finished] = DONE
-        if self.on_done is not None:
-            self.on_done(finished, now)
+        for listen in self.done_listeners:
+            listen(finished, now)
         return finished
 
     def _note_gaps(self, ids: np.ndarray, gaps: np.ndarray) -> None:
