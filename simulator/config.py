@@ -44,7 +44,7 @@ from servesim.engines.base import DEFAULT_ENGINE
 from servesim.errors import ServesimError
 from servesim.inputs.files import yaml_mapping
 from servesim.inputs.overrides import apply_overrides
-from servesim.inputs.schema import NamedSection, StrictModel, user_error
+from servesim.inputs.schema import NamedSection, OmitsUnsetExtensions, StrictModel, user_error
 from servesim.topology.fleet_keys import FleetGroupKeys
 from servesim.topology.keys import DecodeGroupKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
@@ -56,9 +56,11 @@ class MigrationNote(UserWarning):
     """A config written for an older servesim was read in its new form (the CLI prints one line)."""
 
 
-class DeploymentConfig(StrictModel):
+class DeploymentConfig(OmitsUnsetExtensions):
     """How the model is deployed: the topology, its parallelism and the engine arguments (vLLM's
     names; unset ones take the engine's defaults)."""
+
+    EXTENSIONS = ("groups",)
 
     tp: int = Field(1, ge=1, description="tensor-parallel degree")
     replicas: int = Field(1, ge=1, description="data-parallel copies behind the router")

@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from servesim.errors import ServesimError
-from servesim.inputs.schema import StrictModel, parse_model
+from servesim.inputs.schema import OmitsUnsetExtensions, StrictModel, parse_model
 from servesim.workloads.length_dists import LengthDist
 from servesim.workloads.presets import PRESETS
 from servesim.workloads.profile_config import RateProfileConfig
@@ -50,8 +50,10 @@ TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "vidur-stats", "ar
 LENGTH_ONLY = ("vidur-stats", "arxiv", "sharegpt")
 
 
-class TraceConfig(StrictModel):
+class TraceConfig(OmitsUnsetExtensions):
     """Replay of a trace file with arrival times (see ``servesim.workloads.traces`` for the formats)."""
+
+    EXTENSIONS = ("sessions", "rate_profile")
 
     path: Path
     format: TraceFormat
@@ -83,8 +85,10 @@ class TraceConfig(StrictModel):
         return self
 
 
-class ArrivalConfig(StrictModel):
+class ArrivalConfig(OmitsUnsetExtensions):
     """A renewal arrival process (see ``servesim.workloads.arrivals``)."""
+
+    EXTENSIONS = ("profile",)
 
     process: Literal["poisson", "gamma", "constant"]
     rate: PositiveFloat
@@ -115,9 +119,11 @@ class VllmRandomLengths(StrictModel):
     prefix_len: Annotated[int, Field(ge=0)] = 0
 
 
-class LengthsConfig(StrictModel):
+class LengthsConfig(OmitsUnsetExtensions):
     """Joint (prompt, output) lengths: a named preset, pairs resampled from a trace or dataset, or
     vLLM bench's random dataset."""
+
+    EXTENSIONS = ("tokenizer", "random")
 
     preset: str | None = None
     trace: Path | None = None
@@ -185,8 +191,10 @@ _GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt",
                    "shared_prefix", "sessions")
 
 
-class WorkloadConfig(StrictModel):
+class WorkloadConfig(OmitsUnsetExtensions):
     """Either ``trace`` alone, or ``arrival`` + size + lengths (see the module docstring)."""
+
+    EXTENSIONS = ("sessions",)
 
     trace: TraceConfig | None = None
     arrival: ArrivalConfig | None = None

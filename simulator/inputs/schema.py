@@ -16,9 +16,9 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from servesim.errors import ServesimError
 
@@ -29,6 +29,22 @@ class StrictModel(BaseModel):
     """A YAML section: unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class OmitsUnsetExtensions(StrictModel):
+    """A section that leaves optional keys added after its first release (``EXTENSIONS``) out of
+    its dump while they hold their default, so the resolved configs and sweep run names of
+    configs that do not use them stay as they were."""
+
+    EXTENSIONS: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in self.EXTENSIONS:
+            if key in data and data[key] == type(self).model_fields[key].default:
+                del data[key]
+        return data
 
 
 class FrozenModel(BaseModel):
