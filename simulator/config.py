@@ -209,12 +209,17 @@ def migrate_document(document: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 def absolute_trace_paths(workload: dict[str, Any], base_dir: Path | None) -> None:
     """Trace paths in a workload section (a JSON-ready dict) made absolute, in place, so a
     resolved experiment runs from any folder."""
-    for section in ("trace", "lengths"):
-        part = workload.get(section)
-        key = "path" if section == "trace" else "trace"
+    def absolute(part: Any, key: str) -> None:
         if isinstance(part, dict) and part.get(key):
             path = Path(part[key]).expanduser()
             part[key] = str((base_dir / path if base_dir and not path.is_absolute() else path).resolve())
+
+    for section in ("trace", "lengths"):
+        absolute(workload.get(section), "path" if section == "trace" else "trace")
+    sessions, arrival, trace = (workload.get(key) or {} for key in ("sessions", "arrival", "trace"))
+    absolute(sessions.get("conversations"), "path")
+    absolute(arrival.get("profile"), "csv")
+    absolute(trace.get("rate_profile"), "csv")
 
 
 def read_yaml_document(path: Path) -> dict[str, Any]:
