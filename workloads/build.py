@@ -26,6 +26,7 @@ from servesim.workloads.requests import PrefixBlocks, RequestTable
 from servesim.workloads.sessions import build_sessions
 from servesim.workloads.trace_sessions import chain_sessions
 from servesim.workloads.traces import read_lengths, read_trace
+from servesim.workloads.workflows import build_workflows
 
 
 def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = None) -> RequestTable:
@@ -48,6 +49,9 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
     if config.sessions is not None:
         count = config.sessions.count
         return build_sessions(config, seed, base_dir, _arrivals(config, count, arrival_rng, base_dir))
+    if config.workflow is not None:
+        starts = _arrivals(config, config.workflow.count, arrival_rng, base_dir)
+        return build_workflows(config, seed, starts)
     arrivals = _arrivals(config, config.num_requests, arrival_rng, base_dir)
     n = arrivals.size
     parts = [f"{arrival.process} {arrival.rate:g} req/s"

@@ -45,6 +45,7 @@ from servesim.workloads.length_dists import LengthDist
 from servesim.workloads.presets import PRESETS
 from servesim.workloads.profile_config import RateProfileConfig
 from servesim.workloads.session_config import SessionsConfig
+from servesim.workloads.workflow_config import WorkflowConfig
 
 TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "vidur-stats", "arxiv", "sharegpt"]
 LENGTH_ONLY = ("vidur-stats", "arxiv", "sharegpt")
@@ -188,13 +189,13 @@ class SharedPrefixConfig(StrictModel):
 
 
 _GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output", "priority",
-                   "shared_prefix", "sessions")
+                   "shared_prefix", "sessions", "workflow")
 
 
 class WorkloadConfig(OmitsUnsetExtensions):
     """Either ``trace`` alone, or ``arrival`` + size + lengths (see the module docstring)."""
 
-    EXTENSIONS = ("sessions",)
+    EXTENSIONS = ("sessions", "workflow")
 
     trace: TraceConfig | None = None
     arrival: ArrivalConfig | None = None
@@ -206,11 +207,14 @@ class WorkloadConfig(OmitsUnsetExtensions):
     priority: PriorityMix | None = None
     shared_prefix: SharedPrefixConfig | None = None
     sessions: SessionsConfig | None = None
+    workflow: WorkflowConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadConfig:
         generator = [key for key in _GENERATOR_KEYS if getattr(self, key) is not None]
-        if self.sessions is not None:
+        if self.sessions is not None and self.workflow is not None:
+            raise ValueError("give sessions or workflow, not both (run them as two experiments)")
+        if self.sessions is not None or self.workflow is not None:
             return self._check_sessions()
         if self.trace is not None:
             if generator:
@@ -233,19 +237,20 @@ class WorkloadConfig(OmitsUnsetExtensions):
         return self
 
     def _check_sessions(self) -> WorkloadConfig:
-        """Sessions start by ``arrival`` (and ``duration_s``); each turn's lengths come from
-        ``sessions``, so the per-request length keys do not apply."""
+        """Sessions (or workflow runs) start by ``arrival`` (and ``duration_s``); each request's
+        lengths come from their own section, so the per-request length keys do not apply."""
+        kind = "sessions" if self.sessions is not None else "workflow"
         wrong = [key for key in ("trace", "num_requests", "lengths", "prompt", "output")
                  if getattr(self, key) is not None]
         if wrong:
-            raise ValueError(f"with sessions, {', '.join(wrong)} do not apply (turn lengths come from "
-                             "sessions; sessions.count or duration_s bounds the sessions); remove them")
+            raise ValueError(f"with {kind}, {', '.join(wrong)} do not apply (lengths come from {kind}; "
+                             f"{kind}.count or duration_s bounds the runs); remove them")
         if self.arrival is None:
-            raise ValueError("sessions need arrival: {process, rate}: when sessions start")
-        assert self.sessions is not None
-        if self.sessions.count is None and self.duration_s is None:
-            raise ValueError("give sessions.count (sessions), duration_s (sessions starting before it), "
-                             "or both")
+            raise ValueError(f"{kind} need arrival: {{process, rate}}: when they start")
+        section = self.sessions if self.sessions is not None else self.workflow
+        assert section is not None
+        if section.count is None and self.duration_s is None:
+            raise ValueError(f"give {kind}.count, duration_s (runs starting before it), or both")
         return self
 
     @property
