@@ -21,8 +21,9 @@ AutoscalingKeys`) runs the control loop of Kubernetes' Horizontal Pod Autoscaler
    last ``scale_down_delay_s`` (HPA's scale-down stabilization window, 300 s), cancelling cold
    starts first, then draining the least loaded replicas.
 
-The loop stops once every request has finished or been refused, so the run still ends when
-there is nothing left to do. Requests of a fixed group are never scaled.
+The loop stops once every request has finished or been refused (or nothing but itself is left to
+happen and no request waits at the door), so the run still ends when there is nothing left to
+do. A fixed group is never scaled.
 
 Sources: Kubernetes, "Horizontal Pod Autoscaling" (algorithm details: ``desiredReplicas =
 ceil[currentReplicas x currentMetricValue / desiredMetricValue]``, tolerance 0.1, sync period 15 s,
@@ -91,6 +92,8 @@ class Autoscaler:
                 if now + 1e-9 >= next_decision[id(scaler)]:
                     self._decide(scaler, now)
                     next_decision[id(scaler)] = now + scaler.keys.interval_s
+            if env.peek() == math.inf and not runtime.held:
+                return  # nothing else can ever happen (a request a policy left queued): stop too
             yield env.timeout(step)
 
     # ------------------------------------------------------------------ signals
