@@ -16,7 +16,7 @@ format) and/or per side by ``prompt:`` and ``output:`` (which override that side
     workload:
       arrival: {process: gamma, rate: 4.0, burstiness: 0.5}
       num_requests: 1000
-      lengths: {preset: azure-conversation}        # or {trace: sharegpt.csv, format: sharegpt}
+      lengths: {preset: azure-conversation}        # or {trace: sharegpt.json, format: sharegpt}
       output: {dist: fixed, value: 128}            # optional override of one side
       priority: {classes: [0, 1], weights: [0.2, 0.8]}   # optional; lower is served first
 
@@ -28,6 +28,12 @@ groups: G}`` prepends one of G system prompts of N tokens, drawn uniformly per r
 prompt (so prompts are N tokens longer than the lengths above say)::
 
       shared_prefix: {tokens: 1024, groups: 8}
+
+Arrivals may follow a rate profile over time (``arrival.profile``; a trace's clock:
+``trace.rate_profile``, :mod:`servesim.workloads.profile_config`). Instead of independent requests
+a generator may produce chat sessions (``sessions:``, :mod:`servesim.workloads.session_config`) or
+agentic workflow runs (``workflow:``, :mod:`servesim.workloads.workflow_config`), started by the
+arrival process; a Mooncake trace may be replayed as sessions (``trace.sessions: true``).
 
 Relative paths resolve against ``base_dir`` (the YAML's folder) when the workload is built.
 """
