@@ -219,3 +219,47 @@ def test_fleet_errors_are_one_line(deployment: dict, router: str | dict, message
     with pytest.raises(ServesimError) as info:
         simulate(prepare(validate_document(document)))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+class FakeRuntime:
+    """What the autoscaler asks of a fleet: counts, the door, and scale requests (recorded)."""
+
+    def __init__(self, ready: int, starting: int = 0, held: int = 0) -> None:
+        self.ready, self.starting, self.held = ready, starting, list(range(held))
+        self.asked: list[tuple[str, int]] = []
+
+    def counts(self, g: int) -> dict[str, int]:
+        return {"ready": self.ready, "provisioning": self.starting, "draining": 0, "inactive": 0}
+
+    def scale_up(self, g: int, count: int, now: float) -> int:
+        self.asked.append(("up", count))
+        return count
+
+    def scale_down(self, g: int, count: int, now: float) -> int:
+        self.asked.append(("down", count))
+        return count
+
+
+@pytest.mark.parametrize(("signal", "ready", "value", "expected"), [
+    ("in_flight", 2, 60.0, ("up", 1)),     # total 60 over 2 replicas, target 20: ceil(60 / 20) = 3
+    ("in_flight", 2, 42.0, None),          # 21 per replica: within 10% of 20, no change
+    ("queue", 4, 2.0, ("down", 2)),        # 0.5 per replica, target 1: ceil(4 x 0.5 / 1) = 2
+    ("kv", 3, 0.9, ("up", 1)),             # 90% use, target 0.7: ceil(3 x 0.9 / 0.7) = 4
+    ("kv", 0, 0.0, ("up", 1)),             # scaled to zero, a request at the door: one replica
+])
+def test_hpa_recommendation(signal: str, ready: int, value: float, expected: tuple[str, int] | None) -> None:
+    """ceil(ready x value per replica / target), unchanged within the tolerance, clamped to
+    [min, max]; scale-down to the highest recommendation of the window (here: none before)."""
+    from servesim.topology.autoscaler import Autoscaler, GroupScaler
+    from servesim.topology.fleet_keys import AutoscalingKeys
+
+    target = {"in_flight": 20.0, "queue": 1.0, "kv": 0.7}[signal]
+    keys = AutoscalingKeys(min_replicas=0 if ready == 0 else 1, max_replicas=8, signal=signal,
+                           target=target, scale_down_delay_s=0)
+    runtime = FakeRuntime(ready, held=1 if ready == 0 else 0)
+    scaler = GroupScaler(0, keys)
+    scaler.samples.append((0.0, value))
+    autoscaler = Autoscaler.__new__(Autoscaler)
+    autoscaler.runtime = runtime  # type: ignore[assignment]
+    autoscaler._decide(scaler, 15.0)
+    assert runtime.asked == ([expected] if expected else [])

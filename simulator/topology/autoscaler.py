@@ -146,10 +146,13 @@ class Autoscaler:
         if value is None:
             desired = current
             per_replica = 0.0
-        elif ready == 0:
+        elif ready == 0:  # scaled to zero (or all cold-starting): the demand itself decides
             per_replica = value
-            total = value if keys.signal in TOTAL_SIGNALS else (1.0 if runtime.held else 0.0)
-            desired = max(current, math.ceil(total / keys.target - 1e-9)) if total > 0 else current
+            if keys.signal in TOTAL_SIGNALS:
+                wanted = math.ceil(value / keys.target - 1e-9) if value > 0 else 0
+            else:  # kv or ttft say nothing without a replica: one for whatever waits at the door
+                wanted = 1 if runtime.held else 0
+            desired = max(current, wanted)
         else:
             per_replica = value / ready if keys.signal in TOTAL_SIGNALS else value
             ratio = per_replica / keys.target
