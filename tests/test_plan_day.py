@@ -62,3 +62,15 @@ def test_plan_errors_are_one_line(tmp_path: Path) -> None:
         load_day_plan(write(tmp_path, plan={**PLAN, "autoscaled": [{"signal": "speed"}]}))
     with pytest.raises(ServesimError, match=r"plan\.yaml: fixed\.max_replicas"):
         load_day_plan(write(tmp_path, plan={**PLAN, "fixed": {"max_replicas": 0}}))
+
+
+def test_the_shipped_day_plan_loads() -> None:
+    """configs/plans/chat-day.yaml (the README's day) names a valid fleet experiment: a whole day
+    of sessions under the diurnal profile, the h100 group sized between 1 and 4 replicas."""
+    from servesim.resources import configs_dir
+
+    plan, experiment, _ = load_day_plan(configs_dir() / "plans" / "chat-day.yaml")
+    assert plan.group == "h100" and plan.fixed.max_replicas == 4
+    assert [setting["target"] for setting in plan.autoscaled] == [24, 16]
+    assert experiment.workload.duration_s == 86_400 and experiment.workload.sessions is not None
+    assert experiment.slo is not None and experiment.slo.limits() == {"ttft_s": 2.0, "tpot_s": 0.04}
