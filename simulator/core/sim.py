@@ -61,7 +61,13 @@ def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry
 
 def run_until_done(sim: Sim, entry: Entry, progress: Progress | None) -> None:
     """Feed the workload into ``entry`` and run until every request is finished or refused (the
-    event queue then empties)."""
+    event queue then empties). Requests that wait for others (sessions, agent chains) are sent
+    by :class:`~servesim.core.release.Releases` when those end, not by the arrival loop."""
+    links = sim.workload.links
+    if links is not None:
+        from servesim.core.release import Releases
+
+        entry = Releases(sim.env, sim.requests, sim.workload, links, entry).entry
     sim.env.process(arrivals(sim.env, sim.workload, entry))
     if progress is not None:
         sim.env.process(_monitor(sim.env, sim.requests, progress,

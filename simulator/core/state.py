@@ -10,6 +10,7 @@ this one rule, applied by :meth:`RequestState.complete_step` for every policy.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,7 +70,8 @@ class RequestState:
     def __init__(self, table: RequestTable) -> None:
         n = len(table)
         self.table = table
-        self.arrival = table.arrival_s
+        # Requests released by others (sessions, agent chains) record when they were sent.
+        self.arrival = table.arrival_s if table.links is None else table.arrival_s.copy()
         self.prompt = table.prompt_tokens
         self.output = table.output_tokens
         self.computed = np.zeros(n, dtype=np.int64)
@@ -88,6 +90,9 @@ class RequestState:
         self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
         self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache
         self.itl = ItlLog()
+        self.done_listeners: list[Callable[[np.ndarray, float], None]] = []
+        """Called with the requests that just completed and the time (requests released by
+        completions, :mod:`servesim.core.release`, and autoscalers listen here)."""
         # Disaggregated serving only (NaN / -1 otherwise): ``replica`` is then the prefill replica.
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.prefill_end = np.full(n, np.nan)
@@ -169,6 +174,8 @@ class RequestState:
         finished = emitted[done]
         self.finish[finished] = now
         self.status[finished] = DONE
+        for listen in self.done_listeners:
+            listen(finished, now)
         return finished
 
     def _note_gaps(self, ids: np.ndarray, gaps: np.ndarray) -> None:

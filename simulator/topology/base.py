@@ -135,6 +135,10 @@ class Topology(ABC):
         """Extra summary sections of this topology (after ``batch``)."""
         return {}
 
+    def extra_tables(self, built: Built) -> dict[str, pd.DataFrame]:
+        """Tables of this topology's own, written beside the run's (file name -> table)."""
+        return {}
+
     def summary_lines(self, sections: dict[str, Any]) -> list[str]:
         """Lines for people about this topology's own summary sections (the CLI prints them)."""
         return []
