@@ -8,6 +8,8 @@ below.
 from servesim.policies import (  # noqa: F401  (registers the built-in policies and routers)
     chunked_prefill,
     continuous,
+    no_evict,
+    prefill_first,
     priority,
     routers,
     sjf,

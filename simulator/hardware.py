@@ -163,6 +163,37 @@ class Link(FrozenModel):
         return self.latency_s + nbytes / (self.bandwidth_Bps * self.efficiency * lanes)
 
 
+class CollectiveFit(FrozenModel):
+    """One all-reduce implementation on one node, fitted to measurements:
+    ``latency_s + latency_per_peer_s * (world - 1) + wire_bytes / (link bandwidth * efficiency)``.
+
+    ``wire_bytes`` is what each GPU moves through its link for an all-reduce of ``n`` bytes:
+    ``2 (w-1)/w * n`` for a ring (NCCL) or a two-shot reduce-scatter + all-gather, ``(w-1) * n``
+    for a one-shot all-reduce (every GPU reads every peer's whole buffer), see
+    :mod:`servesim.cost.communication`."""
+
+    latency_s: float = Field(ge=0)
+    latency_per_peer_s: float = Field(0.0, ge=0)
+    efficiency: float = Field(gt=0, le=1, description="achieved / peak link bandwidth")
+
+
+class Collectives(FrozenModel):
+    """Measured all-reduce implementations of one GPU node (optional in a profile).
+
+    Serving engines do not all-reduce alike: vLLM and SGLang run a custom all-reduce over NVLink
+    peer-to-peer memory for small messages (one-shot, or two-shot for medium sizes) and NCCL for
+    large ones; which implementation runs at which size is the engine's choice
+    (:class:`servesim.engines.base.RuntimeCosts`), how fast each runs is the hardware's (here).
+    A profile without this section prices every all-reduce with the interconnect's ring model."""
+
+    nccl: CollectiveFit | None = None
+    oneshot: CollectiveFit | None = None
+    twoshot: CollectiveFit | None = None
+    eager_call_s: float = Field(
+        0.0, ge=0, description="extra host time of one collective call outside a CUDA graph "
+        "(the GPU idles for it when the step is launch-bound)")
+
+
 class Memory(FrozenModel):
     capacity_bytes: float = Field(gt=0)
     bandwidth_Bps: float = Field(gt=0)
@@ -183,6 +214,8 @@ class HardwareProfile(FrozenModel):
     interconnect: Link
     host_link: Link
     efficiency: Efficiency
+    collectives: Collectives | None = Field(
+        None, description="measured all-reduce implementations (custom one-/two-shot, NCCL)")
     cost_per_gpu_hour: float | None = Field(None, ge=0)
     provenance: dict[str, Any] = Field(default_factory=dict)
 
@@ -214,7 +247,7 @@ class HardwareProfile(FrozenModel):
         """The same hardware with perfect efficiency and no launch or link latency: the textbook
         roofline (price it with ``RuntimeCosts.none()`` to leave out the engine's step cost too)."""
         link = self.interconnect.model_copy(update={"efficiency": 1.0, "latency_s": 0.0})
-        return self.model_copy(update={"efficiency": Efficiency.perfect(),
+        return self.model_copy(update={"efficiency": Efficiency.perfect(), "collectives": None,
                                        "interconnect": link, "name": f"{self.name} (ideal)"})
 
     def summary(self) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                   precision: Precision, engine: Engine, policy: PolicyChoice) -> ReplicaGroup:
     """Fill in the engine's defaults and check every limit of one group (errors name the
     ``deployment`` key; a topology relabels them for its groups)."""
-    defaults = engine.defaults
+    defaults = engine.scheduler_defaults(hardware.name, hardware.memory.capacity_bytes, keys.tp)
     prefix_caching = defaults.enable_prefix_caching if keys.enable_prefix_caching is None \
         else keys.enable_prefix_caching
     if prefix_caching and not policy.cls.supports_prefix_caching:
@@ -185,5 +185,7 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                          block_size=block_size, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                          max_model_len=max_model_len, watermark=watermark, num_gpu_blocks=keys.num_gpu_blocks,
                          enable_prefix_caching=prefix_caching)
+    runtime = engine.runtime(hardware.name, tp=keys.tp, max_num_seqs=max_num_seqs,
+                             hbm_bytes=hardware.memory.capacity_bytes)
     return ReplicaGroup(name, model, hardware, Parallelism(tp=keys.tp), precision, engine,
-                        engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings)
+                        runtime, memory, limits, keys.replicas, policy, settings)
