@@ -15,7 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from servesim.workloads.arrivals import arrival_times
-from servesim.workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
+from servesim.workloads.config import (
+    FixedLength,
+    LengthDist,
+    LognormalLength,
+    UniformLength,
+    WorkloadConfig,
+)
 from servesim.workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths
 from servesim.workloads.presets import get_preset
 from servesim.workloads.requests import PrefixBlocks, RequestTable
@@ -33,12 +39,21 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
     arrival_rng, prompt_rng, output_rng, priority_rng, prefix_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
     arrival = config.arrival
-    burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
-    arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng, num_requests=config.num_requests,
-                             duration_s=config.duration_s, burstiness=burstiness)
+    if arrival.is_closed:
+        # Sent by the clients during the run (servesim.core.clients); zeros until then.
+        assert config.num_requests is not None
+        arrivals = np.zeros(config.num_requests, dtype=np.float64)
+        parts = [f"closed loop: {arrival.concurrency} clients"
+                 + (f", think {arrival.think_time_s:g} s" if arrival.think_time_s else "")]
+    else:
+        burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
+        assert arrival.rate is not None
+        arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng,
+                                 num_requests=config.num_requests, duration_s=config.duration_s,
+                                 burstiness=burstiness)
+        parts = [f"{arrival.process} {arrival.rate:g} req/s"
+                 + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
     n = arrivals.size
-    parts = [f"{arrival.process} {arrival.rate:g} req/s"
-             + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
     prompt = output = None
     if config.lengths is not None:
         lengths = config.lengths

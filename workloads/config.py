@@ -37,7 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from servesim.errors import ServesimError
 from servesim.inputs.schema import StrictModel, parse_model
@@ -72,18 +72,58 @@ class TraceConfig(StrictModel):
 
 
 class ArrivalConfig(StrictModel):
-    """A renewal arrival process (see ``servesim.workloads.arrivals``)."""
+    """A renewal arrival process (see ``servesim.workloads.arrivals``), or closed-loop clients.
 
-    process: Literal["poisson", "gamma", "constant"]
-    rate: PositiveFloat
+    ``rate: inf`` sends every request at t = 0 (``vllm bench serve``'s default rate).
+    ``process: closed`` is ``concurrency`` clients, each sending its next request when its
+    previous one completes, after ``think_time_s`` (``vllm bench serve --max-concurrency``,
+    ``aiperf --concurrency``); the arrival times are then decided during the run
+    (``servesim.core.clients``)."""
+
+    process: Literal["poisson", "gamma", "constant", "closed"]
+    rate: Annotated[float, Field(gt=0)] | None = Field(None, validate_default=True)
     burstiness: PositiveFloat | None = None  # gamma only: CV of gaps = 1/sqrt(burstiness)
+    concurrency: PositiveInt | None = Field(None, validate_default=True)  # closed only
+    think_time_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None  # closed only
+
+    @field_validator("rate", mode="after")
+    @classmethod
+    def _rate(cls, rate: float | None, info: ValidationInfo) -> float | None:
+        process = info.data.get("process")
+        if process == "closed":
+            if rate is not None:
+                raise ValueError("process closed sends a request whenever one completes; remove rate "
+                                 "(or use an open process: poisson, gamma, constant)")
+        elif process is not None and rate is None:
+            raise ValueError(f"is required for process {process}: requests per second (inf: every "
+                             "request at t = 0)")
+        if rate is not None and rate != rate:
+            raise ValueError("must be a number of requests per second, not nan")
+        return rate
+
+    @field_validator("concurrency", mode="after")
+    @classmethod
+    def _concurrency(cls, concurrency: int | None, info: ValidationInfo) -> int | None:
+        if info.data.get("process") == "closed" and concurrency is None:
+            raise ValueError("is required for process closed: the number of clients, each with one "
+                             "request in flight")
+        return concurrency
 
     @model_validator(mode="after")
     def _check(self) -> ArrivalConfig:
         if self.burstiness is not None and self.process != "gamma":
             raise ValueError(f"burstiness applies to process gamma only, not {self.process}; "
                              "remove it or use process: gamma")
+        if self.process != "closed":
+            for key in ("concurrency", "think_time_s"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} applies to process closed only; remove it or use "
+                                     "process: closed")
         return self
+
+    @property
+    def is_closed(self) -> bool:
+        return self.process == "closed"
 
 
 class FixedLength(StrictModel):
@@ -209,6 +249,11 @@ class WorkloadConfig(StrictModel):
                              "{process, rate} with num_requests and lengths to generate requests")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("a generated workload needs num_requests, duration_s, or both")
+        if self.arrival.is_closed and (self.num_requests is None or self.duration_s is not None):
+            raise ValueError("closed-loop clients send num_requests requests in all: give num_requests "
+                             "(and no duration_s)")
+        if self.arrival.rate == float("inf") and self.num_requests is None:
+            raise ValueError("rate inf sends every request at t = 0: give num_requests")
         for side in ("prompt", "output"):
             if self.lengths is None and getattr(self, side) is None:
                 raise ValueError(f"no {side} lengths: give lengths: {{preset: ...}} or "

@@ -170,6 +170,8 @@ class ReplicaState:
         if reason:
             r.status[request] = REJECTED
             r.reject_reason[request] = reason
+            if r.on_done is not None:
+                r.on_done(np.array([request], dtype=np.int64), float(r.arrival[request]))
             return False
         r.status[request] = WAITING
         self.waiting.append(request)

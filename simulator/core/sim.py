@@ -3,7 +3,8 @@
 A topology builds its replicas, routers and links onto a :class:`Sim` and hands back an entry
 point (``entry(request, now)``: route an arrival); :func:`arrivals` walks the request table and
 calls it, one SimPy timeout per arrival; :func:`run_until_done` runs the clock until nothing is
-left to happen. Nothing here is random: the workload's seed fixes the table, and the same table
+left to happen (closed-loop clients instead send each request when their previous one is done).
+Nothing here is random: the workload's seed fixes the table, and the same table
 and config give the same results, bit for bit.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from servesim.core.clients import Clients, ClosedLoop
 from servesim.core.state import DONE, REJECTED, RequestState
 from servesim.core.step_log import StepLog
 from servesim.workloads.requests import RequestTable
@@ -56,10 +58,15 @@ def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry
         entry(request, env.now)
 
 
-def run_until_done(sim: Sim, entry: Entry, progress: Progress | None) -> None:
+def run_until_done(sim: Sim, entry: Entry, progress: Progress | None,
+                   closed_loop: ClosedLoop | None = None) -> None:
     """Feed the workload into ``entry`` and run until every request is finished or refused (the
-    event queue then empties)."""
-    sim.env.process(arrivals(sim.env, sim.workload, entry))
+    event queue then empties). ``closed_loop``: clients send the requests, each its next one when
+    its previous one is done (:mod:`servesim.core.clients`), instead of at the table's times."""
+    if closed_loop is None:
+        sim.env.process(arrivals(sim.env, sim.workload, entry))
+    else:
+        Clients(sim.env, sim.requests, entry, closed_loop).start()
     if progress is not None:
         sim.env.process(_monitor(sim.env, sim.requests, progress,
                                  every_s=max(1.0, sim.workload.duration_s / 200)))

@@ -10,6 +10,7 @@ this one rule, applied by :meth:`RequestState.complete_step` for every policy.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 
 import numpy as np
 
@@ -85,6 +86,9 @@ class RequestState:
         self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
         self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache
         self.itl = ItlLog()
+        self.on_done: Callable[[np.ndarray, float], None] | None = None
+        """Told of every request that completes or is refused, with the time (closed-loop
+        clients send their next request then)."""
         # Disaggregated serving only (NaN / -1 otherwise): ``replica`` is then the prefill replica.
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.prefill_end = np.full(n, np.nan)
@@ -156,6 +160,8 @@ class RequestState:
         finished = emitted[done]
         self.finish[finished] = now
         self.status[finished] = DONE
+        if self.on_done is not None:
+            self.on_done(finished, now)
         return finished
 
     def _note_gaps(self, ids: np.ndarray, gaps: np.ndarray) -> None:
