@@ -31,6 +31,7 @@ from pydantic import Field
 
 from servesim.core.kv_cache import blocks_for
 from servesim.core.replica_state import ReplicaState
+from servesim.core.state import RequestState
 from servesim.policies.base import Batch, Policy, PolicyOptions, register_policy
 
 
@@ -80,6 +81,9 @@ class PrefillFirst(Policy):
     def _prefill_batch(self, now: float) -> Batch | None:
         replica = self.replica
         budget = replica.limits.max_num_batched_tokens
+        decoding = self._decoding() if self._mixed else replica.running[:0]
+        # Mixed batches count the decodes' tokens against the chunk (SGLang's PrefillAdder).
+        budget -= int(decoding.size)
         ids, new = self._continue_partial(budget)
         spent = int(new.sum())
         admitted, chunks = self._admit(now, budget - spent)
@@ -87,12 +91,10 @@ class PrefillFirst(Policy):
             ids, new = np.concatenate((ids, admitted)), np.concatenate((new, chunks))
         if ids.size == 0:
             return None
-        if self._mixed:
-            decoding = self._decoding()
-            if decoding.size:
-                grown = self._grow_decodes(decoding)
-                ids = np.concatenate((ids, grown))
-                new = np.concatenate((new, np.ones(grown.size, dtype=np.int64)))
+        if decoding.size:
+            grown = self._grow_decodes(decoding)
+            ids = np.concatenate((ids, grown))
+            new = np.concatenate((new, np.ones(grown.size, dtype=np.int64)))
         r = replica.requests
         return Batch.of(ids, new, r.computed[ids], r.prompt[ids] + r.generated[ids])
 
@@ -105,7 +107,7 @@ class PrefillFirst(Policy):
             return empty, empty
         r, pool = replica.requests, replica.pool
         remaining = r.prompt[running] + r.generated[running] - r.computed[running]
-        partial = remaining > 1
+        partial = ~_decoding_mask(r, running)
         if not partial.any():
             return empty, empty
         ids, left = running[partial], remaining[partial]
@@ -154,10 +156,8 @@ class PrefillFirst(Policy):
 
     # ------------------------------------------------------------------ decode batches
     def _decoding(self) -> np.ndarray:
-        replica = self.replica
-        running = replica.running
-        r = replica.requests
-        return running[r.prompt[running] + r.generated[running] - r.computed[running] == 1]
+        running = self.replica.running
+        return running[_decoding_mask(self.replica.requests, running)]
 
     def _grow_decodes(self, decoding: np.ndarray) -> np.ndarray:
         """Give each decode the block its next token needs, retracting from the tail if short."""
@@ -182,7 +182,7 @@ class PrefillFirst(Policy):
                 return None
             r = replica.requests
             context = r.computed[running]
-            decoding = r.prompt[running] + r.generated[running] - context == 1
+            decoding = _decoding_mask(r, running)
             need = np.where(decoding, blocks_for(context, pool.block_size, plus=1) - pool.held[running], 0)
             shortfall = int(need.sum()) - pool.free
             if shortfall <= 0:
@@ -194,3 +194,9 @@ class PrefillFirst(Policy):
             return None
         pool.grow_many(ids, need[decoding], int(need.sum()))
         return Batch.decodes(ids, context[decoding], preempted)
+
+
+def _decoding_mask(r: RequestState, ids: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` decode: one token left to compute, and past their first output token (a
+    prompt's last chunk of one token samples the first one: a prefill)."""
+    return (r.prompt[ids] + r.generated[ids] - r.computed[ids] == 1) & (r.generated[ids] > 0)

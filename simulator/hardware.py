@@ -117,6 +117,9 @@ class OperatorEfficiency(FrozenModel):
     compute: Curve
     memory: Curve
     fixed_s: float = Field(ge=0.0, description="per-kernel launch + minimum duration")
+    key_tile: int = Field(
+        1, ge=1, description="decode attention: each sequence's keys are processed in tiles of this "
+        "many (the kernel's KV block), so its work is rounded up to a whole tile")
 
     @classmethod
     def perfect(cls) -> OperatorEfficiency:
@@ -140,6 +143,15 @@ class Efficiency(FrozenModel):
     attention_prefill: OperatorEfficiency
     attention_decode: OperatorEfficiency
     elementwise: OperatorEfficiency
+    gemm_fp8: OperatorEfficiency | None = Field(
+        None, description="GEMMs whose math runs in fp8 (W8A8), when measured apart: fp8 kernels reach "
+        "a different share of their peak than bf16 ones; absent, they use the gemm curves")
+
+    def gemm_for(self, math: DType) -> OperatorEfficiency:
+        """The GEMM efficiency of kernels whose math runs in ``math``."""
+        if math is DType.FP8 and self.gemm_fp8 is not None:
+            return self.gemm_fp8
+        return self.gemm
 
     @classmethod
     def perfect(cls) -> Efficiency:

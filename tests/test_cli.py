@@ -37,8 +37,8 @@ def test_step_human_output_explains_the_step() -> None:
     for text in ("llama-3-8b", "h100-sxm-80gb", "attn_decode", "mlp", "step", "memory",
                  "arithmetic intensity", "KV pool"):
         assert text in run.stdout
-    assert "spec-only" not in run.stdout  # h100-sxm-80gb is fitted (calibrate import-vidur)
-    spec_only = servesim("step", "--hardware", "h200", "--decode-batch", "8")
+    assert "spec-only" not in run.stdout  # h100-sxm-80gb is fitted (calibrate import-aiconfigurator)
+    spec_only = servesim("step", "--hardware", "l40s", "--decode-batch", "8")
     assert "spec-only" in spec_only.stdout
 
 

@@ -69,6 +69,76 @@ def import_vidur_command(
     _print(report, "APE % on held-out rows: spec = spec-sheet roofline, prior = previous profile")
 
 
+@calibrate_app.command("import-aiconfigurator")
+def import_aiconfigurator_command(
+    path: Annotated[Path, typer.Argument(help="The kernels/aiconfigurator folder")] = Path(
+        "../shared/data/kernels/aiconfigurator"),
+    out_dir: Annotated[Path | None, Opt(help="Write profiles here (default: the built-in ones)")] = None,
+) -> None:
+    """Fit h100-sxm-80gb, h200-sxm-141gb, b200 and a100-sxm-80gb (kernels and collectives) from
+    NVIDIA AIConfigurator's measured vLLM kernels."""
+    from servesim.calibration.aic_import import import_aiconfigurator
+
+    _, report = import_aiconfigurator(path, out_dir)
+    columns = ["gpu", "family", "rows_fit", "rows_held_out", "spec_median_%", "spec_p90_%",
+               "prior_median_%", "prior_p90_%", "fit_out_median_%", "fit_out_p90_%"]
+    _print(report[columns], "APE % on held-out rows: spec = spec-sheet roofline, prior = the profile "
+           "before, fit_out = fitted")
+
+
+@calibrate_app.command("validate-serving")
+def validate_serving_command(
+    path: Annotated[Path, typer.Argument(help="A serving file in AIConfigurator's silicon CSV format")],
+    out: Annotated[Path | None, Opt(help="Folder for serving_rows.csv, serving_summary.csv, "
+                                        "serving_skipped.csv and serving.html")] = None,
+    workers: Annotated[int, Opt(help="Processes that replay rows")] = 1,
+    measured: Annotated[int, Opt(help="Measured requests per client (after 2 warm-up ones)")] = 4,
+) -> None:
+    """Replay every measured deployment the simulator can express; predicted vs measured TTFT and
+    TPOT per engine and GPU, and every other row counted by reason."""
+    from servesim.calibration.serving_validate import validate_serving
+
+    _, summary, skipped = validate_serving(path, out, workers=workers, measured=measured)
+    _print(summary, f"{path.name}: absolute % error of mean TTFT and TPOT, engines as shipped")
+    _print_skipped(skipped)
+    if out:
+        _console.print(f"wrote {out}/serving_rows.csv, serving_summary.csv, serving_skipped.csv, "
+                       "serving.html")
+
+
+def _print_skipped(skipped: pd.DataFrame) -> None:
+    counts = skipped["reason"].value_counts()
+    _console.print(f"[bold]rows not replayed: {int(counts.sum())}[/]")
+    for reason, count in counts.items():
+        _console.print(f"  {count:5d}  {reason}")
+
+
+@calibrate_app.command("fit-serving")
+def fit_serving_command(
+    path: Annotated[Path, typer.Argument(help="A serving file in AIConfigurator's silicon CSV format")],
+    out_dir: Annotated[Path | None, Opt(help="Write <engine>.yaml here (default: configs/engines)")] = None,
+    report: Annotated[Path | None, Opt(help="Folder for the leave-one-model-out rows and summary")] = None,
+    workers: Annotated[int, Opt(help="Processes that replay rows")] = 1,
+    measured: Annotated[int, Opt(help="Measured requests per client (after 2 warm-up ones)")] = 4,
+) -> None:
+    """Fit each engine's CPU time per step to the measured deployments; report the
+    leave-one-model-out error and write the engines' runtime profiles."""
+    from servesim.calibration.serving_validate import fit_serving, write_engine_fits, write_outputs
+    from servesim.resources import configs_dir
+
+    result = fit_serving(path, workers=workers, measured=measured)
+    for engine, c in result.coefficients.items():
+        _console.print(f"{engine}: {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us per "
+                       f"sequence ({result.rows_used[engine]} rows)")
+    _print(result.lomo_summary, "leave-one-model-out: absolute % error of mean TTFT and TPOT")
+    _print_skipped(result.skipped)
+    written = write_engine_fits(result, path.name, out_dir or configs_dir() / "engines")
+    if report:
+        write_outputs(report, result.lomo_rows, result.lomo_summary, result.skipped,
+                      f"{path.name}: leave-one-model-out predictions")
+    _console.print("wrote " + ", ".join(str(p) for p in written))
+
+
 @calibrate_app.command("validate")
 def validate_command(
     directory: Annotated[Path, typer.Argument(help="A `bench --out` folder, or vidur_profiling")],

@@ -19,8 +19,10 @@ Prefill chunk of ``q`` new tokens over ``c`` earlier ones (causal):
   The compute efficiency is read at the chunk's equivalent causal length ``sqrt(2P)``, so a short
   chunk over a long context counts as the larger kernel it is.
 
-Decode of a request with ``c`` cached tokens: its one query sees ``min(c + 1, W)`` keys; FLOPs per
-key as above; bytes = that many tokens of cached KV (the dominant term), plus Q, O and the new
+Decode of a request with ``c`` cached tokens: its one query sees ``min(c + 1, W)`` keys, which the
+kernel processes in tiles of ``key_tile`` keys (the profile's, fitted: a sequence of 10 tokens
+costs a whole tile); FLOPs per key as above; bytes = that many tokens of cached KV (the dominant
+term), plus Q, O and the new
 KV write. The memory efficiency is read at the kernel's total bytes per layer.
 
 MLA (DeepSeek) caches one latent of ``kv_lora_rank + rope_dim`` per token shared by all heads.
@@ -116,10 +118,16 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
     eff = hardware.efficiency.attention_decode
     n = float(batch.num_decodes)
-    if shape.window is None:
+    tile = eff.key_tile
+    if shape.window is None and tile == 1:
         keys = batch.decode_context_sum + n
     else:
-        keys = float(np.minimum(batch.decode_context + 1, shape.window).sum())
+        seen = batch.decode_context + 1
+        if shape.window is not None:
+            seen = np.minimum(seen, shape.window)
+        if tile > 1:
+            seen = -(-seen // tile) * tile
+        keys = float(seen.sum())
     flops = keys * shape.decode_flops_per_key
     nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
               + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)

@@ -156,7 +156,8 @@ class CostModel:
         self.peak_flops = hardware.peak(self.precision.math)
         self.bf16_peak = hardware.peak(DType.BF16)
         self.bandwidth = hardware.memory.bandwidth_Bps
-        self._gemm_eff = hardware.efficiency.gemm
+        self._gemm_eff = hardware.efficiency.gemm_for(self.precision.math)
+        self._gemm16_eff = hardware.efficiency.gemm
         self._elem_eff = hardware.efficiency.elementwise
         self._act_bytes = self.precision.act_bytes
         self._kv_bytes = self.precision.kv_bytes
@@ -223,7 +224,8 @@ class CostModel:
         nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
         return roofline(name, 2.0 * m * k * n, nbytes,
                         peak_flops=self.bf16_peak if sixteen_bit else self.peak_flops,
-                        bandwidth=self.bandwidth, eff=self._gemm_eff, compute_axis=m,
+                        bandwidth=self.bandwidth, eff=self._gemm16_eff if sixteen_bit else self._gemm_eff,
+                        compute_axis=m,
                         repeat=repeat)
 
     def _elementwise(self, name: str, elements: float, tokens: float, kernels: float,
