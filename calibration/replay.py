@@ -62,6 +62,11 @@ class ScheduleTrace:
     last_step: np.ndarray
     outputs: np.ndarray
     done: np.ndarray
+    arrival_s: np.ndarray | None = None
+    """Open-loop arrivals (absolute times); None when requests arrive at step ends (closed loop,
+    all at t = 0), whose schedule does not depend on step times."""
+    release_s: np.ndarray | None = None
+    """Open loop: per step, the time the replica woke up for it after being idle (0 if it was busy)."""
 
     def step_times(self, c: Coefficients) -> np.ndarray:
         kernels = self.kernel_s @ np.asarray(c.scales)
@@ -72,17 +77,30 @@ class ScheduleTrace:
     def evaluate(self, c: Coefficients) -> tuple[np.ndarray, np.ndarray]:
         """Per request: TTFT and TPOT in seconds (NaN for requests not completed, and TPOT NaN
         for one-token outputs)."""
-        ends = np.concatenate([[0.0], np.cumsum(self.step_times(c))])
+        times = self.step_times(c)
+        if self.release_s is None:
+            ends = np.concatenate([[0.0], np.cumsum(times)])
+        else:  # e_k = max(e_{k-1}, release_k) + t_k, in closed form over prefix sums
+            cumulative = np.cumsum(times)
+            before = cumulative - times
+            ends = np.concatenate([[0.0], cumulative + np.maximum.accumulate(
+                np.maximum(self.release_s - before, 0.0))])
         a, f, last = self.arrival_step, self.first_step, self.last_step
-        ttft = np.where(self.done, ends[f + 1] - ends[a], np.nan)
+        start = ends[a] if self.arrival_s is None else self.arrival_s
+        ttft = np.where(self.done, ends[f + 1] - start, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.done & (self.outputs > 1),
                             (ends[last + 1] - ends[f + 1]) / (self.outputs - 1), np.nan)
         return ttft, tpot
 
 
-def trace_run(result: RunResult) -> ScheduleTrace:
-    """The schedule of ``result``, a run whose engine did no CPU work (``ZERO_CPU``)."""
+def trace_run(result: RunResult, open_loop: bool = False) -> ScheduleTrace:
+    """The schedule of ``result``, a run whose engine did no CPU work (``ZERO_CPU``).
+
+    ``open_loop``: the requests arrived at their own times; the trace keeps those and when the
+    replica woke up from idle, and its GPU time per step is its kernels alone (the run may have
+    had CPU work, whose exposed time is dropped; so is any launch-bound time, a small
+    approximation that :mod:`servesim.calibration.from_benchmark` corrects by re-simulating)."""
     steps = result.steps
     starts = steps["start_s"].to_numpy(float)
     if not np.all(np.diff(starts) >= 0):
@@ -101,13 +119,19 @@ def trace_run(result: RunResult) -> ScheduleTrace:
     finish = requests["finish_s"].to_numpy(float)
     safe = np.where(done, first, 0.0), np.where(done, finish, 0.0)
     group = result.plan.topology.kv_group
+    release = None
+    if open_loop:
+        idle = np.concatenate([[True], starts[1:] > ends[:-1]])
+        release = np.where(idle, starts, 0.0)
     return ScheduleTrace(
-        kernel_s=kernel, launch_exposed_s=steps["op_overhead_s"].to_numpy(float),
+        kernel_s=kernel,
+        launch_exposed_s=(np.zeros(len(steps)) if open_loop else steps["op_overhead_s"].to_numpy(float)),
         seqs=(steps["num_prefills"] + steps["num_decodes"]).to_numpy(float),
         tokens=(steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(float),
         overlap=group.runtime.overlap, arrival_step=step_at(arrival, starts),
         first_step=step_at(safe[0], ends), last_step=step_at(safe[1], ends),
-        outputs=requests["output_tokens"].to_numpy(int), done=done)
+        outputs=requests["output_tokens"].to_numpy(int), done=done,
+        arrival_s=arrival if open_loop else None, release_s=release)
 
 
 def simulate_document(document: dict[str, Any], workload: RequestTable | None = None,

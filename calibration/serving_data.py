@@ -70,7 +70,10 @@ class ServingRow:
         """The experiment replaying this row: ``concurrency`` closed-loop clients, each sending
         ``requests_per_client`` requests of ``isl`` + ``osl`` tokens."""
         fp8 = self.precision == "fp8"
-        deployment: dict[str, Any] = {"tp": self.tp, "max_model_len": self.isl + self.osl}
+        # Benchmark prompts are random tokens: no prefix is ever shared, so the prefix cache (on in
+        # every engine here) would only cost simulation time.
+        deployment: dict[str, Any] = {"tp": self.tp, "max_model_len": self.isl + self.osl,
+                                      "enable_prefix_caching": False}
         if self.engine == "trtllm":
             # Without chunked prefill, TensorRT-LLM schedules a prompt only when it fits the step
             # budget beside one token per running request; the measured deployments served these

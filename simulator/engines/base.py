@@ -299,7 +299,8 @@ class _CpuEntry(StrictModel):
 
 
 class RuntimeProfile(StrictModel):
-    """An engine runtime profile file: host-time coefficients by hardware-name prefix."""
+    """An engine runtime profile file: host-time coefficients by hardware-name prefix
+    (``default`` matches every GPU)."""
 
     engine: str
     version: str | None = None
@@ -307,7 +308,8 @@ class RuntimeProfile(StrictModel):
     notes: str = ""
 
     def table(self) -> dict[str, CpuCosts]:
-        return {prefix: CpuCosts(e.fixed_s, e.per_seq_s, e.per_token_s, e.per_sample_s, e.provenance)
+        return {("" if prefix == "default" else prefix):
+                CpuCosts(e.fixed_s, e.per_seq_s, e.per_token_s, e.per_sample_s, e.provenance)
                 for prefix, e in self.cpu_costs.items()}
 
 
@@ -320,7 +322,7 @@ def read_runtime_profile(path: Path, where: str, engine: str) -> dict[str, CpuCo
                             f"use engine: {{name: {profile.engine}, profile: {path}}} or another file")
     if not profile.cpu_costs:
         raise ServesimError(f"{path}: cpu_costs", "is empty",
-                            "give at least one entry (\"\" matches every GPU)")
+                            "give at least one entry (default matches every GPU)")
     return profile.table()
 
 
