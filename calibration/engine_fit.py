@@ -98,7 +98,7 @@ def fit(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s",
 
 
 def polish(objective: Callable[[Coefficients], float], start: Coefficients, names: Sequence[str],
-           iterations: int = 200) -> Coefficients:
+           iterations: int = 200, tolerance: float = 1e-12) -> Coefficients:
     """Nelder-Mead over the logarithms of the coefficients the grid left above zero: the grid
     finds the basin, this finds its floor when coefficients trade off against each other (a
     fixed cost per step against a cost per sequence)."""
@@ -118,7 +118,7 @@ def polish(objective: Callable[[Coefficients], float], start: Coefficients, name
     for _ in range(iterations):
         order = np.argsort(scores)
         simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
-        if scores[-1] - scores[0] < 1e-12:
+        if scores[-1] - scores[0] < tolerance:
             break
         centroid = np.mean(simplex[:-1], axis=0)
         reflected = centroid + (centroid - simplex[-1])

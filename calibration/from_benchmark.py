@@ -12,13 +12,14 @@ FILE}``) and, with scales, a hardware profile whose efficiencies carry them (``h
 for ``run``, ``sweep`` and ``capacity``.
 
 Closed-loop and all-at-once runs are fitted on one traced schedule (exact: their schedule does not
-depend on step times). Runs at a finite rate are fitted on a trace too, then re-simulated with the
-fit and re-traced, three times, because there the schedule moves with the step times.
+depend on step times). At a finite rate the schedule moves with the step times, so the fit
+alternates with re-simulating (a few to ten runs).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import pandas as pd
 
 from servesim.atomic_io import atomic_write_text
 from servesim.calibration.benchmark_result import BenchmarkRun, read_benchmark
-from servesim.calibration.engine_fit import Measurement, fit
+from servesim.calibration.engine_fit import Measurement, fit, loss
 from servesim.calibration.profiles import write_profile
 from servesim.calibration.replay import KERNEL_CLASSES, ZERO_CPU, Coefficients, ScheduleTrace, trace_run
 from servesim.calibration.serving_validate import runtime_profile_yaml
@@ -40,7 +41,10 @@ from servesim.workloads.arrivals import interarrival_gaps
 from servesim.workloads.requests import RequestTable
 
 CPU_PARAMS = ("fixed_s", "per_seq_s", "per_token_s")
-OPEN_LOOP_ROUNDS = 3
+OPEN_LOOP_ROUNDS = 10
+OPEN_LOOP_TOLERANCE = 1e-6
+"""Open loop: at most this many fit-and-re-simulate rounds, stopping once the simulation's mean
+absolute log error of TTFT and TPOT is below the tolerance."""
 PERCENTILES = (("mean", None), ("p50", 50), ("p90", 90), ("p99", 99))
 
 
@@ -155,17 +159,16 @@ def from_benchmark(result_path: Path, config_path: Path, overrides: list[str] | 
         cpu_knobs = ZERO_CPU if not open_loop else c.knobs()
         doc = {**document, "engine": {**document["engine"], **cpu_knobs}}
         result = simulate(prepare(validate_document(doc), workload=table))
-        return trace_run(result, open_loop=open_loop)
+        return trace_run(result, open_loop=open_loop, cpu=c if open_loop else None)
 
     trace = trace_with(before)
     measurement = Measurement(trace, measured, ttft_s, tpot_s)
     predicted_before = measurement.predicted(before)
-    after = before
-    for _ in range(OPEN_LOOP_ROUNDS if open_loop else 1):
-        after = fit([measurement], CPU_PARAMS, scale_classes, start=after)
-        if open_loop:
-            trace = trace_with(after)
-            measurement = Measurement(trace, measured, ttft_s, tpot_s)
+    if open_loop:
+        after, measurement = _fit_open_loop(lambda c: Measurement(trace_with(c), measured, ttft_s, tpot_s),
+                                            before, measurement, scale_classes)
+    else:
+        after = fit([measurement], CPU_PARAMS, scale_classes, start=before)
     predicted_after = measurement.predicted(after)
     metrics = _metric_table(ttft_s, tpot_s, {"before": predicted_before, "after": predicted_after})
     requests = pd.DataFrame({"prompt_tokens": table.prompt_tokens, "output_tokens": table.output_tokens,
@@ -181,6 +184,30 @@ def from_benchmark(result_path: Path, config_path: Path, overrides: list[str] | 
     if out is not None:
         write_outputs(result, Path(out))
     return result
+
+
+def _fit_open_loop(measure: Callable[[Coefficients], Measurement], start: Coefficients,
+                   measurement: Measurement, scale_classes: tuple[str, ...],
+                   ) -> tuple[Coefficients, Measurement]:
+    """The coefficients of an open-loop run: fit on a trace, re-simulate with the fit, repeat.
+
+    With arrivals fixed in time, a schedule traced at other step times has other batches, and
+    re-timing it slides requests' first steps before they were sent; so each round fits TPOT
+    alone (step times over each request's own span), re-simulates, and keeps the round whose
+    fresh simulation is closest to the run in TTFT and TPOT. The rounds converge because the
+    batches follow the step times: at the answer the trace is the run itself and exact (tested:
+    a serial vLLM's 1.5 ms + 40 us per sequence recovered to 1e-6 in six rounds)."""
+    best, best_loss, best_measurement = start, loss([measurement], start), measurement
+    current = start
+    for _ in range(OPEN_LOOP_ROUNDS):
+        current = fit([measurement], CPU_PARAMS, scale_classes, start=current, metrics=("tpot",))
+        measurement = measure(current)
+        current_loss = loss([measurement], current)
+        if current_loss < best_loss:
+            best, best_loss, best_measurement = current, current_loss, measurement
+        if current_loss < OPEN_LOOP_TOLERANCE:
+            break
+    return best, best_measurement
 
 
 def write_outputs(result: BenchmarkFit, out: Path) -> list[Path]:

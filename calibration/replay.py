@@ -86,21 +86,25 @@ class ScheduleTrace:
             ends = np.concatenate([[0.0], cumulative + np.maximum.accumulate(
                 np.maximum(self.release_s - before, 0.0))])
         a, f, last = self.arrival_step, self.first_step, self.last_step
-        start = ends[a] if self.arrival_s is None else self.arrival_s
-        ttft = np.where(self.done, ends[f + 1] - start, np.nan)
+        if self.arrival_s is None:
+            ttft = np.where(self.done, ends[f + 1] - ends[a], np.nan)
+        else:  # re-timed faster, a request's first step may slide before it was sent: it still
+            # takes at least that step (exact when the times are the traced run's own)
+            ttft = np.where(self.done, np.maximum(ends[f + 1] - self.arrival_s, times[f]), np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.done & (self.outputs > 1),
                             (ends[last + 1] - ends[f + 1]) / (self.outputs - 1), np.nan)
         return ttft, tpot
 
 
-def trace_run(result: RunResult, open_loop: bool = False) -> ScheduleTrace:
+def trace_run(result: RunResult, open_loop: bool = False, cpu: Coefficients | None = None) -> ScheduleTrace:
     """The schedule of ``result``, a run whose engine did no CPU work (``ZERO_CPU``).
 
     ``open_loop``: the requests arrived at their own times; the trace keeps those and when the
-    replica woke up from idle, and its GPU time per step is its kernels alone (the run may have
-    had CPU work, whose exposed time is dropped; so is any launch-bound time, a small
-    approximation that :mod:`servesim.calibration.from_benchmark` corrects by re-simulating)."""
+    replica woke up from idle. Such a run may have had CPU work (``cpu``, the coefficients it
+    ran with): its GPU time per step is then recovered from the step's duration (less the CPU
+    time when serial; the whole duration when overlapped and longer than the CPU time, else the
+    kernels alone, whose launches the CPU time hid), so launch-bound time is kept."""
     steps = result.steps
     starts = steps["start_s"].to_numpy(float)
     if not np.all(np.diff(starts) >= 0):
@@ -119,16 +123,24 @@ def trace_run(result: RunResult, open_loop: bool = False) -> ScheduleTrace:
     finish = requests["finish_s"].to_numpy(float)
     safe = np.where(done, first, 0.0), np.where(done, finish, 0.0)
     group = result.plan.topology.kv_group
+    seqs = (steps["num_prefills"] + steps["num_decodes"]).to_numpy(float)
+    tokens = (steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(float)
+    overlap = group.runtime.overlap
     release = None
+    launch_exposed = steps["op_overhead_s"].to_numpy(float)
     if open_loop:
         idle = np.concatenate([[True], starts[1:] > ends[:-1]])
         release = np.where(idle, starts, 0.0)
+        c = cpu or Coefficients()
+        cpu_s = c.fixed_s + c.per_seq_s * seqs + c.per_token_s * tokens
+        duration = steps["duration_s"].to_numpy(float)
+        kernels = kernel.sum(axis=1)
+        hidden = np.where(duration > cpu_s * (1 + 1e-9), duration, kernels)
+        gpu = hidden if overlap else duration - cpu_s
+        launch_exposed = np.maximum(gpu - kernels, 0.0)
     return ScheduleTrace(
-        kernel_s=kernel,
-        launch_exposed_s=(np.zeros(len(steps)) if open_loop else steps["op_overhead_s"].to_numpy(float)),
-        seqs=(steps["num_prefills"] + steps["num_decodes"]).to_numpy(float),
-        tokens=(steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(float),
-        overlap=group.runtime.overlap, arrival_step=step_at(arrival, starts),
+        kernel_s=kernel, launch_exposed_s=launch_exposed, seqs=seqs, tokens=tokens, overlap=overlap,
+        arrival_step=step_at(arrival, starts),
         first_step=step_at(safe[0], ends), last_step=step_at(safe[1], ends),
         outputs=requests["output_tokens"].to_numpy(int), done=done,
         arrival_s=arrival if open_loop else None, release_s=release)

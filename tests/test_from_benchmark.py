@@ -162,3 +162,32 @@ def test_bad_result_files_are_one_line_errors(tmp_path: Path, document: dict[str
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(ServesimError, match=r"not JSON"):
         read_benchmark(tmp_path / "x.json")
+
+
+def test_an_open_loop_run_at_its_recorded_start_times_recovers_the_coefficients(tmp_path: Path) -> None:
+    """At a finite rate (12 requests/s, start times recorded, as recent vllm bench serve writes)
+    the schedule moves with the step times: a trace of the shipped engine's slower steps has
+    twice the batch, and re-timing it alone would say the host costs nothing. Fitting and
+    re-simulating in turn still finds the serial host's 1.5 ms per step and 40 us per sequence."""
+    n = len(PROMPTS)
+    starts = np.cumsum(np.random.default_rng(3).exponential(1 / 12.0, n))
+    document = deployment(TRUTH)
+    document["workload"] = {"arrival": {"process": "poisson", "rate": 12.0}, "num_requests": n,
+                            "prompt": {"dist": "fixed", "value": 1}, "output": {"dist": "fixed", "value": 1}}
+    from servesim.workloads.requests import RequestTable
+    requests = simulate_document(document, RequestTable(starts, PROMPTS, OUTPUTS)).requests
+    run = {"input_lens": PROMPTS.tolist(), "output_lens": OUTPUTS.tolist(),
+           "ttfts": requests["ttft_s"].tolist(),
+           "itls": [[float(t)] * (int(o) - 1) for t, o in zip(requests["tpot_s"], OUTPUTS, strict=True)],
+           "errors": [""] * n, "max_concurrency": None, "start_times": (starts + 1000.0).tolist()}
+    result = vllm_file(tmp_path / "vllm.json", run)
+    document = json.loads(result.read_text())
+    document["request_rate"] = 12.0
+    result.write_text(json.dumps(document))
+    assert read_benchmark(result).start_s is not None
+    config = config_file(tmp_path / "deploy.yaml", {"name": "vllm", "async_scheduling": False})
+    fitted = from_benchmark(result, config)
+    assert fitted.after.fixed_s == pytest.approx(1.5e-3, rel=0.01)
+    assert fitted.after.per_seq_s == pytest.approx(4e-5, rel=0.02)
+    assert fitted.metrics["after_error_%"].abs().max() < 0.5
+    assert fitted.metrics["before_error_%"].abs().max() > 15
