@@ -25,8 +25,9 @@ from servesim.inputs.files import read_yaml
 from servesim.inputs.schema import FrozenModel, StrictModel, parse_model
 from servesim.resources import configs_dir
 
-DEFAULT_ENGINE = "vllm-v0"
-"""The engine an experiment runs when it names none: today's behaviour, unchanged."""
+DEFAULT_ENGINE = "vllm"
+"""The engine an experiment runs when it names none: vLLM's current (V1) engine, what users run.
+``vllm-v0`` keeps servesim 0.1's behaviour bit for bit."""
 
 
 AllReduceKind = Literal["ring", "nccl", "custom"]
@@ -359,6 +360,12 @@ def make_engine(name: str, knobs: dict[str, Any], where: str = "engine") -> Engi
     return cls(parsed)
 
 
+BARE_COST_MODEL_ENGINE = "vllm-v0"
+"""The engine whose runtime a bare ``CostModel`` (built without one) adds: servesim 0.1's flat
+per-step constant and ring all-reduce, so the cost model alone stays the textbook its tests check
+by hand. Runs always pass their deployment's engine."""
+
+
 def default_runtime(hardware_name: str) -> RuntimeCosts:
-    """The default engine's runtime costs on ``hardware_name`` (the cost model's default)."""
-    return make_engine(DEFAULT_ENGINE, {}).runtime(hardware_name)
+    """The runtime costs a ``CostModel`` built without an engine adds on ``hardware_name``."""
+    return make_engine(BARE_COST_MODEL_ENGINE, {}).runtime(hardware_name)
