@@ -34,6 +34,7 @@ def one_at_a_time(process: str, ttft_s: float, percentile: float, requests: int,
     """A replica serving one request at a time, each in one step of D seconds: a ./D/1 queue."""
     document = {
         "model": "llama-3-8b",
+        "engine": "vllm-v0",  # D is priced by a bare CostModel: V0's runtime
         "workload": {"arrival": {"process": process, "rate": 1.0}, "num_requests": requests,
                      "prompt": {"dist": "fixed", "value": PROMPT}, "output": {"dist": "fixed", "value": 1}},
         "slo": {"ttft_s": ttft_s, "percentile": percentile},

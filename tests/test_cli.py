@@ -19,7 +19,7 @@ def servesim(*args: str) -> subprocess.CompletedProcess[str]:
 def test_step_json_contract_matches_the_api() -> None:
     run = servesim("step", "--model", "llama-3-8b", "--hardware", "h100-sxm-80gb", "--tp", "2",
                    "--prefill-tokens", "512,2048", "--decode-batch", "32",
-                   "--decode-context", "1000", "--json")
+                   "--decode-context", "1000", "--engine", "vllm-v0", "--json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert {"step_time_s", "bound", "breakdown"} <= out.keys()
