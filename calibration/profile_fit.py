@@ -10,18 +10,19 @@ profile's provenance is measured both in sample and out of sample.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
-from servesim.calibration.fit import MIN_ROWS_FULL_FIT, fit_link, fit_operator
+from servesim.calibration.fit import MIN_ROWS_FULL_FIT, FitResult, fit_link, fit_operator, log_error
 from servesim.calibration.schema import holdout_mask
-from servesim.calibration.work import OPERATOR_OF, ape, predict, usable, work
-from servesim.hardware import HardwareProfile
+from servesim.calibration.work import OPERATOR_OF, ape, fast_predict, predict, usable, work
+from servesim.hardware import HardwareProfile, OperatorEfficiency
 from servesim.hardware_io import hardware_from_dict
 
-PROVENANCE_KEY = {"gemm": "efficiency.gemm", "attention_prefill": "efficiency.attention_prefill",
+PROVENANCE_KEY = {"gemm": "efficiency.gemm", "gemm_fp8": "efficiency.gemm_fp8",
+                  "attention_prefill": "efficiency.attention_prefill",
                   "attention_decode": "efficiency.attention_decode",
                   "memory": "efficiency.elementwise", "allreduce": "interconnect"}
 METHOD = ("knots per octave at the median implied efficiency of the rows bound by each curve, "
@@ -61,6 +62,30 @@ def _method(family: str, rows: int) -> str:
     return METHOD
 
 
+KEY_TILES = (1, 16, 32, 64, 128, 256)
+"""Decode attention's KV tile candidates (FlashAttention and FlashInfer decode kernels split each
+sequence's keys into blocks of 64-256)."""
+
+
+def fit_with_tile(family: str, rows: pd.DataFrame, profile: HardwareProfile, prior: OperatorEfficiency,
+                  memory_tail: bool) -> FitResult:
+    """:func:`fit_operator` on ``rows``; for decode attention also the KV tile, the candidate whose
+    fit has the lowest mean |log error| on these (fitted) rows."""
+    bandwidth = profile.memory.bandwidth_Bps
+    if family != "attention_decode" or len(rows) < MIN_ROWS_FULL_FIT:
+        return fit_operator(work(family, rows, profile, prior.key_tile), bandwidth, prior, memory_tail)
+    best: tuple[float, FitResult] | None = None
+    for tile in KEY_TILES:
+        w = work(family, rows, profile, tile)
+        result = fit_operator(w, bandwidth, prior, memory_tail)
+        tiled = result.efficiency.model_copy(update={"key_tile": tile})
+        score = log_error(fast_predict(w, tiled, bandwidth), w.time_s)
+        if best is None or score < best[0]:
+            best = (score, replace(result, efficiency=tiled))
+    assert best is not None
+    return best[1]
+
+
 def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, source: str,
                 date: str | None = None, families: tuple[str, ...] | None = None,
                 memory_tail: bool = True) -> tuple[HardwareProfile, FitReport]:
@@ -86,11 +111,12 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
                             fit_rows["time_s"].to_numpy(float), link)
             continue
         op = OPERATOR_OF[family]
-        result = fit_operator(work(family, fit_rows, profile), profile.memory.bandwidth_Bps,
-                              efficiency[op], memory_tail)
+        prior = efficiency[op] or efficiency["gemm"]
+        assert prior is not None
+        result = fit_with_tile(family, fit_rows, profile, prior, memory_tail)
         efficiency[op] = result.efficiency
     data = profile.model_dump(mode="json", exclude_none=True)
-    data["efficiency"] = {k: v.model_dump(mode="json") for k, v in efficiency.items()}
+    data["efficiency"] = {k: v.model_dump(mode="json") for k, v in efficiency.items() if v is not None}
     data["interconnect"] = link.model_dump(mode="json")
     fitted = hardware_from_dict(data, f"fitted {profile.name}")
 

@@ -19,6 +19,7 @@ from servesim.errors import ServesimError
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "dtype"),
+    "gemm_fp8": ("m", "n", "k", "dtype"),
     "attention_prefill": ("batch", "seq", "context", "heads", "kv_heads", "head_dim"),
     "attention_decode": ("batch", "context", "heads", "kv_heads", "head_dim"),
     "memory": ("bytes",),
@@ -26,7 +27,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 """Required shape columns per family (besides ``time_s``)."""
 
-HOLDOUT_AXIS = {"gemm": "m", "attention_prefill": "seq", "attention_decode": "context",
+HOLDOUT_AXIS = {"gemm": "m", "gemm_fp8": "m", "attention_prefill": "seq", "attention_decode": "context",
                 "memory": "bytes", "allreduce": "bytes"}
 """The column whose every other distinct value is held out of the fit (see :func:`holdout_mask`)."""
 

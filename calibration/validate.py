@@ -16,17 +16,23 @@ import pandas as pd
 
 from servesim.atomic_io import atomic_write
 from servesim.calibration.profile_fit import error_stats
-from servesim.calibration.schema import holdout_mask, read_measurements
+from servesim.calibration.schema import FAMILIES, holdout_mask, read_measurements
 from servesim.calibration.vidur import gpu_of, vidur_tables
 from servesim.calibration.work import ape, predict, usable
 from servesim.hardware import HardwareProfile
 
 
 def load_tables(source: Path, profile: HardwareProfile) -> dict[str, pd.DataFrame]:
-    """A bench output folder, or the public ``vidur_profiling`` folder (GPU from the profile)."""
+    """A bench output folder, the public ``vidur_profiling`` folder or AIConfigurator's
+    ``kernels/aiconfigurator`` folder (the GPU from the profile)."""
     source = Path(source)
     if (source / "compute").is_dir():
         return vidur_tables(source, gpu_of(profile.name))
+    if (source / "systems").is_dir():
+        from servesim.calibration.aiconfigurator import aic_system_of, aic_tables
+
+        tables = aic_tables(source, aic_system_of(profile.name)).tables
+        return {k: v for k, v in tables.items() if k in FAMILIES}
     return read_measurements(source)
 
 
@@ -42,7 +48,7 @@ def predictions(tables: dict[str, pd.DataFrame], profile: HardwareProfile) -> pd
                               "spec_roofline_s": predict(family, table, spec),
                               "held_out": holdout_mask(table, family)})
         shape_cols = [c for c in ("m", "n", "k", "dtype", "batch", "seq", "context", "heads",
-                                  "kv_heads", "head_dim", "bytes", "world") if c in table.columns]
+                                  "kv_heads", "head_dim", "kv_bytes", "bytes", "world") if c in table.columns]
         frames.append(pd.concat([frame, table[shape_cols].reset_index(drop=True)], axis=1))
     rows = pd.concat(frames, ignore_index=True)
     measured = rows["measured_s"].to_numpy()

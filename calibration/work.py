@@ -14,14 +14,20 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from servesim.cost.attention import AttentionShape, causal_pairs, decode_attention, prefill_attention
+from servesim.cost.attention import (
+    ATTENTION_IO_BYTES,
+    AttentionShape,
+    causal_pairs,
+    decode_attention,
+    prefill_attention,
+)
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allreduce_s
 from servesim.cost.roofline import OpCost, roofline
 from servesim.dtypes import DType
-from servesim.hardware import Efficiency, HardwareProfile, OperatorEfficiency
+from servesim.hardware import HardwareProfile, OperatorEfficiency
 
-OPERATOR_OF = {"gemm": "gemm", "attention_prefill": "attention_prefill",
+OPERATOR_OF = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "attention_prefill": "attention_prefill",
                "attention_decode": "attention_decode", "memory": "elementwise"}
 """The profile's efficiency class each kernel family calibrates (all-reduce calibrates the link)."""
 
@@ -70,20 +76,22 @@ def _attention_op(family: str, row: pd.Series, profile: HardwareProfile) -> OpCo
     heads, kv_heads, head_dim, batch = _row_ints(row, "heads", "kv_heads", "head_dim", "batch")
     shape = attention_shape(heads, kv_heads, head_dim)
     peak = profile.peak(DType.BF16)
+    kv_bytes = float(row["kv_bytes"]) if "kv_bytes" in row.index else 2.0
     if family == "attention_prefill":
         seq, context = _row_ints(row, "seq", "context")
         shape_batch = BatchShape.build([seq] * batch, [context] * batch)
-        return prefill_attention(shape_batch, shape, profile, peak, 2.0, 1)
+        return prefill_attention(shape_batch, shape, profile, peak, kv_bytes, 1)
     shape_batch = BatchShape.decode(batch, int(row["context"]))
-    return decode_attention(shape_batch, shape, profile, peak, 2.0, 1)
+    return decode_attention(shape_batch, shape, profile, peak, kv_bytes, 1)
 
 
 def _gemm_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
     m, n, k = _row_ints(row, "m", "n", "k")
     width = DTYPE_BYTES[str(row["dtype"])]
     nbytes = k * n * width + m * k * width + m * n * OUT_BYTES
-    return roofline("gemm", 2.0 * m * k * n, nbytes, peak_flops=profile.peak(DType(row["dtype"])),
-                    bandwidth=profile.memory.bandwidth_Bps, eff=profile.efficiency.gemm,
+    math = DType(row["dtype"])
+    return roofline("gemm", 2.0 * m * k * n, nbytes, peak_flops=profile.peak(math),
+                    bandwidth=profile.memory.bandwidth_Bps, eff=profile.efficiency.gemm_for(math),
                     compute_axis=m)
 
 
@@ -95,7 +103,7 @@ def _memory_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
 
 def operator_cost(family: str, row: pd.Series, profile: HardwareProfile) -> OpCost:
     """One measured kernel priced by the simulator's own functions."""
-    if family == "gemm":
+    if family in ("gemm", "gemm_fp8"):
         return _gemm_op(row, profile)
     if family == "memory":
         return _memory_op(row, profile)
@@ -108,7 +116,7 @@ def usable(family: str, table: pd.DataFrame, profile: HardwareProfile) -> pd.Dat
     peak, but norms and activations carry the per-kernel floor the elementwise class must fit."""
     if family == "memory" and "op" in table.columns and (table["op"] != "copy").any():
         return table[table["op"] != "copy"].reset_index(drop=True)
-    if family == "gemm":
+    if family in ("gemm", "gemm_fp8"):
         have = {d.value for d in profile.peak_flops} | {"fp16"}
         return table[table["dtype"].astype(str).isin(have)].reset_index(drop=True)
     return table
@@ -120,19 +128,29 @@ def predict(family: str, table: pd.DataFrame, profile: HardwareProfile) -> np.nd
         link = profile.interconnect
         return np.array([ring_allreduce_s(float(b), int(w), link)
                          for b, w in zip(table["bytes"], table["world"], strict=True)])
-    eff = getattr(profile.efficiency, OPERATOR_OF[family])
-    return fast_predict(work(family, table, profile), eff, profile.memory.bandwidth_Bps)
+    eff = efficiency_of(profile, family)
+    return fast_predict(work(family, table, profile, eff.key_tile), eff, profile.memory.bandwidth_Bps)
 
 
-def work(family: str, table: pd.DataFrame, profile: HardwareProfile) -> Work:
+def efficiency_of(profile: HardwareProfile, family: str) -> OperatorEfficiency:
+    """The profile's efficiency class that prices ``family`` (fp8 GEMMs fall back to the bf16
+    curves when the profile has none of their own)."""
+    if family == "gemm_fp8":
+        return profile.efficiency.gemm_for(DType.FP8)
+    return getattr(profile.efficiency, OPERATOR_OF[family])
+
+
+def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: int = 1) -> Work:
     """FLOPs, bytes, peak and curve positions of every row (not for all-reduce).
 
-    GEMM and memory rows use the cost model's formulas in vectorised form; attention rows go
-    through :mod:`servesim.cost.attention` one by one (``tests/test_calibration_fit.py`` checks
-    that both agree with :func:`operator_cost`)."""
+    Every family uses the cost model's formulas in vectorised form (attention without a sliding
+    window, KV bytes per element from an optional ``kv_bytes`` column, 2 by default, decode keys
+    rounded up to ``key_tile``);
+    ``tests/test_calibration_fit.py`` checks that they agree with :func:`operator_cost`, which
+    calls :mod:`servesim.cost.attention` itself."""
     time_s = table["time_s"].to_numpy(float)
     n = len(table)
-    if family == "gemm":
+    if family in ("gemm", "gemm_fp8"):
         m, k, nn = (table[c].to_numpy(float) for c in ("m", "k", "n"))
         width = table["dtype"].astype(str).map(DTYPE_BYTES).to_numpy(float)
         nbytes = k * nn * width + m * k * width + m * nn * OUT_BYTES
@@ -142,15 +160,24 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile) -> Work:
     if family == "memory":
         nbytes = table["bytes"].to_numpy(float)
         return Work(np.zeros(n), nbytes, peak, np.ones(n), nbytes, np.ones(n), time_s)
-    perfect = profile.model_copy(update={"efficiency": Efficiency.perfect()})
-    ops = [operator_cost(family, row, perfect) for _, row in table.iterrows()]
-    flops = np.array([op.flops for op in ops])
-    nbytes = np.array([op.bytes for op in ops])
     batch = table["batch"].to_numpy(float)
+    heads, kv_heads, head_dim = (table[c].to_numpy(float) for c in ("heads", "kv_heads", "head_dim"))
+    kv_bytes = table["kv_bytes"].to_numpy(float) if "kv_bytes" in table.columns else np.full(n, 2.0)
+    cache = 2.0 * kv_heads * head_dim  # K and V elements per token (attention_shape)
+    per_pair = 4.0 * heads * head_dim  # score product and weighted sum, d_qk = d_v = head_dim
+    qo = 2.0 * heads * head_dim * ATTENTION_IO_BYTES
     if family == "attention_prefill":
-        pairs = causal_pairs(table["seq"].to_numpy(), table["context"].to_numpy(), None)
-        return Work(flops, nbytes, peak, np.sqrt(2.0 * pairs), nbytes,
-                    batch * table["seq"].to_numpy(float), time_s)
+        seq, context = table["seq"].to_numpy(float), table["context"].to_numpy(float)
+        pairs = causal_pairs(seq, context, None)
+        flops = batch * pairs * per_pair
+        nbytes = batch * (seq * qo + (context + seq) * cache * kv_bytes + seq * cache * kv_bytes)
+        return Work(flops, nbytes, peak, np.sqrt(2.0 * pairs), nbytes, batch * seq, time_s)
+    seen = table["context"].to_numpy(float) + 1.0
+    if key_tile > 1:
+        seen = np.ceil(seen / key_tile) * key_tile
+    keys = batch * seen
+    flops = keys * per_pair
+    nbytes = (keys + batch) * cache * kv_bytes + batch * qo
     return Work(flops, nbytes, peak, batch, nbytes, batch, time_s)
 
 

@@ -9,6 +9,8 @@ from servesim.policies import (  # noqa: F401  (registers the built-in policies 
     chunked_prefill,
     continuous,
     fleet_routers,
+    no_evict,
+    prefill_first,
     priority,
     routers,
     sjf,

@@ -117,6 +117,9 @@ class OperatorEfficiency(FrozenModel):
     compute: Curve
     memory: Curve
     fixed_s: float = Field(ge=0.0, description="per-kernel launch + minimum duration")
+    key_tile: int = Field(
+        1, ge=1, description="decode attention: each sequence's keys are processed in tiles of this "
+        "many (the kernel's KV block), so its work is rounded up to a whole tile")
 
     @classmethod
     def perfect(cls) -> OperatorEfficiency:
@@ -140,6 +143,17 @@ class Efficiency(FrozenModel):
     attention_prefill: OperatorEfficiency
     attention_decode: OperatorEfficiency
     elementwise: OperatorEfficiency
+    gemm_fp8: OperatorEfficiency | None = Field(
+        None, description="GEMMs whose math runs in fp8 (W8A8), when measured apart: fp8 kernels reach "
+        "a different share of their peak than bf16 ones; absent, they use the gemm curves")
+
+    def gemm_for(self, math: DType) -> OperatorEfficiency:
+        """The GEMM efficiency of kernels whose math runs in ``math``. FP4 (W4A4) kernels take the
+        fp8 curve when there is one (an estimate: both are low-precision tensor-core GEMMs whose
+        share of peak was measured apart from bf16 only for fp8; fp4 GEMMs are not fitted yet)."""
+        if math in (DType.FP8, DType.FP4) and self.gemm_fp8 is not None:
+            return self.gemm_fp8
+        return self.gemm
 
     @classmethod
     def perfect(cls) -> Efficiency:
@@ -161,6 +175,37 @@ class Link(FrozenModel):
         achieved bandwidth (KV hand-offs, swaps to host memory; collectives have their own model
         in :mod:`servesim.cost.communication`)."""
         return self.latency_s + nbytes / (self.bandwidth_Bps * self.efficiency * lanes)
+
+
+class CollectiveFit(FrozenModel):
+    """One all-reduce implementation on one node, fitted to measurements:
+    ``latency_s + latency_per_peer_s * (world - 1) + wire_bytes / (link bandwidth * efficiency)``.
+
+    ``wire_bytes`` is what each GPU moves through its link for an all-reduce of ``n`` bytes:
+    ``2 (w-1)/w * n`` for a ring (NCCL) or a two-shot reduce-scatter + all-gather, ``(w-1) * n``
+    for a one-shot all-reduce (every GPU reads every peer's whole buffer), see
+    :mod:`servesim.cost.communication`."""
+
+    latency_s: float = Field(ge=0)
+    latency_per_peer_s: float = Field(0.0, ge=0)
+    efficiency: float = Field(gt=0, le=1, description="achieved / peak link bandwidth")
+
+
+class Collectives(FrozenModel):
+    """Measured all-reduce implementations of one GPU node (optional in a profile).
+
+    Serving engines do not all-reduce alike: vLLM and SGLang run a custom all-reduce over NVLink
+    peer-to-peer memory for small messages (one-shot, or two-shot for medium sizes) and NCCL for
+    large ones; which implementation runs at which size is the engine's choice
+    (:class:`servesim.engines.base.RuntimeCosts`), how fast each runs is the hardware's (here).
+    A profile without this section prices every all-reduce with the interconnect's ring model."""
+
+    nccl: CollectiveFit | None = None
+    oneshot: CollectiveFit | None = None
+    twoshot: CollectiveFit | None = None
+    eager_call_s: float = Field(
+        0.0, ge=0, description="extra host time of one collective call outside a CUDA graph "
+        "(the GPU idles for it when the step is launch-bound)")
 
 
 class Memory(FrozenModel):
@@ -192,6 +237,8 @@ class HardwareProfile(FrozenModel):
         None, description="the network between fast domains, per GPU and direction (InfiniBand or "
         "RoCE: one NIC per GPU in the usual rail-optimised layout)")
     efficiency: Efficiency
+    collectives: Collectives | None = Field(
+        None, description="measured all-reduce implementations (custom one-/two-shot, NCCL)")
     cost_per_gpu_hour: float | None = Field(None, ge=0)
     provenance: dict[str, Any] = Field(default_factory=dict)
 
@@ -225,8 +272,8 @@ class HardwareProfile(FrozenModel):
         roofline (price it with ``RuntimeCosts.none()`` to leave out the engine's step cost too)."""
         perfect = {"efficiency": 1.0, "latency_s": 0.0}
         link = self.interconnect.model_copy(update=perfect)
-        update: dict[str, Any] = {"efficiency": Efficiency.perfect(), "interconnect": link,
-                                  "name": f"{self.name} (ideal)"}
+        update: dict[str, Any] = {"efficiency": Efficiency.perfect(), "collectives": None,
+                                  "interconnect": link, "name": f"{self.name} (ideal)"}
         for name in ("all_to_all", "scale_out"):
             other = getattr(self, name)
             if other is not None:

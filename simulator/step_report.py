@@ -122,7 +122,7 @@ def _group(model: ModelSpec, hardware: HardwareProfile, batch: BatchShape, tp: i
     """One replica of the deployment as ``servesim run`` would resolve it, its step budget and
     seats at least what ``batch`` needs."""
     policy = choose_policy(engine.defaults.policy, {})
-    defaults = engine.defaults
+    defaults = engine.scheduler_defaults(hardware.name, hardware.memory.capacity_bytes, tp)
     budget = defaults.max_num_batched_tokens(model.max_context, policy.cls.chunks_prefills)
     seqs = batch.num_prefills + batch.num_decodes
     keys = GroupKeys(tp=tp, replicas=1, gpu_memory_utilization=gpu_memory_utilization, block_size=None,

@@ -17,7 +17,9 @@ PLACEHOLDER_WORKLOAD = {"arrival": {"process": "poisson", "rate": 1.0}, "num_req
 
 
 def experiment(deployment: dict[str, Any] | None = None, **top: Any) -> ExperimentConfig:
-    document: dict[str, Any] = {"model": "llama-3-8b", "hardware": "h100-sxm-80gb",
+    # Pinned to vLLM V0 (the default engine before it became V1): the tests built on this helper
+    # check V0 scheduling by hand; pass engine=... for another.
+    document: dict[str, Any] = {"model": "llama-3-8b", "hardware": "h100-sxm-80gb", "engine": "vllm-v0",
                                 "workload": PLACEHOLDER_WORKLOAD, **top}
     if deployment:
         document["deployment"] = deployment

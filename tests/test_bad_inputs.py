@@ -245,8 +245,12 @@ def test_arrivals_beyond_the_clock_and_huge_counts_in_traces(tmp_path: Path) -> 
 
 def test_an_infinite_value_anywhere_in_a_sweep_is_one_line(tmp_path: Path) -> None:
     base = {"base": "quickstart"}
-    refused(lambda: plan_sweep(parse_sweep({**base, "grid": {"workload.arrival.rate": [1.0, math.inf]}},
-                                           tmp_path)), "grid.workload.arrival.rate", "finite")
+    grid = {"deployment.gpu_memory_utilization": [0.9, math.inf]}
+    refused(lambda: plan_sweep(parse_sweep({**base, "grid": grid}, tmp_path)),
+            "grid.deployment.gpu_memory_utilization", "finite")
+    # rate: inf is the one infinity a workload takes (every request at t = 0, vllm bench's default)
+    rates = plan_sweep(parse_sweep({**base, "grid": {"workload.arrival.rate": [1.0, math.inf]}}, tmp_path))
+    assert len(rates.points) == 2
     loguniform = {"n": 2, "axes": {"workload.arrival.rate": {"loguniform": [1, math.inf]}}}
     refused(lambda: plan_sweep(parse_sweep({**base, "random": loguniform}, tmp_path)),
             "random.axes.workload.arrival.rate", "finite numbers")

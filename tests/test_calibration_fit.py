@@ -78,16 +78,19 @@ def attention_rows() -> dict[str, pd.DataFrame]:
                             for b in (1, 4) for s in (64, 512, 4096) for c in (0, 1000)])
     decode = pd.DataFrame([{"batch": b, "context": c, "heads": 8, "kv_heads": 1, "head_dim": 128,
                             "time_s": 1e-4} for b in (1, 32) for c in (100, 4000)])
+    fp8_kv = pd.DataFrame([{"batch": b, "context": c, "heads": 16, "kv_heads": 4, "head_dim": 64,
+                            "kv_bytes": 1.0, "time_s": 1e-4} for b in (2, 64) for c in (7, 8191)])
     memory = pd.DataFrame({"bytes": [1e4, 1e6, 1e8], "time_s": 1e-5})
     return {"attention_prefill": prefill, "attention_decode": decode, "memory": memory,
-            "gemm": synthetic_gemms(0.0).head(30)}
+            "gemm": synthetic_gemms(0.0).head(30), "attention_decode_fp8": fp8_kv}
 
 
 @pytest.mark.parametrize("profile", ["a100-sxm-80gb", "h100-sxm-80gb", "mi300x"])
 def test_fast_path_equals_the_cost_model(profile: str) -> None:
     """What the fit optimises and validate reports is what the simulator charges."""
     hardware = load_hardware(profile)
-    for family, table in attention_rows().items():
+    for name, table in attention_rows().items():
+        family = name.removesuffix("_fp8")
         expected = [operator_cost(family, row, hardware).time_s for _, row in table.iterrows()]
         np.testing.assert_allclose(predict(family, table, hardware), expected, rtol=1e-12)
 

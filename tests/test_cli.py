@@ -19,7 +19,7 @@ def servesim(*args: str) -> subprocess.CompletedProcess[str]:
 def test_step_json_contract_matches_the_api() -> None:
     run = servesim("step", "--model", "llama-3-8b", "--hardware", "h100-sxm-80gb", "--tp", "2",
                    "--prefill-tokens", "512,2048", "--decode-batch", "32",
-                   "--decode-context", "1000", "--json")
+                   "--decode-context", "1000", "--engine", "vllm-v0", "--json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert {"step_time_s", "bound", "breakdown"} <= out.keys()
@@ -37,8 +37,8 @@ def test_step_human_output_explains_the_step() -> None:
     for text in ("llama-3-8b", "h100-sxm-80gb", "attn_decode", "mlp", "step", "memory",
                  "arithmetic intensity", "KV pool"):
         assert text in run.stdout
-    assert "spec-only" not in run.stdout  # h100-sxm-80gb is fitted (calibrate import-vidur)
-    spec_only = servesim("step", "--hardware", "h200", "--decode-batch", "8")
+    assert "spec-only" not in run.stdout  # h100-sxm-80gb is fitted (calibrate import-aiconfigurator)
+    spec_only = servesim("step", "--hardware", "l40s", "--decode-batch", "8")
     assert "spec-only" in spec_only.stdout
 
 

@@ -16,6 +16,7 @@ SMALL = {
     "seed": 3,
     "model": "llama-3-8b",
     "hardware": "h100-sxm-80gb",
+    "engine": "vllm-v0",  # the errors below are V0's (V1 chunks prompts and caches prefixes)
     "workload": {"arrival": {"process": "poisson", "rate": 20.0}, "num_requests": 300,
                  "lengths": {"preset": "azure-conversation"}},
     "slo": {"ttft_s": 0.5, "tpot_s": 0.03},

@@ -17,7 +17,21 @@ from servesim.topology.resolve import resolve_topology
 LLAMA = load_model("llama-3-8b")
 
 
-def test_vllm_v0_is_the_default_and_owns_the_step_cost_per_gpu() -> None:
+def test_an_experiment_without_an_engine_runs_vllm_v1() -> None:
+    """The default engine is vLLM V1 (its scheduler: chunked prefill with prefix caching, an
+    8,192-token budget on an H100); the test helper pins V0, so the document is written out."""
+    from servesim.config import validate_document
+
+    document = {"model": "llama-3-8b", "hardware": "h100-sxm-80gb",
+                "workload": {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 1,
+                             "lengths": {"preset": "azure-conversation"}}}
+    group = resolve_topology(validate_document(document)).kv_group
+    assert (group.engine.name, group.engine.version) == ("vllm", "0.19")
+    assert group.policy.name == "chunked_prefill" and group.limits.max_num_batched_tokens == 8192
+    assert group.limits.enable_prefix_caching and group.runtime.overlap
+
+
+def test_vllm_v0_owns_the_step_cost_per_gpu() -> None:
     """The 0.1 hardware profiles held 0.6 ms per step (0.8 ms on A100 and MI300X servers); the
     vllm-v0 engine carries exactly those values, so every earlier result is unchanged."""
     engine = make_engine("vllm-v0", {})

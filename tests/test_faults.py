@@ -39,8 +39,8 @@ from servesim.sweep.plan import plan_sweep
 pytestmark = pytest.mark.timeout(300)
 
 SWEEP = {"name": "faults", "base": {
-    "name": "tiny", "seed": 5, "model": "llama-3-8b", "hardware": "h100-sxm-80gb",
-    "workload": {"arrival": {"process": "poisson", "rate": 30.0}, "num_requests": 40,
+    "name": "tiny", "seed": 5, "model": "llama-3-8b", "hardware": "h100-sxm-80gb", "engine": "vllm-v0",
+    "workload": {"arrival": {"process": "poisson", "rate": 30.0}, "num_requests": 100,
                  "lengths": {"preset": "azure-conversation"}}},
     "grid": {"workload.arrival.rate": [10.0, 20.0, 30.0]}, "replications": 2, "output": "full"}
 

@@ -12,7 +12,7 @@ from servesim.hardware_io import builtin_hardware_names, profile_to_yaml
 
 REQUIRED = {"a100-sxm-80gb", "a100-pcie-80gb", "h100-sxm-80gb", "h100-pcie-80gb",
             "h200-sxm-141gb", "l40s", "b200", "mi300x"}
-CALIBRATED = {"a100-sxm-80gb", "h100-sxm-80gb"}
+CALIBRATED = {"a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "b200"}
 
 
 def test_every_required_profile_ships() -> None:
@@ -26,12 +26,15 @@ def test_profile_numbers_have_sources(name: str) -> None:
                 "host_link", "efficiency.gemm", "efficiency.attention_prefill",
                 "efficiency.attention_decode", "efficiency.elementwise", "calibration"):
         assert profile.provenance.get(key), f"{name}: no provenance for {key}"
-    # A100/H100 SXM are fitted to the public Vidur data (`servesim calibrate import-vidur`);
-    # the others are not, and every profile must say which it is.
+    # A100, H100, H200 and B200 SXM are fitted to NVIDIA AIConfigurator's measured vLLM kernels
+    # (`servesim calibrate import-aiconfigurator`), with their collectives; the others are not, and
+    # every profile must say which it is.
     if name in CALIBRATED:
         assert not profile.spec_only
         assert "fitted" in profile.provenance["efficiency.gemm"]
         assert "held-out" in profile.provenance["efficiency.gemm"]
+        assert profile.collectives is not None and "held-out" in profile.provenance["collectives"]
+        assert profile.efficiency.gemm_fp8 is not None or name.startswith("a100")
     else:
         assert profile.spec_only
         assert "spec-only" in profile.provenance["calibration"]

@@ -133,7 +133,8 @@ def test_unknown_layer_types_are_one_line() -> None:
 def test_chunked_attention_pairs_by_hand() -> None:
     # chunk 4: positions 0..9 see 1,2,3,4, 1,2,3,4, 1,2 keys: 10 + 10 + 3 = 23
     assert chunk_prefix_pairs(np.array([10]), 4)[0] == 23
-    scout = CostModel(load_model("llama-4-scout"), load_hardware("h100-sxm-80gb"), 8,
+    # ideal(): the calibrated profile's decode kernel reads whole KV tiles (key_tile); these count keys
+    scout = CostModel(load_model("llama-4-scout"), load_hardware("h100-sxm-80gb").ideal(), 8,
                       runtime=RuntimeCosts.none())
     # a decode at context 20,000 reads 20,000 % 8192 + 1 = 3,617 keys in the 36 chunked layers
     # and 20,001 in the 12 global ones
@@ -145,7 +146,7 @@ def test_chunked_attention_pairs_by_hand() -> None:
 
 def test_gpt_oss_sliding_layers_cap_decode_reads_at_128_tokens() -> None:
     model = load_model("gpt-oss-120b")
-    cost = CostModel(model, load_hardware("h100-sxm-80gb"), 1, runtime=RuntimeCosts.none())
+    cost = CostModel(model, load_hardware("h100-sxm-80gb").ideal(), 1, runtime=RuntimeCosts.none())
     ops = [op for op in cost.step(BatchShape.decode(1, 10_000)).ops if op.name == "attn_decode"]
     kv_per_token = 2 * 8 * 64 * 2.0
     read = sorted(op.bytes for op in ops)

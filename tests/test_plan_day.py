@@ -39,14 +39,15 @@ def write(folder: Path, experiment: dict = EXPERIMENT, plan: dict = PLAN) -> Pat
 def test_fixed_against_autoscaled(tmp_path: Path) -> None:
     plan, experiment, base = load_day_plan(write(tmp_path))
     answer = plan_day(plan, experiment, base, workers=1)
-    # the busiest minute (the diurnal peak at 150 s) starts at 120 s; 2 replicas miss there, 3 hold
+    # the busiest minute (the diurnal peak at 150 s) starts at 120 s; 1 replica misses there, 2 hold
+    # (on the H100 profile fitted to AIConfigurator's kernels; the Vidur-fitted one needed 3)
     assert answer["window"]["judged_from_s"] == 120.0
     tried = [(w["replicas"], w["passed"]) for w in answer["window_search"]]
-    assert tried == [(2, False), (3, True), (4, True)]
+    assert tried == [(1, False), (2, True), (4, True)]
     fixed, auto = answer["options"]
-    assert fixed["label"] == "fixed x3" and fixed["passed"] and fixed["replicas_mean"] == 3.0
-    horizon_hours = fixed["gpu_hours"] / 3  # a fixed fleet is billed all along
-    assert auto["passed"] and auto["replicas_peak"] <= 3 and auto["gpu_hours"] < fixed["gpu_hours"]
+    assert fixed["label"] == "fixed x2" and fixed["passed"] and fixed["replicas_mean"] == 2.0
+    horizon_hours = fixed["gpu_hours"] / 2  # a fixed fleet is billed all along
+    assert auto["passed"] and auto["replicas_peak"] <= 2 and auto["gpu_hours"] < fixed["gpu_hours"]
     assert auto["gpu_hours"] == pytest.approx(auto["replicas_mean"] * horizon_hours, rel=0.02)
     assert answer["answer"] == auto["label"]
     assert answer["savings_vs_fixed"] == pytest.approx(1 - auto["cost_usd"] / fixed["cost_usd"])

@@ -116,7 +116,7 @@ def test_lengths_resampled_from_a_trace(tmp_path: Path) -> None:
                                                                                  "mean": 2}},
      "workload.prompt.mean: unknown key; remove it or use one of: dist, value"),
     ({"arrival": {"process": "poison", "rate": 8.0}, "num_requests": 3, "lengths": {"preset": "sharegpt"}},
-     "workload.arrival.process: Input should be 'poisson', 'gamma' or 'constant'"),
+     "workload.arrival.process: Input should be 'poisson', 'gamma', 'constant' or 'closed'"),
     ({"arrival": {"process": "poisson", "rate": 8.0}, "num_requests": 3, "lengths": {"preset": "azure"}},
      "workload.lengths: unknown preset 'azure'; use one of azure-conversation, azure-code"),
     ({"arrival": {"process": "poisson", "rate": 8.0}, "num_requests": 3, "prompt": {"value": 3},

@@ -9,6 +9,10 @@ Three renewal processes, each drawn as one vectorised array of inter-arrival gap
 - ``constant``: every gap is exactly ``1/rate`` (arrival ``k`` at ``k/rate``, computed directly so
   that no rounding accumulates over long runs).
 
+``rate = inf`` (any process) sends every request at t = 0, as ``vllm bench serve`` does by
+default. Closed-loop clients (``process: closed``) have no arrival times before the run: see
+:mod:`servesim.core.clients`.
+
 First arrival: the process starts at t = 0 and the first request arrives one gap later (at the
 first gap), as in the textbook Poisson process on ``[0, T)``. This makes ``duration_s`` exact in
 expectation (``rate * duration_s`` requests) and keeps every gap, the first one included, drawn
@@ -48,6 +52,9 @@ def arrival_times(process: str, rate: float, rng: np.random.Generator, *,
                   burstiness: float = 1.0) -> np.ndarray:
     """Sorted arrival times (s) of the first ``num_requests`` requests, or of all requests that
     arrive before ``duration_s``, or of at most ``num_requests`` of those when both are given."""
+    if rate == math.inf and num_requests is not None:
+        _check(process, 1.0, burstiness)
+        return np.zeros(num_requests, dtype=np.float64)
     _check(process, rate, burstiness)
     if num_requests is None and duration_s is None:
         raise ServesimError("workload", "needs num_requests or duration_s", "give one or both")

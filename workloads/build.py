@@ -46,24 +46,33 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
     arrival_rng, prompt_rng, output_rng, priority_rng, prefix_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
     arrival = config.arrival
-    burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
-    if config.sessions is not None:
-        count = config.sessions.count
-        return build_sessions(config, seed, base_dir, _arrivals(config, count, arrival_rng, base_dir))
-    if config.workflow is not None:
-        starts = _arrivals(config, config.workflow.count, arrival_rng, base_dir)
-        return build_workflows(config, seed, starts)
-    arrivals = _arrivals(config, config.num_requests, arrival_rng, base_dir)
+    if arrival.is_closed:
+        # Sent by the clients during the run (servesim.core.clients); zeros until then.
+        assert config.num_requests is not None
+        arrivals = np.zeros(config.num_requests, dtype=np.float64)
+        parts = [f"closed loop: {arrival.concurrency} clients"
+                 + (f", think {arrival.think_time_s:g} s" if arrival.think_time_s else "")]
+    else:
+        assert arrival.rate is not None
+        burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
+        if config.sessions is not None:
+            count = config.sessions.count
+            return build_sessions(config, seed, base_dir, _arrivals(config, count, arrival_rng, base_dir))
+        if config.workflow is not None:
+            starts = _arrivals(config, config.workflow.count, arrival_rng, base_dir)
+            return build_workflows(config, seed, starts)
+        arrivals = _arrivals(config, config.num_requests, arrival_rng, base_dir)
+        n = arrivals.size
+        if n and not arrivals[-1] <= MAX_CLOCK_S:
+            raise ServesimError("workload.arrival.rate", f"at {arrival.rate:g} requests/s request {n - 1} "
+                                f"arrives at {arrivals[-1]:.3g} s, beyond the {MAX_CLOCK_S:.0e} s the "
+                                "simulated clock resolves to a microsecond", "raise the rate or ask for "
+                                "fewer requests")
+        parts = [f"{arrival.process} {arrival.rate:g} req/s"
+                 + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
+        if arrival.profile is not None:
+            parts.append(f"rate x {shape_of(arrival.profile, base_dir).label}")
     n = arrivals.size
-    if n and not arrivals[-1] <= MAX_CLOCK_S:
-        raise ServesimError("workload.arrival.rate", f"at {arrival.rate:g} requests/s request {n - 1} "
-                            f"arrives at {arrivals[-1]:.3g} s, beyond the {MAX_CLOCK_S:.0e} s the "
-                            "simulated clock resolves to a microsecond", "raise the rate or ask for fewer "
-                            "requests")
-    parts = [f"{arrival.process} {arrival.rate:g} req/s"
-             + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
-    if arrival.profile is not None:
-        parts.append(f"rate x {shape_of(arrival.profile, base_dir).label}")
     prompt = output = None
     prefix_len = 0  # vLLM random's shared prefix
     if config.lengths is not None:
@@ -115,7 +124,7 @@ def _arrivals(config: WorkloadConfig, count: int | None, rng: np.random.Generato
     """Arrival (or session start) times of the generator: the renewal process at ``rate``, under
     the rate profile if there is one (:mod:`servesim.workloads.rate_profile`)."""
     arrival = config.arrival
-    assert arrival is not None
+    assert arrival is not None and arrival.rate is not None
     burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
     if arrival.profile is None:
         return arrival_times(arrival.process, arrival.rate, rng, num_requests=count,

@@ -43,7 +43,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from servesim.errors import ServesimError
 from servesim.inputs.schema import OmitsUnsetExtensions, StrictModel, parse_model
@@ -97,25 +97,66 @@ MIN_BURSTINESS = 0.01
 
 
 class ArrivalConfig(OmitsUnsetExtensions):
-    """A renewal arrival process (see ``servesim.workloads.arrivals``)."""
+    """A renewal arrival process (see ``servesim.workloads.arrivals``), or closed-loop clients.
 
-    EXTENSIONS = ("profile",)
+    ``rate: inf`` sends every request at t = 0 (``vllm bench serve``'s default rate).
+    ``process: closed`` is ``concurrency`` clients, each sending its next request when its
+    previous one completes, after ``think_time_s`` (``vllm bench serve --max-concurrency``,
+    ``aiperf --concurrency``); the arrival times are then decided during the run
+    (``servesim.core.clients``)."""
 
-    process: Literal["poisson", "gamma", "constant"]
-    rate: PositiveFloat
+    EXTENSIONS = ("profile", "concurrency", "think_time_s")
+
+    process: Literal["poisson", "gamma", "constant", "closed"]
+    rate: Annotated[float, Field(gt=0, allow_inf_nan=True)] | None = Field(None, validate_default=True)
+    """Requests per second; ``inf``: every request at t = 0 (the one infinity a workload accepts)."""
     burstiness: Annotated[float, Field(ge=MIN_BURSTINESS)] | None = None
     """gamma only: CV of gaps = 1/sqrt(burstiness). Below :data:`MIN_BURSTINESS` most gaps
     underflow to exactly 0 s, so the process is no longer the one asked for."""
     profile: RateProfileConfig | None = Field(
         None, description="a multiplier of rate over time (diurnal, points, csv, bursts); "
         "see servesim.workloads.profile_config")
+    concurrency: PositiveInt | None = Field(None, validate_default=True)  # closed only
+    think_time_s: Annotated[float, Field(ge=0)] | None = None  # closed only
+
+    @field_validator("rate", mode="after")
+    @classmethod
+    def _rate(cls, rate: float | None, info: ValidationInfo) -> float | None:
+        process = info.data.get("process")
+        if process == "closed":
+            if rate is not None:
+                raise ValueError("process closed sends a request whenever one completes; remove rate "
+                                 "(or use an open process: poisson, gamma, constant)")
+        elif process is not None and rate is None:
+            raise ValueError(f"is required for process {process}: requests per second (inf: every "
+                             "request at t = 0)")
+        if rate is not None and rate != rate:
+            raise ValueError("must be a number of requests per second, not nan")
+        return rate
+
+    @field_validator("concurrency", mode="after")
+    @classmethod
+    def _concurrency(cls, concurrency: int | None, info: ValidationInfo) -> int | None:
+        if info.data.get("process") == "closed" and concurrency is None:
+            raise ValueError("is required for process closed: the number of clients, each with one "
+                             "request in flight")
+        return concurrency
 
     @model_validator(mode="after")
     def _check(self) -> ArrivalConfig:
         if self.burstiness is not None and self.process != "gamma":
             raise ValueError(f"burstiness applies to process gamma only, not {self.process}; "
                              "remove it or use process: gamma")
+        if self.process != "closed":
+            for key in ("concurrency", "think_time_s"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} applies to process closed only; remove it or use "
+                                     "process: closed")
         return self
+
+    @property
+    def is_closed(self) -> bool:
+        return self.process == "closed"
 
 
 class VllmRandomLengths(StrictModel):
@@ -228,6 +269,16 @@ class WorkloadConfig(OmitsUnsetExtensions):
         generator = [key for key in _GENERATOR_KEYS if getattr(self, key) is not None]
         if self.sessions is not None and self.workflow is not None:
             raise ValueError("give sessions or workflow, not both (run them as two experiments)")
+        arrival = self.arrival
+        chained = self.sessions is not None or self.workflow is not None
+        if arrival is not None and arrival.is_closed and chained:
+            raise ValueError("closed-loop clients send independent requests; sessions and workflows are "
+                             "already closed loops (each turn waits for the previous answer): start them "
+                             "with an open process (poisson, gamma, constant)")
+        unbounded = arrival is not None and (arrival.is_closed or arrival.rate == float("inf"))
+        if arrival is not None and arrival.profile is not None and unbounded:
+            raise ValueError("a rate profile scales an open arrival rate; remove arrival.profile, or use a "
+                             "finite rate with poisson, gamma or constant")
         if self.sessions is not None or self.workflow is not None:
             return self._check_sessions()
         if self.trace is not None:
@@ -244,6 +295,11 @@ class WorkloadConfig(OmitsUnsetExtensions):
                 and self.shared_prefix is not None):
             raise ValueError("lengths.random.prefix_len and shared_prefix both put a prefix before every "
                              "prompt; keep one")
+        if self.arrival.is_closed and (self.num_requests is None or self.duration_s is not None):
+            raise ValueError("closed-loop clients send num_requests requests in all: give num_requests "
+                             "(and no duration_s)")
+        if self.arrival.rate == float("inf") and self.num_requests is None:
+            raise ValueError("rate inf sends every request at t = 0: give num_requests")
         for side in ("prompt", "output"):
             if self.lengths is None and getattr(self, side) is None:
                 raise ValueError(f"no {side} lengths: give lengths: {{preset: ...}} or "

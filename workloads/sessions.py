@@ -57,6 +57,7 @@ def build_sessions(config: WorkloadConfig, seed: int, base_dir: Path | None,
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(STREAMS)]
     arrival = config.arrival
     if starts is None:
+        assert arrival.rate is not None  # sessions start by an open process (the schema says so)
         starts = arrival_times(arrival.process, arrival.rate, rngs[0], num_requests=sessions.count,
                                duration_s=config.duration_s,
                                burstiness=arrival.burstiness if arrival.burstiness is not None else 1.0)

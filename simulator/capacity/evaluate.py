@@ -78,10 +78,15 @@ def sample_workload(config: CapacityConfig, base_dir: Path | None) -> WorkloadSa
     n = config.requests_per_run
     if workload.trace is None:
         assert workload.arrival is not None
+        rate = workload.arrival.rate
+        if rate is None or not np.isfinite(rate):
+            raise ServesimError("workload.arrival", "the capacity search scales an open arrival "
+                                "process's rate; closed-loop clients and rate inf have none",
+                                "use process poisson, gamma or constant with a finite rate")
         sized = workload.model_copy(update={"num_requests": n, "duration_s": None})
         tables = tuple(build_workload(sized, config.seed + k, base_dir)
                        for k in range(config.search.replications))
-        return WorkloadSample(tables, workload.arrival.rate)
+        return WorkloadSample(tables, rate)
     table = build_workload(workload, config.seed, base_dir)
     if len(table) > n:
         table = table.take(np.arange(n))

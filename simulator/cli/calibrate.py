@@ -80,6 +80,113 @@ def import_vidur_command(
                    "the built-in profiles are unchanged")
 
 
+@calibrate_app.command("import-aiconfigurator")
+def import_aiconfigurator_command(
+    path: Annotated[Path, typer.Argument(help="The kernels/aiconfigurator folder")] = Path(
+        "../shared/data/kernels/aiconfigurator"),
+    out_dir: Annotated[Path | None, Opt(help="Write profiles here (default: the built-in ones)")] = None,
+) -> None:
+    """Fit h100-sxm-80gb, h200-sxm-141gb, b200 and a100-sxm-80gb (kernels and collectives) from
+    NVIDIA AIConfigurator's measured vLLM kernels."""
+    from servesim.calibration.aic_import import import_aiconfigurator
+
+    _, report = import_aiconfigurator(path, out_dir)
+    columns = ["gpu", "family", "rows_fit", "rows_held_out", "spec_median_%", "spec_p90_%",
+               "prior_median_%", "prior_p90_%", "fit_out_median_%", "fit_out_p90_%"]
+    _print(report[columns], "APE % on held-out rows: spec = spec-sheet roofline, prior = the profile "
+           "before, fit_out = fitted")
+
+
+@calibrate_app.command("validate-serving")
+def validate_serving_command(
+    path: Annotated[Path, typer.Argument(help="A serving file in AIConfigurator's silicon CSV format")],
+    out: Annotated[Path | None, Opt(help="Folder for serving_rows.csv, serving_summary.csv, "
+                                        "serving_skipped.csv and serving.html")] = None,
+    workers: Annotated[int, Opt(help="Processes that replay rows")] = 1,
+    measured: Annotated[int, Opt(help="Measured requests per client (after one warm-up request)")] = 3,
+) -> None:
+    """Replay every measured deployment the simulator can express; predicted vs measured TTFT and
+    TPOT per engine and GPU, and every other row counted by reason."""
+    from servesim.calibration.serving_validate import validate_serving
+
+    _, summary, skipped = validate_serving(path, out, workers=workers, measured=measured)
+    _print(summary, f"{path.name}: absolute % error of mean TTFT and TPOT, engines as shipped")
+    _print_skipped(skipped)
+    if out:
+        _console.print(f"wrote {out}/serving_rows.csv, serving_summary.csv, serving_skipped.csv, "
+                       "serving.html")
+
+
+def _print_skipped(skipped: pd.DataFrame) -> None:
+    counts = skipped["reason"].value_counts()
+    _console.print(f"[bold]rows not replayed: {int(counts.sum())}[/]")
+    for reason, count in counts.items():
+        _console.print(f"  {count:5d}  {reason}")
+
+
+@calibrate_app.command("fit-serving")
+def fit_serving_command(
+    path: Annotated[Path, typer.Argument(help="A serving file in AIConfigurator's silicon CSV format")],
+    out_dir: Annotated[Path | None, Opt(help="Write <engine>.yaml here (default: configs/engines)")] = None,
+    report: Annotated[Path | None, Opt(help="Folder for the leave-one-model-out rows and summary")] = None,
+    workers: Annotated[int, Opt(help="Processes that replay rows")] = 1,
+    measured: Annotated[int, Opt(help="Measured requests per client (after one warm-up request)")] = 3,
+) -> None:
+    """Fit each engine's CPU time per step to the measured deployments; report the
+    leave-one-model-out error and write the engines' runtime profiles."""
+    from servesim.calibration.serving_validate import fit_serving, write_engine_fits, write_outputs
+    from servesim.resources import configs_dir
+
+    result = fit_serving(path, workers=workers, measured=measured)
+    for engine, c in result.coefficients.items():
+        _console.print(f"{engine}: {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us per "
+                       f"sequence ({result.rows_used[engine]} rows)")
+    _print(result.lomo_summary, "leave-one-model-out: absolute % error of mean TTFT and TPOT")
+    _print_skipped(result.skipped)
+    written = write_engine_fits(result, path.name, out_dir or configs_dir() / "engines")
+    if report:
+        write_outputs(report, result.lomo_rows, result.lomo_summary, result.skipped,
+                      f"{path.name}: leave-one-model-out predictions")
+    _console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+@calibrate_app.command("from-benchmark")
+def from_benchmark_command(
+    result: Annotated[Path, typer.Argument(help="vllm bench serve --save-result --save-detailed JSON, or "
+                                                "sglang.bench_serving --output-details JSON lines")],
+    config: Annotated[Path, Opt("--config", help="Experiment YAML of the deployment that served the run "
+                                                 "(its workload is replaced by the run's requests)")],
+    set_: Annotated[list[str] | None, Opt("--set", help="KEY=VALUE overrides of the experiment")] = None,
+    scales: Annotated[str, Opt(help="Also fit one scale per kernel class: comma-separated from gemm, "
+                                    "attn_prefill, attn_decode, elementwise, communication, or 'all'")] = "",
+    out: Annotated[Path, Opt(help="Folder for the metrics, the requests and the fitted profiles")] = Path(
+        "benchmark_fit"),
+) -> None:
+    """Replay my benchmark run through the simulator, report the error per metric, fit the
+    engine's runtime (and kernel scales) to it, and write profiles for run, sweep and capacity."""
+    from servesim.calibration.from_benchmark import describe, from_benchmark
+    from servesim.calibration.replay import KERNEL_CLASSES
+    from servesim.errors import ServesimError
+
+    classes = tuple(KERNEL_CLASSES) if scales == "all" else tuple(c for c in scales.split(",") if c)
+    unknown = [c for c in classes if c not in KERNEL_CLASSES]
+    if unknown:
+        raise ServesimError("--scales", f"unknown kernel class {unknown[0]!r}",
+                            f"use some of {', '.join(KERNEL_CLASSES)} or all")
+    fitted = from_benchmark(result, config, set_ or [], classes, out)
+    run = fitted.run
+    sent = f"{run.max_concurrency} clients" if run.max_concurrency else f"rate {run.request_rate:g}"
+    failed = f"; {run.failed} failed requests left out" if run.failed else ""
+    _console.print(f"{run.source}: {len(run)} requests replayed ({run.tool}, {sent}{failed})")
+    _print(fitted.metrics, "measured vs predicted (ms), before and after the fit")
+    _console.print(describe(fitted))
+    hardware = f"hardware-{fitted.hardware.name}.yaml" if fitted.scaled_hardware else ""
+    _console.print(f"wrote {out}/ (benchmark_metrics.csv, benchmark_requests.csv, "
+                   f"engine-{fitted.engine}.yaml{', ' + hardware if hardware else ''})")
+    _console.print(f"use it: engine: {{name: {fitted.engine}, profile: {out}/engine-{fitted.engine}.yaml}}"
+                   + (f", hardware: {out}/{hardware}" if hardware else ""))
+
+
 @calibrate_app.command("validate")
 def validate_command(
     directory: Annotated[Path, typer.Argument(help="A `bench --out` folder, or vidur_profiling")],

@@ -3,7 +3,8 @@
 A topology builds its replicas, routers and links onto a :class:`Sim` and hands back an entry
 point (``entry(request, now)``: route an arrival); :func:`arrivals` walks the request table and
 calls it, one SimPy timeout per arrival; :func:`run_until_done` runs the clock until nothing is
-left to happen. Nothing here is random: the workload's seed fixes the table, and the same table
+left to happen (closed-loop clients instead send each request when their previous one is done).
+Nothing here is random: the workload's seed fixes the table, and the same table
 and config give the same results, bit for bit.
 """
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import simpy
 
+from servesim.core.clients import Clients, ClosedLoop
 from servesim.core.state import DONE, REJECTED, RequestState
 from servesim.core.step_log import StepLog
 
@@ -59,16 +61,23 @@ def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry
         entry(request, env.now)
 
 
-def run_until_done(sim: Sim, entry: Entry, progress: Progress | None) -> None:
+def run_until_done(sim: Sim, entry: Entry, progress: Progress | None,
+                   closed_loop: ClosedLoop | None = None) -> None:
     """Feed the workload into ``entry`` and run until every request is finished or refused (the
     event queue then empties). Requests that wait for others (sessions, agent chains) are sent
-    by :class:`~servesim.core.release.Releases` when those end, not by the arrival loop."""
+    by :class:`~servesim.core.release.Releases` when those end, not by the arrival loop.
+    ``closed_loop``: clients send the requests, each its next one when its previous one is done
+    (:mod:`servesim.core.clients`), instead of at the table's times (the workload schema refuses
+    closed loops of sessions or workflows, which are closed loops already)."""
     links = sim.workload.links
-    if links is not None:
-        from servesim.core.release import Releases
+    if closed_loop is not None:
+        Clients(sim.env, sim.requests, entry, closed_loop).start()
+    else:
+        if links is not None:
+            from servesim.core.release import Releases
 
-        entry = Releases(sim.env, sim.requests, sim.workload, links, entry).entry
-    sim.env.process(arrivals(sim.env, sim.workload, entry))
+            entry = Releases(sim.env, sim.requests, sim.workload, links, entry).entry
+        sim.env.process(arrivals(sim.env, sim.workload, entry))
     if progress is not None:
         sim.env.process(_monitor(sim.env, sim.requests, progress,
                                  every_s=max(1.0, sim.workload.duration_s / 200)))

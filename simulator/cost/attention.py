@@ -19,8 +19,10 @@ Prefill chunk of ``q`` new tokens over ``c`` earlier ones (causal):
   The compute efficiency is read at the chunk's equivalent causal length ``sqrt(2P)``, so a short
   chunk over a long context counts as the larger kernel it is.
 
-Decode of a request with ``c`` cached tokens: its one query sees ``min(c + 1, W)`` keys; FLOPs per
-key as above; bytes = that many tokens of cached KV (the dominant term), plus Q, O and the new
+Decode of a request with ``c`` cached tokens: its one query sees ``min(c + 1, W)`` keys, which the
+kernel processes in tiles of ``key_tile`` keys (the profile's, fitted: a sequence of 10 tokens
+costs a whole tile); FLOPs per key as above; bytes = that many tokens of cached KV (the dominant
+term), plus Q, O and the new
 KV write. The memory efficiency is read at the kernel's total bytes per layer.
 
 Speculative verification of ``k`` proposals is a decode with ``q = 1 + k`` queries over the same
@@ -154,12 +156,19 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
         return _verify_attention(batch, shape, hardware, peak_flops, kv_bytes, layers)
     eff = hardware.efficiency.attention_decode
     n = float(batch.num_decodes)
-    if shape.chunk is not None:
+    tile = eff.key_tile
+    if shape.chunk is not None and tile == 1:
         keys = float((batch.decode_context % shape.chunk).sum()) + n
-    elif shape.window is None:
+    elif shape.window is None and shape.chunk is None and tile == 1:
         keys = batch.decode_context_sum + n
     else:
-        keys = float(np.minimum(batch.decode_context + 1, shape.window).sum())
+        context = batch.decode_context if shape.chunk is None else batch.decode_context % shape.chunk
+        seen = context + 1
+        if shape.window is not None:
+            seen = np.minimum(seen, shape.window)
+        if tile > 1:
+            seen = -(-seen // tile) * tile
+        keys = float(seen.sum())
     flops = keys * shape.decode_flops_per_key
     nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
               + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
@@ -179,8 +188,15 @@ def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwa
     queries = batch.decode_tokens
     rows = float(batch.num_decode_tokens)
     context = batch.decode_context
-    pairs = float(causal_pairs(queries, context, shape.window).sum())
-    keys = float(prefill_keys_read(queries, context, shape.window).sum())
+    pairs_each = causal_pairs(queries, context, shape.window)
+    read = prefill_keys_read(queries, context, shape.window)
+    tile = eff.key_tile
+    if tile > 1:  # the kernel reads whole KV tiles; every query scores the padding too
+        tiled = -(-read // tile) * tile
+        pairs_each = pairs_each + (tiled - read) * queries
+        read = tiled
+    pairs = float(pairs_each.sum())
+    keys = float(read.sum())
     flops = pairs * shape.decode_flops_per_key
     nbytes = ((keys + rows) * shape.cache_elements_per_token * kv_bytes
               + rows * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)

@@ -1,15 +1,25 @@
-"""Collective communication between the GPUs of one tensor-parallel group (ring model).
+"""Collective communication between the GPUs of one tensor-parallel group.
 
 A ring all-reduce of ``n`` bytes over ``p`` GPUs moves ``2 (p-1)/p * n`` bytes through each GPU's
 link (reduce-scatter then all-gather), so its time is that over the achieved link bandwidth plus
 a fixed latency per call (launch, synchronisation, the first hop). An all-gather moves half of
 that. Both latency and achieved bandwidth come from the hardware profile and are calibrated
-against NCCL measurements.
+against NCCL measurements. That is servesim 0.1's model (``allreduce: ring``).
+
+Serving engines choose among implementations by message size (:func:`allreduce_s`): a tensor-
+parallel decode step all-reduces a few kilobytes per layer, where vLLM's custom all-reduce
+takes about 5 us on H100 and NCCL 6-16 us, so the implementation, not the bandwidth, decides
+the cost of communication there.
 """
 
 from __future__ import annotations
 
-from servesim.hardware import Link
+from typing import TYPE_CHECKING
+
+from servesim.hardware import CollectiveFit, HardwareProfile, Link
+
+if TYPE_CHECKING:
+    from servesim.engines.base import RuntimeCosts
 
 
 def ring_allreduce_s(message_bytes: float, world: int, link: Link) -> float:
@@ -26,3 +36,62 @@ def ring_allgather_s(total_bytes: float, world: int, link: Link) -> float:
         return 0.0
     wire_bytes = (world - 1) / world * total_bytes
     return link.latency_s + wire_bytes / (link.bandwidth_Bps * link.efficiency)
+
+
+# ---------------------------------------------------------------------- as serving engines run them
+def ring_wire_bytes(message_bytes: float, world: int) -> float:
+    """Bytes each GPU moves for a ring (or two-shot) all-reduce: reduce-scatter + all-gather."""
+    return 2.0 * (world - 1) / world * message_bytes
+
+
+def oneshot_wire_bytes(message_bytes: float, world: int) -> float:
+    """Bytes each GPU reads for a one-shot all-reduce: every peer's whole buffer."""
+    return (world - 1) * message_bytes
+
+
+def fitted_collective_s(fit: CollectiveFit, wire_bytes: float, world: int, link: Link) -> float:
+    """One call of a measured implementation (:class:`~servesim.hardware.CollectiveFit`)."""
+    return (fit.latency_s + fit.latency_per_peer_s * (world - 1)
+            + wire_bytes / (link.bandwidth_Bps * fit.efficiency))
+
+
+def allreduce_kind(message_bytes: float, world: int, runtime: RuntimeCosts) -> str:
+    """Which implementation the engine runs for this message: ``oneshot`` or ``twoshot`` (its
+    custom all-reduce, below ``custom_allreduce_max_bytes``) or ``nccl``."""
+    if runtime.allreduce == "custom" and message_bytes < runtime.custom_allreduce_max_bytes:
+        return "oneshot" if message_bytes < runtime.oneshot_limit(world) else "twoshot"
+    return "nccl"
+
+
+def allreduce_s(message_bytes: float, world: int, runtime: RuntimeCosts,
+                hardware: HardwareProfile) -> float:
+    """Seconds for one all-reduce as the engine runs it on this hardware.
+
+    vLLM's custom all-reduce (``csrc/custom_all_reduce.cuh``, used below its 8 MiB buffer) runs a
+    one-shot kernel for 2 GPUs and for small messages (each GPU reads all peers' buffers over
+    NVLink and reduces locally: one synchronisation, ``(w-1) n`` bytes in) and a two-shot kernel
+    otherwise (reduce-scatter then all-gather through peer memory: ``2 (w-1)/w n`` bytes); larger
+    messages go to NCCL. Each implementation's latency and achieved bandwidth come from the
+    profile's ``collectives`` section (measured); a profile without it, or without the entry,
+    uses the interconnect's ring model."""
+    if world <= 1 or message_bytes <= 0:
+        return 0.0
+    link = hardware.interconnect
+    fits = hardware.collectives
+    kind = allreduce_kind(message_bytes, world, runtime)
+    fit = getattr(fits, kind) if fits is not None else None
+    if fit is None:
+        return ring_allreduce_s(message_bytes, world, link)
+    wire = (oneshot_wire_bytes if kind == "oneshot" else ring_wire_bytes)(message_bytes, world)
+    return fitted_collective_s(fit, wire, world, link)
+
+
+def allgather_s(total_bytes: float, world: int, runtime: RuntimeCosts, hardware: HardwareProfile) -> float:
+    """Seconds for one all-gather (the logits): NCCL, priced with the profile's measured NCCL
+    latency and bandwidth when it has them (an all-gather moves half a ring all-reduce's bytes)."""
+    if world <= 1 or total_bytes <= 0:
+        return 0.0
+    fit = hardware.collectives.nccl if hardware.collectives is not None else None
+    if fit is None:
+        return ring_allgather_s(total_bytes, world, hardware.interconnect)
+    return fitted_collective_s(fit, (world - 1) / world * total_bytes, world, hardware.interconnect)

@@ -36,7 +36,8 @@ from typing import NamedTuple
 
 from servesim.cost.attention import AttentionShape, decode_attention, prefill_attention
 from servesim.cost.batch import BatchShape
-from servesim.cost.communication import ring_allgather_s, ring_allreduce_s
+from servesim.cost.communication import allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
+from servesim.cost.engine_runtime import EngineRuntime
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.roofline import OpCost, roofline
 from servesim.dtypes import DType, Precision
@@ -169,11 +170,15 @@ class CostModel:
         self.tp = tp
         self.precision = precision or Precision()
         self.runtime = runtime if runtime is not None else default_runtime(hardware.name)
-        self._step_overhead_s = self.runtime.step_overhead_s
+        self._flat = self.runtime.is_flat
+        # A flat runtime (servesim 0.1's) adds its constant to the memoised token part, exactly as
+        # before; any other is folded in per step by :mod:`servesim.cost.engine_runtime`.
+        self._step_overhead_s = self.runtime.step_overhead_s if self._flat else 0.0
         self.peak_flops = hardware.peak(self.precision.math)
         self.bf16_peak = hardware.peak(DType.BF16)
         self.bandwidth = hardware.memory.bandwidth_Bps
-        self._gemm_eff = hardware.efficiency.gemm
+        self._gemm_eff = hardware.efficiency.gemm_for(self.precision.math)
+        self._gemm16_eff = hardware.efficiency.gemm
         self._elem_eff = hardware.efficiency.elementwise
         self._act_bytes = self.precision.act_bytes
         self._kv_bytes = self.precision.kv_bytes
@@ -184,6 +189,8 @@ class CostModel:
         self._experts = self._expert_layer()
         self._token_cache: dict[tuple[int, int], _TokenPart] = {}
         self._moe_cache: dict[int, tuple[tuple[OpCost, ...], float]] = {}
+        self._engine = None if self._flat else EngineRuntime(self.runtime, model, hardware, tp,
+                                                              self._attn_gemms)
 
     def _attention_kinds(self, counts: dict[str, int]) -> list[tuple[AttentionShape, int]]:
         """Each attention kind of this stage's layers with its layer count (one entry for a model
@@ -277,7 +284,8 @@ class CostModel:
         nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
         return roofline(name, 2.0 * m * k * n, nbytes,
                         peak_flops=self.bf16_peak if sixteen_bit else self.peak_flops,
-                        bandwidth=self.bandwidth, eff=self._gemm_eff, compute_axis=m,
+                        bandwidth=self.bandwidth, eff=self._gemm16_eff if sixteen_bit else self._gemm_eff,
+                        compute_axis=m,
                         repeat=repeat)
 
     def _elementwise(self, name: str, elements: float, tokens: float, kernels: float,
@@ -329,6 +337,8 @@ class CostModel:
             return StepCost(0.0, zero, "idle", {"compute": 0.0, "memory": 0.0,
                                                  "communication": 0.0, "overhead": 0.0},
                             0.0, 0.0, ())
+        if self._engine is not None:
+            return self._step_with_engine(batch, self._engine)
         part = self._token_part(batch.num_new_tokens, batch.num_logits)
         batch_ops = self._batch_ops(batch)
         # The total is summed exactly as step_time() sums it, so both agree to the last bit.
@@ -337,10 +347,30 @@ class CostModel:
             total += op.time_s
         return self._assemble([*part.ops, *batch_ops], part.comm_s, total)
 
+    def _step_with_engine(self, batch: BatchShape, engine: EngineRuntime) -> StepCost:
+        """:meth:`step` for an engine whose CPU work, overlap, CUDA graphs or launches shape the
+        step: the kernels at the padded size, then the engine's exposed time as ``overhead``."""
+        priced, mode = engine.plan(batch)
+        part = self._token_part(priced, batch.num_logits)
+        batch_ops = self._batch_ops(batch)
+        kernels = part.total_s
+        for op in batch_ops:
+            kernels += op.time_s
+        timing = engine.time(batch, kernels, mode)
+        return self._assemble([*part.ops, *batch_ops], part.comm_s, timing.time_s,
+                              step_overhead=timing.exposed_s)
+
     def step_time(self, batch: BatchShape) -> float:
         """Seconds for one iteration: the engine's fast path, same number as ``step().time_s``."""
         if batch.is_empty:
             return 0.0
+        engine = self._engine
+        if engine is not None:
+            priced, mode = engine.plan(batch)
+            kernels = self._token_part(priced, batch.num_logits).total_s
+            for op in self._batch_ops(batch):
+                kernels += op.time_s
+            return engine.time(batch, kernels, mode).time_s
         total = self._token_part(batch.num_new_tokens, batch.num_logits).total_s
         for op in self._batch_ops(batch):
             total += op.time_s
@@ -394,7 +424,12 @@ class CostModel:
         """
         if batch.is_empty:
             return IDLE_RECORD
-        part = self._token_part(batch.num_new_tokens, batch.num_logits)
+        engine = self._engine
+        if engine is None:
+            part = self._token_part(batch.num_new_tokens, batch.num_logits)
+        else:
+            priced, mode = engine.plan(batch)
+            part = self._token_part(priced, batch.num_logits)
         total, compute_s, memory_s = part.total_s, part.compute_s, part.memory_s
         overhead_s, flops, nbytes = part.overhead_s, part.flops, part.hbm_bytes
         gemm_s, prefill_s, decode_s = part.gemm_s, 0.0, 0.0
@@ -414,9 +449,14 @@ class CostModel:
                 prefill_s += time_s
             else:  # MLA's re-expansion of cached latents is a GEMM
                 gemm_s += time_s
+        step_overhead = self._step_overhead_s
+        if engine is not None:
+            timing = engine.time(batch, total, mode)
+            total, step_overhead = timing.time_s, timing.exposed_s
+            overhead_s += step_overhead
         sums = (compute_s, memory_s, part.comm_s, overhead_s)
         return StepRecord(total, sums.index(max(sums)), flops, nbytes, gemm_s, prefill_s, decode_s,
-                          part.elementwise_s, part.comm_s, self._step_overhead_s)
+                          part.elementwise_s, part.comm_s, step_overhead)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage
@@ -511,10 +551,15 @@ class CostModel:
         link, m, stage = self.hardware.interconnect, self.model, self.stage
         residual = tokens * m.hidden_size * IO_BYTES
         reduces = 2 * self._layers + (1 if stage.first else 0)
-        gather = ring_allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, link) if stage.last else 0.0
-        return reduces * ring_allreduce_s(residual, self.tp, link) + gather + extra
+        if self.runtime.allreduce == "ring":
+            gather = ring_allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, link) if stage.last else 0.0
+            return reduces * ring_allreduce_s(residual, self.tp, link) + gather + extra
+        gather = allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, self.runtime, self.hardware) \
+            if stage.last else 0.0
+        return reduces * allreduce_s(residual, self.tp, self.runtime, self.hardware) + gather + extra
 
-    def _assemble(self, ops: list[OpCost], comm_s: float, total: float) -> StepCost:
+    def _assemble(self, ops: list[OpCost], comm_s: float, total: float,
+                  step_overhead: float | None = None) -> StepCost:
         breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
         bound_s = {"compute": 0.0, "memory": 0.0, "communication": comm_s, "overhead": 0.0}
         flops = hbm = 0.0
@@ -524,7 +569,8 @@ class CostModel:
             bound_s["overhead"] += op.fixed_s
             flops += op.flops
             hbm += op.bytes
-        step_overhead = self._step_overhead_s
+        if step_overhead is None:
+            step_overhead = self._step_overhead_s
         breakdown["communication"] = comm_s
         breakdown["overhead"] = step_overhead
         bound_s["overhead"] += step_overhead

@@ -10,10 +10,11 @@ Importing this package registers the built-in engines. Adding an engine is one m
 subclasses :class:`~servesim.engines.base.Engine` and calls :func:`register_engine`.
 """
 
-from servesim.engines import vllm_v0  # noqa: F401  (registers the built-in engines)
+from servesim.engines import sglang, trtllm, vllm, vllm_v0  # noqa: F401  (registers the built-in engines)
 from servesim.engines.base import (
     DEFAULT_ENGINE,
     ENGINES,
+    CpuCosts,
     Engine,
     EngineKnobs,
     RuntimeCosts,
@@ -24,5 +25,5 @@ from servesim.engines.base import (
     register_engine,
 )
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "Engine", "EngineKnobs", "RuntimeCosts", "SchedulerDefaults",
-           "SpeculationDefaults", "default_runtime", "make_engine", "register_engine"]
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "CpuCosts", "Engine", "EngineKnobs", "RuntimeCosts",
+           "SchedulerDefaults", "SpeculationDefaults", "default_runtime", "make_engine", "register_engine"]

@@ -10,32 +10,123 @@ cost model has one place to read them from.
 
 from __future__ import annotations
 
+import math
 from abc import ABC
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from bisect import bisect_left
+from dataclasses import asdict, dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from servesim.errors import ServesimError
-from servesim.inputs.schema import FrozenModel, parse_model
+from servesim.inputs.files import read_yaml
+from servesim.inputs.schema import FrozenModel, StrictModel, parse_model
+from servesim.resources import configs_dir
 
-DEFAULT_ENGINE = "vllm-v0"
-"""The engine an experiment runs when it names none: today's behaviour, unchanged."""
+DEFAULT_ENGINE = "vllm"
+"""The engine an experiment runs when it names none: vLLM's current (V1) engine, what users run.
+``vllm-v0`` keeps servesim 0.1's behaviour bit for bit."""
+
+
+AllReduceKind = Literal["ring", "nccl", "custom"]
+"""Which all-reduce an engine runs: ``ring`` prices every call with the interconnect's ring
+model (servesim 0.1); ``nccl`` uses the profile's measured NCCL fit; ``custom`` is vLLM's (and
+SGLang's) custom all-reduce over NVLink peer memory: one-shot for small messages, two-shot up to
+``custom_allreduce_max_bytes``, NCCL above (see :mod:`servesim.cost.communication`)."""
 
 
 @dataclass(frozen=True)
 class RuntimeCosts:
-    """An engine's software cost per step on one kind of GPU, as the cost model adds it."""
+    """An engine's software around the GPU kernels of one step, as the cost model folds it in.
+
+    **CPU work per step** (scheduling, input preparation, sampling, detokenisation, output
+    processing): ``step_overhead_s + cpu_per_seq_s * sequences + cpu_per_token_s * new tokens +
+    cpu_per_sample_s * sampled tokens``. ``overlap`` says whether it runs under the GPU's step
+    (vLLM v1's async scheduling, SGLang's overlap scheduler, TensorRT-LLM's overlap scheduler:
+    the step takes ``max(GPU, CPU)``) or before it (vLLM V0: ``GPU + CPU``).
+
+    **CUDA graphs**: a step that replays a captured graph is padded up to the next
+    ``cuda_graph_sizes`` entry (its GEMMs and elementwise kernels run that many rows) and pays no
+    per-kernel launch; ``graph_mixed`` lets steps with prefill chunks replay piecewise graphs
+    (vLLM v1: everything but attention), else only pure decode steps are captured;
+    ``graph_decode_full`` false replays decodes piecewise too; ``graph_padding`` false means a
+    batch size that is not captured runs eagerly (TensorRT-LLM's default). A step that runs
+    eagerly launches every kernel from the host: with ``launch_s`` per launch the GPU waits when
+    the launches take longer than the kernels.
+
+    **All-reduce**: ``allreduce`` and the size limits pick the implementation per message size;
+    the hardware profile's ``collectives`` section says how fast each is.
+    """
 
     step_overhead_s: float = 0.0
-    """CPU time of one iteration that the GPU waits for (no overlap): scheduling, input
-    preparation, sampling, output processing."""
+    """Fixed CPU time of one iteration."""
     provenance: str = ""
+    cpu_per_seq_s: float = 0.0
+    cpu_per_token_s: float = 0.0
+    cpu_per_sample_s: float = 0.0
+    overlap: bool = False
+    cuda_graph_sizes: tuple[int, ...] = ()
+    graph_mixed: bool = False
+    graph_decode_full: bool = True
+    """Pure decode steps replay one full graph (else piecewise graphs, like mixed steps)."""
+    graph_padding: bool = True
+    launch_s: float = 0.0
+    allreduce: AllReduceKind = "ring"
+    custom_allreduce_max_bytes: float = 8 * 2**20
+    oneshot_max_bytes: tuple[tuple[int, float], ...] = ((2, math.inf), (4, 512 * 2**10), (8, 256 * 2**10))
+    """(largest world size, largest message in bytes) pairs for the one-shot kernel; larger
+    custom all-reduces run two-shot."""
 
     @classmethod
     def none(cls) -> RuntimeCosts:
         """No software cost: the GPU kernels alone (``servesim step --ideal``, kernel checks)."""
         return cls(0.0, "none: kernels only")
+
+    @property
+    def is_flat(self) -> bool:
+        """A fixed CPU cost serial with the kernels and nothing else: servesim 0.1's runtime,
+        priced with exactly its arithmetic (``vllm-v0`` stays bit-identical)."""
+        return (not self.overlap and not self.cuda_graph_sizes and self.launch_s == 0.0
+                and self.cpu_per_seq_s == 0.0 and self.cpu_per_token_s == 0.0
+                and self.cpu_per_sample_s == 0.0)
+
+    def cpu_s(self, seqs: float, new_tokens: float, samples: float) -> float:
+        """Host time of one step with ``seqs`` sequences computing ``new_tokens`` tokens and
+        sampling ``samples`` of them."""
+        return (self.step_overhead_s + self.cpu_per_seq_s * seqs + self.cpu_per_token_s * new_tokens
+                + self.cpu_per_sample_s * samples)
+
+    def graph_size(self, tokens: int, decode_only: bool) -> int | None:
+        """The captured size a step of ``tokens`` new tokens replays (its padded size), or None
+        when it runs eagerly."""
+        sizes = self.cuda_graph_sizes
+        if not sizes or tokens > sizes[-1] or not (decode_only or self.graph_mixed):
+            return None
+        padded = sizes[bisect_left(sizes, tokens)]
+        if padded != tokens and not self.graph_padding:
+            return None
+        return padded
+
+    def oneshot_limit(self, world: int) -> float:
+        """Largest message (bytes) the custom all-reduce sends one-shot at ``world`` GPUs."""
+        for largest_world, limit in self.oneshot_max_bytes:
+            if world <= largest_world:
+                return limit
+        return 0.0
+
+    def describe(self) -> dict[str, Any]:
+        """The coefficients as plain values (for summaries and sweep identities)."""
+        out = asdict(self)
+        out["cuda_graph_sizes"] = list(self.cuda_graph_sizes)
+        out["oneshot_max_bytes"] = [list(pair) for pair in self.oneshot_max_bytes]
+        return out
+
+
+def capture_sizes(*parts: range | list[int]) -> tuple[int, ...]:
+    """Sorted distinct capture sizes from ranges and lists (as the engines spell them)."""
+    return tuple(sorted({int(v) for part in parts for v in part}))
 
 
 @dataclass(frozen=True)
@@ -85,8 +176,8 @@ class EngineKnobs(FrozenModel):
     version: str | None = Field(None, description="engine version to model (default: the latest modelled)")
     step_overhead_s: float | None = Field(
         None, ge=0, allow_inf_nan=False,
-        description="CPU time per iteration the GPU waits for, on every GPU (default: the engine's "
-        "estimate for the hardware)")
+        description="fixed CPU time per iteration, on every GPU (default: the engine's value for the "
+        "hardware)")
     speculative_step_overhead_s: float | None = Field(
         None, ge=0, allow_inf_nan=False,
         description="speculative decoding: software time of a step that verifies proposals (default: "
@@ -95,6 +186,48 @@ class EngineKnobs(FrozenModel):
         None, ge=0, allow_inf_nan=False,
         description="speculative decoding: software time of each proposer pass (default: the "
         "engine's)")
+    cpu_per_seq_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="CPU time per iteration per scheduled sequence")
+    cpu_per_token_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="CPU time per iteration per new token")
+    cpu_per_sample_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="CPU time per iteration per sampled token")
+    profile: Path | None = Field(
+        None, description="an engine runtime profile YAML (written by `servesim calibrate "
+        "from-benchmark` or `fit-serving`) whose CPU coefficients replace the engine's")
+
+
+@dataclass(frozen=True)
+class CpuCosts:
+    """An engine's host time per iteration on one kind of server: ``fixed_s + per_seq_s *
+    sequences + per_token_s * new tokens + per_sample_s * sampled tokens``, with where the
+    numbers come from."""
+
+    fixed_s: float
+    per_seq_s: float = 0.0
+    per_token_s: float = 0.0
+    per_sample_s: float = 0.0
+    provenance: str = ""
+
+    def replace_from(self, knobs: EngineKnobs) -> CpuCosts:
+        """These costs with every coefficient the experiment sets replaced."""
+        values = {"fixed_s": knobs.step_overhead_s, "per_seq_s": knobs.cpu_per_seq_s,
+                  "per_token_s": knobs.cpu_per_token_s, "per_sample_s": knobs.cpu_per_sample_s}
+        given: dict[str, float] = {k: v for k, v in values.items() if v is not None}
+        if not given:
+            return self
+        note = ", ".join(f"engine.{_KNOB_OF[k]}" for k in given) + " in the experiment"
+        return replace(self, **given, provenance=f"{note}; others: {self.provenance}")
+
+
+_KNOB_OF = {"fixed_s": "step_overhead_s", "per_seq_s": "cpu_per_seq_s", "per_token_s": "cpu_per_token_s",
+            "per_sample_s": "cpu_per_sample_s"}
+
+
+def by_prefix(table: dict[str, Any], hardware_name: str) -> Any:
+    """The entry of ``table`` whose key is the longest prefix of ``hardware_name`` ("" matches all)."""
+    key = max((prefix for prefix in table if hardware_name.startswith(prefix)), key=len)
+    return table[key]
 
 
 class Engine(ABC):
@@ -108,7 +241,12 @@ class Engine(ABC):
     Knobs: ClassVar[type[EngineKnobs]] = EngineKnobs
     defaults: ClassVar[SchedulerDefaults] = SchedulerDefaults()
     step_overhead_s: ClassVar[dict[str, float]] = {"": 0.0}
-    """Per-step CPU time by hardware-profile name prefix (longest match; "" is the default)."""
+    """Per-step CPU time by hardware-profile name prefix (longest match; "" is the default), for
+    an engine whose CPU work is one constant (see :attr:`cpu_costs` for the full model)."""
+    cpu_costs: ClassVar[dict[str, CpuCosts]] = {}
+    """Host time per iteration by hardware-profile name prefix; when empty, :attr:`step_overhead_s`
+    gives a constant. A fitted file ``configs/engines/<name>.yaml`` (``servesim calibrate
+    fit-serving``) replaces these entries."""
     provenance: ClassVar[dict[str, str]] = {}
     speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults()
     """Its defaults for speculative decoding (``speculative:`` in the experiment)."""
@@ -116,14 +254,19 @@ class Engine(ABC):
     def __init__(self, knobs: EngineKnobs) -> None:
         self.knobs = knobs
         self.version = knobs.version or self.versions[0]
+        self._profile = (read_runtime_profile(knobs.profile, "engine.profile", self.name)
+                         if knobs.profile is not None else None)
 
-    def runtime(self, hardware_name: str) -> RuntimeCosts:
-        """The software cost per step of this engine on the GPU named ``hardware_name``."""
-        if self.knobs.step_overhead_s is not None:
-            return RuntimeCosts(self.knobs.step_overhead_s, "engine.step_overhead_s in the experiment")
-        table = self.step_overhead_s
-        key = max((prefix for prefix in table if hardware_name.startswith(prefix)), key=len)
-        return RuntimeCosts(table[key], self.provenance.get("step_overhead_s", ""))
+    # ------------------------------------------------------------------ CPU work
+    def cpu_table(self) -> dict[str, CpuCosts]:
+        """Host-time coefficients by hardware prefix: the engine's profile file if given, else
+        its fitted file if shipped, else the module's values."""
+        if self._profile is not None:
+            return self._profile
+        fitted = fitted_runtime(self.name)
+        if fitted:
+            return {**self.builtin_cpu_table(), **fitted}
+        return self.builtin_cpu_table()
 
     def speculation_overheads(self) -> tuple[float, float, str]:
         """(per verifying step, per proposer pass, where they come from) for speculative decoding:
@@ -137,9 +280,42 @@ class Engine(ABC):
         source = "engine section of the experiment" if overridden else defaults.overhead_provenance
         return step, per_pass, source
 
+    def builtin_cpu_table(self) -> dict[str, CpuCosts]:
+        if self.cpu_costs:
+            return dict(self.cpu_costs)
+        note = self.provenance.get("step_overhead_s", "")
+        return {prefix: CpuCosts(value, provenance=note) for prefix, value in self.step_overhead_s.items()}
+
+    def cpu(self, hardware_name: str) -> CpuCosts:
+        """Host time per iteration on ``hardware_name``, with the experiment's knobs applied."""
+        return by_prefix(self.cpu_table(), hardware_name).replace_from(self.knobs)
+
+    # ------------------------------------------------------------------ what a deployment inherits
+    def scheduler_defaults(self, hardware_name: str, hbm_bytes: float, tp: int) -> SchedulerDefaults:
+        """The engine arguments a deployment inherits on this GPU at this TP degree (engines
+        whose defaults depend on the GPU override this)."""
+        return self.defaults
+
+    def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,
+                hbm_bytes: float | None = None) -> RuntimeCosts:
+        """The software cost per step of this engine on ``hardware_name`` at TP ``tp`` with
+        ``max_num_seqs`` seats (CUDA-graph capture sizes may depend on both)."""
+        cpu = self.cpu(hardware_name)
+        if self._is_constant_only(cpu):
+            if self.knobs.step_overhead_s is not None:
+                return RuntimeCosts(cpu.fixed_s, "engine.step_overhead_s in the experiment")
+            return RuntimeCosts(cpu.fixed_s, cpu.provenance)
+        return RuntimeCosts(cpu.fixed_s, cpu.provenance, cpu.per_seq_s, cpu.per_token_s, cpu.per_sample_s)
+
+    @staticmethod
+    def _is_constant_only(cpu: CpuCosts) -> bool:
+        return cpu.per_seq_s == 0.0 and cpu.per_token_s == 0.0 and cpu.per_sample_s == 0.0
+
+    # ------------------------------------------------------------------ descriptions
     def knob_values(self) -> dict[str, Any]:
         """The knobs as given (unset ones omitted), with the resolved version."""
-        return {"name": self.name, **self.knobs.model_dump(exclude_none=True), "version": self.version}
+        return {"name": self.name, **self.knobs.model_dump(mode="json", exclude_none=True),
+                "version": self.version}
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "title": self.title}
@@ -147,8 +323,59 @@ class Engine(ABC):
     def identity(self) -> dict[str, Any]:
         """Everything of this engine that decides results (for sweep run names): its knobs, its
         defaults and its coefficients."""
-        return {"knobs": self.knob_values(), "defaults": asdict(self.defaults),
-                "step_overhead_s": dict(self.step_overhead_s)}
+        identity: dict[str, Any] = {"knobs": self.knob_values(), "defaults": asdict(self.defaults),
+                                    "step_overhead_s": dict(self.step_overhead_s)}
+        table = self.cpu_table()
+        if self.cpu_costs or self._profile is not None or fitted_runtime(self.name):
+            identity["cpu_costs"] = {k: asdict(v) for k, v in sorted(table.items())}
+        return identity
+
+
+# ---------------------------------------------------------------------- runtime profile files
+class _CpuEntry(StrictModel):
+    fixed_s: float = Field(ge=0, allow_inf_nan=False)
+    per_seq_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    per_token_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    per_sample_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    provenance: str = ""
+
+
+class RuntimeProfile(StrictModel):
+    """An engine runtime profile file: host-time coefficients by hardware-name prefix
+    (``default`` matches every GPU)."""
+
+    engine: str
+    version: str | None = None
+    cpu_costs: dict[str, _CpuEntry]
+    notes: str = ""
+
+    def table(self) -> dict[str, CpuCosts]:
+        return {("" if prefix == "default" else prefix):
+                CpuCosts(e.fixed_s, e.per_seq_s, e.per_token_s, e.per_sample_s, e.provenance)
+                for prefix, e in self.cpu_costs.items()}
+
+
+def read_runtime_profile(path: Path, where: str, engine: str) -> dict[str, CpuCosts]:
+    """The CPU table of a runtime profile YAML; one-line errors name the file and the key."""
+    data = read_yaml(Path(path), str(path))
+    profile = parse_model(RuntimeProfile, data, file=str(path))
+    if profile.engine != engine:
+        raise ServesimError(f"{where}", f"{path} is a profile of engine {profile.engine!r}, not {engine!r}",
+                            f"use engine: {{name: {profile.engine}, profile: {path}}} or another file")
+    if not profile.cpu_costs:
+        raise ServesimError(f"{path}: cpu_costs", "is empty",
+                            "give at least one entry (default matches every GPU)")
+    return profile.table()
+
+
+@cache
+def fitted_runtime(engine: str) -> dict[str, CpuCosts]:
+    """The shipped fit of ``engine``'s host-time coefficients (``configs/engines/<name>.yaml``),
+    or nothing when none is shipped."""
+    path = configs_dir() / "engines" / f"{engine}.yaml"
+    if not path.is_file():
+        return {}
+    return read_runtime_profile(path, "engine", engine)
 
 
 ENGINES: dict[str, type[Engine]] = {}
@@ -174,6 +401,12 @@ def make_engine(name: str, knobs: dict[str, Any], where: str = "engine") -> Engi
     return cls(parsed)
 
 
+BARE_COST_MODEL_ENGINE = "vllm-v0"
+"""The engine whose runtime a bare ``CostModel`` (built without one) adds: servesim 0.1's flat
+per-step constant and ring all-reduce, so the cost model alone stays the textbook its tests check
+by hand. Runs always pass their deployment's engine."""
+
+
 def default_runtime(hardware_name: str) -> RuntimeCosts:
-    """The default engine's runtime costs on ``hardware_name`` (the cost model's default)."""
-    return make_engine(DEFAULT_ENGINE, {}).runtime(hardware_name)
+    """The runtime costs a ``CostModel`` built without an engine adds on ``hardware_name``."""
+    return make_engine(BARE_COST_MODEL_ENGINE, {}).runtime(hardware_name)

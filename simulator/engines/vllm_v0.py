@@ -7,6 +7,10 @@ chunks: ``DEFAULT_MAX_NUM_BATCHED_TOKENS``). The default policy is ``continuous`
 run alone, then decodes (V0's scheduler without ``--enable-chunked-prefill``); a 1% free-block
 watermark guards admission.
 
+``num_scheduler_steps`` (multi-step scheduling, vLLM 0.6) divides that host cost per step; the
+coarser admission it brings (new prompts join only between groups of steps) is not modelled:
+admissions are considered every step.
+
 Runtime: a fixed CPU time per iteration that the GPU waits for (V0 schedules, prepares inputs,
 samples and processes outputs between model passes, without overlap). The values are estimates
 carried over unchanged from the hardware profiles that held them before engines existed: 0.6 ms
@@ -24,9 +28,25 @@ not measured.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
-from servesim.engines.base import Engine, SchedulerDefaults, SpeculationDefaults, register_engine
+from pydantic import Field
+
+from servesim.engines.base import (
+    Engine,
+    EngineKnobs,
+    RuntimeCosts,
+    SchedulerDefaults,
+    SpeculationDefaults,
+    register_engine,
+)
+
+
+class VllmV0Knobs(EngineKnobs):
+    num_scheduler_steps: int = Field(
+        1, ge=1, le=64, description="multi-step scheduling (vLLM 0.6 --num-scheduler-steps): the "
+        "scheduler runs once per this many decode steps")
 
 
 @register_engine
@@ -34,6 +54,7 @@ class VllmV0(Engine):
     name = "vllm-v0"
     title = "vLLM 0.6 (V0 engine)"
     versions = ("0.6",)
+    Knobs = VllmV0Knobs
     defaults = SchedulerDefaults(policy="continuous", max_num_seqs=256, block_size=16,
                                  gpu_memory_utilization=0.9, watermark=0.01, enable_prefix_caching=False,
                                  chunked_max_num_batched_tokens=2048, min_max_num_batched_tokens=2048)
@@ -55,3 +76,17 @@ class VllmV0(Engine):
         "defaults": "vLLM 0.6 EngineArgs defaults (max_num_seqs 256, block_size 16, "
                     "gpu_memory_utilization 0.9, DEFAULT_MAX_NUM_BATCHED_TOKENS 2048)",
     }
+
+    def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,
+                hbm_bytes: float | None = None) -> RuntimeCosts:
+        """The constant per-step cost; with multi-step scheduling the scheduler and input
+        preparation run once per ``num_scheduler_steps`` steps and output processing overlaps the
+        next steps (vLLM 0.6's multi-step design), so the host cost per step is divided by it."""
+        costs = super().runtime(hardware_name, tp=tp, max_num_seqs=max_num_seqs, hbm_bytes=hbm_bytes)
+        knobs = self.knobs
+        assert isinstance(knobs, VllmV0Knobs)
+        steps = knobs.num_scheduler_steps
+        if steps == 1:
+            return costs
+        return replace(costs, step_overhead_s=costs.step_overhead_s / steps,
+                       provenance=f"{costs.provenance}; divided by num_scheduler_steps {steps}")

@@ -100,7 +100,7 @@ def _scheduler(group: ReplicaGroup) -> tuple[list[str], list[str]]:
                      "batch continuously and beat the simulated latencies")
     elif str(getattr(options, "order", "prefill_first")) == "decode_first":
         notes.append("simulated TGI's decode-first admission; vLLM admits prefill first")
-    if s.watermark is not None and abs(s.watermark - 0.01) > 1e-12:
+    if group.engine.name == "vllm-v0" and s.watermark is not None and abs(s.watermark - 0.01) > 1e-12:
         notes.append(f"simulated a KV watermark of {s.watermark:g}; vLLM V0 keeps 0.01 (no flag)")
     return argv, notes
 

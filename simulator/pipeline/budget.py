@@ -24,7 +24,7 @@ def expected_requests(config: ExperimentConfig) -> tuple[float, str] | None:
     counts = []
     if workload.num_requests is not None:
         counts.append((float(workload.num_requests), "workload.num_requests"))
-    if workload.duration_s is not None:
+    if workload.duration_s is not None and workload.arrival.rate is not None:
         counts.append((workload.arrival.rate * workload.duration_s, "workload.duration_s"))
     return min(counts) if counts else None
 

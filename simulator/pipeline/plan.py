@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from servesim.config import ExperimentConfig, load_experiment
+from servesim.core.clients import ClosedLoop
 from servesim.core.state import REJECT_REASONS
 from servesim.errors import ServesimError
 from servesim.pipeline.budget import check_run_size
@@ -38,6 +39,15 @@ class RunPlan:
     @property
     def seed(self) -> int:
         return self.config.seed
+
+    @property
+    def closed_loop(self) -> ClosedLoop | None:
+        """The clients that send the requests, when the workload is a closed loop."""
+        arrival = self.config.workload.arrival
+        if arrival is None or not arrival.is_closed:
+            return None
+        assert arrival.concurrency is not None
+        return ClosedLoop(arrival.concurrency, arrival.think_time_s or 0.0)
 
     @property
     def policy_label(self) -> str:

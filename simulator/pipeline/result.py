@@ -75,6 +75,16 @@ class RunResult:
         """Every inter-token gap as (value, count) pairs."""
         return itl_frame(self.sim.requests)
 
+    @property
+    def offered_rate(self) -> float:
+        """Requests per second over the span of arrivals: the table's, or for closed-loop
+        clients the times they actually sent their requests."""
+        if self.plan.closed_loop is None:
+            return self.plan.workload.mean_rate
+        sent = self.sim.requests.arrival
+        span = float(sent.max() - sent.min()) if sent.size > 1 else 0.0
+        return (sent.size - 1) / span if span > 0 else 0.0
+
     @cached_property
     def summary(self) -> Summary:
         plan, steps, requests = self.plan, self.steps, self.requests
@@ -90,7 +100,7 @@ class RunResult:
             sections = {**sections, "speculation": speculative_section(speculation, kv_run.states, kv_steps)}
         return summarise(
             requests, self.itl, slo_limits=slo.limits() if slo else {},
-            offered_rate=plan.workload.mean_rate, deployment=plan.describe(),
+            offered_rate=self.offered_rate, deployment=plan.describe(),
             kv=kv_usage(kv_run.states, kv_steps), swap=swap_usage(states), batch=batch_usage(steps),
             sections={**sections, **session_section(requests, plan.workload, slo.limits() if slo else {})},
             prefix_cache=prefix_cache_stats(requests, [s.prefix_cache for s in states],

@@ -15,7 +15,7 @@ def simulate(plan: RunPlan, progress: Progress | None = None) -> RunResult:
     started = time.perf_counter()
     sim = Sim.start(plan.workload, plan.seed)
     built = plan.topology.build(sim, plan.reject_codes)
-    run_until_done(sim, built.entry, progress)
+    run_until_done(sim, built.entry, progress, plan.closed_loop)
     check_finished(sim.requests, (state for group in built.groups for state in group.states), sim.env.now)
     end = sim.steps.end_s()
     for link in built.links:

@@ -155,7 +155,7 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
     """Fill in the engine's defaults and check every limit of one group (errors name the
     ``deployment`` key; a topology relabels them for its groups). ``speculative``: the
     experiment's speculative decoding, resolved here with the group's model, GPU and tp."""
-    defaults = engine.defaults
+    defaults = engine.scheduler_defaults(hardware.name, hardware.memory.capacity_bytes, keys.tp)
     speculation = resolve_speculation(speculative, model, hardware, keys.tp, precision, engine)
     if speculation is not None and not policy.cls.supports_speculation:
         raise ServesimError("speculative", f"is not modelled for policy {policy.name!r}",
@@ -226,9 +226,10 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                          enable_prefix_caching=prefix_caching, pp=keys.pp, dp=keys.dp, ep=keys.ep,
                          pp_layers=keys.pp_layers, all2all_backend=keys.all2all_backend,
                          expert_routing=keys.expert_routing)
-    group = ReplicaGroup(name, model, hardware, parallelism, precision, engine,
-                         engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings,
-                         speculation)
+    runtime = engine.runtime(hardware.name, tp=keys.tp, max_num_seqs=max_num_seqs,
+                             hbm_bytes=hardware.memory.capacity_bytes)
+    group = ReplicaGroup(name, model, hardware, parallelism, precision, engine, runtime, memory, limits,
+                         keys.replicas, policy, settings, speculation)
     check_step_time(group)
     return group
 

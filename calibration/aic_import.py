@@ -1,0 +1,89 @@
+"""``servesim calibrate import-aiconfigurator``: fit the H100, H200, B200 and A100 profiles from
+NVIDIA AIConfigurator's measured vLLM kernels.
+
+Per GPU: GEMMs (bf16 and per-tensor fp8), prefill and decode attention (bf16 and fp8 KV cache) and
+nccl-tests all-reduce (the interconnect's ring model) go through the same fit as the Vidur import
+(:func:`servesim.calibration.profile_fit.fit_profile`: every other value of each family's shape
+axis held out, provenance with in-sample and held-out error); vLLM's own all-reduce and NCCL fit
+the profile's ``collectives`` (:mod:`servesim.calibration.collective_fit`). Elementwise kernels
+keep their hand-set curves (the data has none). The report gives, per GPU and family, the
+held-out median and p90 error of the spec-sheet roofline, of the profile before the import and of
+the fitted one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from servesim.calibration.aiconfigurator import GPUS, VERSIONS, aic_tables
+from servesim.calibration.collective_fit import fit_collectives
+from servesim.calibration.profile_fit import fit_profile
+from servesim.calibration.profiles import write_profile
+from servesim.hardware import HardwareProfile
+from servesim.hardware_io import hardware_from_dict, load_hardware
+from servesim.resources import hardware_profiles_dir
+
+SOURCE = ("NVIDIA AIConfigurator per-operator timings (ai-dynamo/aiconfigurator @095f58a5, "
+          "systems/data/{gpu}, vLLM {version})")
+KERNEL_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "allreduce")
+
+
+def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.DataFrame]:
+    """One GPU's profile fitted to its AIConfigurator tables, and its error report."""
+    measured = aic_tables(root, gpu)
+    source = SOURCE.format(gpu=gpu, version=VERSIONS[gpu])
+    prior = load_hardware(GPUS[gpu])
+    kernels = {family: measured.tables[family] for family in KERNEL_FAMILIES if family in measured.tables}
+    fitted, report = fit_profile(kernels, prior, source, date)
+    collectives, reports = fit_collectives(measured.tables["nccl"], measured.tables["custom_allreduce"],
+                                                 fitted)
+    data: dict[str, Any] = fitted.model_dump(mode="json", exclude_none=True)
+    data["collectives"] = collectives.model_dump(mode="json")
+    provenance = dict(fitted.provenance)
+    detail = "; ".join(f"{r.family}: {r.rows_fit} rows fitted, {r.rows_held_out} held out, held-out "
+                       f"median {r.fit_out[0]:.1f}% p90 {r.fit_out[1]:.1f}% (ring model before: median "
+                       f"{r.prior[0]:.1f}% p90 {r.prior[1]:.1f}%)" for r in reports)
+    provenance["collectives"] = (
+        f"fitted {date} by servesim calibrate import-aiconfigurator from {source} [comm/vllm "
+        "custom_allreduce_perf (graph-captured), comm/nccl nccl_perf all_reduce half]: vLLM's all-reduce "
+        "split by vLLM's kernel choice (one-shot / two-shot below 8 MiB), NCCL from nccl-tests; "
+        "latency, per-peer latency and efficiency by grid search on mean |log error| over every other "
+        f"message size; {detail}; eager_call_s = median eager minus graphed time of vLLM's all-reduce "
+        "up to 64 KiB")
+    dropped = ", ".join(f"{reason} ({count:,})" for reason, count in measured.dropped.items())
+    provenance["calibration"] = (
+        f"{provenance.get('calibration', '')}; rows left out of the AIConfigurator import: "
+        f"{dropped or 'none'}")
+    data["provenance"] = provenance
+    profile = hardware_from_dict(data, f"fitted {GPUS[gpu]}")
+    table = report.table()
+    table.insert(0, "gpu", gpu)
+    extra = pd.DataFrame([{"gpu": gpu, "profile": prior.name, "family": f"allreduce_{r.family}",
+                           "rows_fit": r.rows_fit, "rows_held_out": r.rows_held_out,
+                           "spec_median_%": float("nan"), "spec_p90_%": float("nan"),
+                           "prior_median_%": r.prior[0], "prior_p90_%": r.prior[1],
+                           "fit_in_median_%": r.fit_in[0], "fit_in_p90_%": r.fit_in[1],
+                           "fit_out_median_%": r.fit_out[0], "fit_out_p90_%": r.fit_out[1]}
+                          for r in reports])
+    return profile, pd.concat([table, extra], ignore_index=True)
+
+
+def import_aiconfigurator(root: Path, out_dir: Path | None = None, date: str | None = None,
+                          gpus: tuple[str, ...] = tuple(GPUS),
+                          ) -> tuple[dict[str, HardwareProfile], pd.DataFrame]:
+    """Fit and write the profiles of ``gpus``; returns them and the error report."""
+    date = date or dt.date.today().isoformat()
+    out_dir = Path(out_dir) if out_dir else hardware_profiles_dir()
+    fitted: dict[str, HardwareProfile] = {}
+    reports = []
+    for gpu in gpus:
+        profile, report = import_gpu(Path(root), gpu, date)
+        fitted[gpu] = profile
+        reports.append(report)
+        write_profile(profile, out_dir / f"{GPUS[gpu]}.yaml",
+                      f"efficiencies fitted by `servesim calibrate import-aiconfigurator` on {date}")
+    return fitted, pd.concat(reports, ignore_index=True)

@@ -1,0 +1,177 @@
+"""Reading NVIDIA AIConfigurator's per-operator timings as measurements.
+
+``kernels/aiconfigurator/<gpu>/<family>/<backend>/<version>/*.parquet`` (see that folder's
+README) hold what vLLM dispatches on one GPU, timed with CUDA events over CUDA-graph replays,
+``latency`` in milliseconds per call:
+
+- ``gemm_perf``: ``RowParallelLinear`` with input ``(m, k)`` and ``n`` outputs (``m`` tokens),
+  ``gemm_dtype`` bfloat16, fp8 (per-tensor, activation quantisation inside the timed call),
+  fp8_block, nvfp4 (B200);
+- ``context_attention_perf``: ``batch_size`` sequences of ``isl`` new tokens each, no earlier
+  cache, ``num_heads`` / ``num_key_value_heads`` per GPU, ``head_dim``, ``kv_cache_dtype``;
+- ``generation_attention_perf``: one new token per sequence over ``step`` cached tokens;
+- ``custom_allreduce_perf``: vLLM's ``tensor_model_parallel_all_reduce`` on 2-8 GPUs,
+  ``message_size`` in elements of bf16, captured in a graph (``vllm_graph``) or eager;
+- ``nccl_perf``: nccl-tests, ``message_size`` in elements of ``nccl_dtype``.
+
+The tables come out in the :mod:`servesim.calibration.schema` format (seconds, bytes), plus the
+two collective families :mod:`servesim.calibration.collective_fit` fits. Rows the cost model
+cannot price the same way are left out and counted (:class:`AicTables.dropped`): GEMMs with a
+side below 512 (no serving layer on one GPU is that narrow; the curve would bend to them),
+block-scaled FP8 and FP4 GEMMs (one FP8 format is modelled; FP4 is not), attention with a
+sliding window (the cost model caps windows, but the grids here are not what serving runs), and
+attention over an fp8 KV cache (its dequantisation cost is not modelled, so those rows would bend
+the bf16 curves; they are counted).
+Nothing is copied into the repository.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from servesim.errors import ServesimError
+
+GPUS = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "b200_sxm": "b200",
+        "a100_sxm": "a100-sxm-80gb"}
+"""AIConfigurator system name -> servesim profile."""
+VERSIONS = {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "b200_sxm": "0.24.0", "a100_sxm": "0.14.0"}
+"""The vLLM version of each system's tables (the newest with real data, per the data's README)."""
+NCCL_FOLDER = {"h100_sxm": "2.27.3", "h200_sxm": "2.26.2", "b200_sxm": "2.27.3", "a100_sxm": "2.27.3"}
+"""The NCCL folder each system's spec names (``misc.nccl_version``), which AIConfigurator loads."""
+MIN_GEMM_SIDE = 512
+DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0}
+BF16_BYTES = 2
+
+
+@dataclass
+class AicTables:
+    """One GPU's measurements, by family, and the rows left out, by reason."""
+
+    gpu: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, reason: str, count: int) -> None:
+        if count:
+            self.dropped[reason] = self.dropped.get(reason, 0) + int(count)
+
+
+def _parquet(root: Path, gpu: str, family: str, backend: str, version: str, name: str) -> pd.DataFrame:
+    path = root / gpu / family / backend / version / name
+    if not path.is_file():
+        raise ServesimError("aiconfigurator", f"{path} not found",
+                            "give the kernels/aiconfigurator folder of the shared data (see its README)")
+    return pd.read_parquet(path)
+
+
+def gemm_tables(root: Path, gpu: str, out: AicTables) -> dict[str, pd.DataFrame]:
+    """bf16 GEMMs (``gemm``) and per-tensor fp8 GEMMs (``gemm_fp8``), fitted apart: fp8 kernels
+    reach a different share of their peak (and include the activations' quantisation)."""
+    table = _gemm_rows(root, gpu, out)
+    fp8 = table["dtype"] == "fp8"
+    tables = {"gemm": table[~fp8].reset_index(drop=True)}
+    if fp8.any():
+        tables["gemm_fp8"] = table[fp8].reset_index(drop=True)
+    return tables
+
+
+def _gemm_rows(root: Path, gpu: str, out: AicTables) -> pd.DataFrame:
+    raw = _parquet(root, gpu, "gemm", "vllm", VERSIONS[gpu], "gemm_perf.parquet")
+    known = raw["gemm_dtype"].isin(list(DTYPES))
+    for dtype, count in raw.loc[~known, "gemm_dtype"].value_counts().items():
+        out.drop(f"gemm {dtype} (format not modelled)", count)
+    raw = raw[known]
+    wide = (raw["n"] >= MIN_GEMM_SIDE) & (raw["k"] >= MIN_GEMM_SIDE)
+    out.drop(f"gemm with n or k below {MIN_GEMM_SIDE}", int((~wide).sum()))
+    raw = raw[wide]
+    return pd.DataFrame({"m": raw["m"].to_numpy(), "n": raw["n"].to_numpy(), "k": raw["k"].to_numpy(),
+                         "dtype": raw["gemm_dtype"].map(DTYPES).to_numpy(),
+                         "time_s": raw["latency"].to_numpy() * 1e-3,
+                         "source": f"aiconfigurator {gpu} gemm vllm {VERSIONS[gpu]}"})
+
+
+def _attention_rows(raw: pd.DataFrame, gpu: str, name: str, out: AicTables) -> pd.DataFrame:
+    if "window_size" in raw.columns:
+        windowed = raw["window_size"] > 0
+        out.drop(f"{name} with a sliding window", int(windowed.sum()))
+        raw = raw[~windowed]
+    bf16 = raw["kv_cache_dtype"] == "bfloat16"
+    out.drop(f"{name} with an fp8 KV cache (its dequantisation is not modelled)", int((~bf16).sum()))
+    return raw[bf16]
+
+
+def attention_tables(root: Path, gpu: str, out: AicTables) -> dict[str, pd.DataFrame]:
+    version = VERSIONS[gpu]
+    source = f"aiconfigurator {gpu} attention vllm {version}"
+    context = _attention_rows(_parquet(root, gpu, "attention", "vllm", version,
+                                       "context_attention_perf.parquet"), gpu, "context attention", out)
+    generation = _attention_rows(_parquet(root, gpu, "attention", "vllm", version,
+                                          "generation_attention_perf.parquet"), gpu, "generation attention",
+                                 out)
+
+    def common(raw: pd.DataFrame) -> dict[str, np.ndarray | str]:
+        return {"batch": raw["batch_size"].to_numpy(), "heads": raw["num_heads"].to_numpy(),
+                "kv_heads": raw["num_key_value_heads"].to_numpy(), "head_dim": raw["head_dim"].to_numpy(),
+                "kv_bytes": raw["kv_cache_dtype"].map(KV_BYTES).to_numpy(),
+                "time_s": raw["latency"].to_numpy() * 1e-3, "source": source}
+
+    prefill = pd.DataFrame({**common(context), "seq": context["isl"].to_numpy(), "context": 0})
+    decode = pd.DataFrame({**common(generation), "context": generation["step"].to_numpy()})
+    return {"attention_prefill": prefill, "attention_decode": decode}
+
+
+def custom_allreduce_table(root: Path, gpu: str) -> pd.DataFrame:
+    """vLLM's all-reduce per (bytes, world), graph-captured and eager times side by side."""
+    raw = _parquet(root, gpu, "comm", "vllm", VERSIONS[gpu], "custom_allreduce_perf.parquet")
+    raw = raw[raw["allreduce_dtype"] == "bfloat16"]
+    table = raw.pivot_table(index=["message_size", "num_gpus"], columns="backend", values="latency",
+                            aggfunc="first").reset_index()
+    return pd.DataFrame({"bytes": table["message_size"].to_numpy(float) * BF16_BYTES,
+                         "world": table["num_gpus"].to_numpy(int),
+                         "time_s": table["vllm_graph"].to_numpy(float) * 1e-3,
+                         "eager_s": table["vllm_eager"].to_numpy(float) * 1e-3,
+                         "source": f"aiconfigurator {gpu} comm vllm {VERSIONS[gpu]} custom_allreduce"})
+
+
+def nccl_table(root: Path, gpu: str) -> pd.DataFrame:
+    """nccl-tests all-reduce of fp16 per (bytes, world); the first of repeated rows (as the
+    AIConfigurator loader keeps)."""
+    raw = _parquet(root, gpu, "comm", "nccl", NCCL_FOLDER[gpu], "nccl_perf.parquet")
+    raw = raw[(raw["op_name"] == "all_reduce") & (raw["nccl_dtype"] == "half")]
+    raw = raw.drop_duplicates(["num_gpus", "message_size"], keep="first")
+    return pd.DataFrame({"bytes": raw["message_size"].to_numpy(float) * BF16_BYTES,
+                         "world": raw["num_gpus"].to_numpy(int),
+                         "time_s": raw["latency"].to_numpy(float) * 1e-3,
+                         "source": f"aiconfigurator {gpu} comm nccl {NCCL_FOLDER[gpu]} all_reduce"})
+
+
+def aic_tables(root: Path, gpu: str) -> AicTables:
+    """Every usable measurement of ``gpu`` (an AIConfigurator system name, e.g. ``h100_sxm``)."""
+    root = Path(root)
+    if gpu not in GPUS:
+        raise ServesimError("aiconfigurator", f"unknown system {gpu!r}", f"use one of {', '.join(GPUS)}")
+    if not (root / gpu).is_dir():
+        raise ServesimError("aiconfigurator", f"{root / gpu} not found",
+                            "give ../shared/data/kernels/aiconfigurator")
+    out = AicTables(gpu)
+    out.tables.update(gemm_tables(root, gpu, out))
+    out.tables.update(attention_tables(root, gpu, out))
+    nccl = nccl_table(root, gpu)
+    out.tables["allreduce"] = nccl  # the interconnect's ring model (servesim 0.1's all-reduce)
+    out.tables["nccl"] = nccl
+    out.tables["custom_allreduce"] = custom_allreduce_table(root, gpu)
+    return out
+
+
+def aic_system_of(profile_name: str) -> str:
+    """The AIConfigurator system whose tables calibrate the profile ``profile_name``."""
+    for system, profile in GPUS.items():
+        if profile_name == profile:
+            return system
+    raise ServesimError("--profile", f"no AIConfigurator data for {profile_name}",
+                        f"use one of {', '.join(GPUS.values())}")

@@ -1,0 +1,182 @@
+"""Fitting an engine's runtime coefficients to end-to-end measurements.
+
+A measurement is a schedule (:class:`~servesim.calibration.replay.ScheduleTrace`) and what was
+measured of it: the mean TTFT and TPOT of a closed-loop benchmark (one row of a serving file), or
+every request of a user's own benchmark run. The fit chooses the engine's CPU time per step
+(``fixed_s`` plus ``per_seq_s`` per scheduled sequence, optionally ``per_token_s`` per new token)
+and, if asked, one scale per kernel class, to minimise the mean absolute log error of TTFT and
+TPOT over all measurements, by coordinate descent over geometric grids that are refined around
+the best value, then a Nelder-Mead polish in log space (every coefficient stays >= 0; the grid
+keeps scales within 0.25-4). Mechanisms, not
+numbers: the same few coefficients must explain every model, GPU and concurrency of an engine,
+which :func:`leave_one_model_out` checks by predicting each model from the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from servesim.calibration.replay import KERNEL_CLASSES, Coefficients, ScheduleTrace
+
+GRIDS: dict[str, np.ndarray] = {
+    "fixed_s": np.concatenate([[0.0], np.geomspace(1e-5, 2e-2, 40)]),
+    "per_seq_s": np.concatenate([[0.0], np.geomspace(1e-7, 5e-4, 40)]),
+    "per_token_s": np.concatenate([[0.0], np.geomspace(1e-9, 5e-5, 40)]),
+}
+SCALE_GRID = np.geomspace(0.25, 4.0, 41)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A trace with what was measured of it: per-request arrays, or one mean per metric (NaN
+    where not measured). ``requests`` selects the trace's requests the measurement covers."""
+
+    trace: ScheduleTrace
+    requests: np.ndarray
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    group: str = ""
+    """What it belongs to for leave-one-out (a model)."""
+
+    def predicted(self, c: Coefficients) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted TTFT and TPOT comparable with ``ttft_s`` / ``tpot_s`` (means when those
+        are one number)."""
+        ttft, tpot = self.trace.evaluate(c)
+        ttft, tpot = ttft[self.requests], tpot[self.requests]
+        if self.ttft_s.size == 1:
+            return np.array([np.nanmean(ttft)]), np.array([np.nanmean(tpot)])
+        return ttft, tpot
+
+
+METRICS = ("ttft", "tpot")
+
+
+def log_errors(measurements: Sequence[Measurement], c: Coefficients,
+               metrics: Sequence[str] = METRICS) -> np.ndarray:
+    """|ln(predicted / measured)| of every measured value of ``metrics`` (TTFT, TPOT)."""
+    parts = []
+    for m in measurements:
+        ttft, tpot = m.predicted(c)
+        pairs = {"ttft": (ttft, m.ttft_s), "tpot": (tpot, m.tpot_s)}
+        for predicted, measured in (pairs[k] for k in metrics):
+            ok = np.isfinite(measured) & np.isfinite(predicted) & (measured > 0) & (predicted > 0)
+            parts.append(np.abs(np.log(predicted[ok] / measured[ok])))
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def loss(measurements: Sequence[Measurement], c: Coefficients, metrics: Sequence[str] = METRICS) -> float:
+    """Mean absolute log error of ``metrics``, each measurement (a serving row, or a whole
+    benchmark run's requests) weighing the same."""
+    total = 0.0
+    for m in measurements:
+        errors = log_errors([m], c, metrics)
+        total += float(errors.mean()) if errors.size else 0.0
+    return total / max(len(measurements), 1)
+
+
+def fit(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s", "per_seq_s"),
+        scale_classes: Sequence[str] = (), start: Coefficients | None = None, rounds: int = 4,
+        metrics: Sequence[str] = METRICS) -> Coefficients:
+    """Coefficients minimising :func:`loss` of ``metrics``: the CPU coefficients in ``params`` and
+    the scales of ``scale_classes`` (names from ``KERNEL_CLASSES``); the others stay as in
+    ``start``."""
+    best = start or Coefficients()
+    objective: Callable[[Coefficients], float] = lambda c: loss(measurements, c, metrics)  # noqa: E731
+    best_loss = objective(best)
+    names = (*params, *(f"scale:{k}" for k in scale_classes))
+    for refine in range(rounds):
+        for name in names:
+            for value in _candidates(name, best, refine):
+                trial = _with(best, name, value)
+                value_loss = objective(trial)
+                if value_loss < best_loss - 1e-12:
+                    best, best_loss = trial, value_loss
+    return polish(objective, best, names)
+
+
+def polish(objective: Callable[[Coefficients], float], start: Coefficients, names: Sequence[str],
+           iterations: int = 200, tolerance: float = 1e-12) -> Coefficients:
+    """Nelder-Mead over the logarithms of the coefficients the grid left above zero: the grid
+    finds the basin, this finds its floor when coefficients trade off against each other (a
+    fixed cost per step against a cost per sequence)."""
+    free = [name for name in names if _get(start, name) > 0]
+    if not free:
+        return start
+
+    def at(x: np.ndarray) -> Coefficients:
+        c = start
+        for name, value in zip(free, np.exp(x), strict=True):
+            c = _with(c, name, float(value))
+        return c
+
+    x0 = np.log([_get(start, name) for name in free])
+    simplex = [x0] + [x0 + np.eye(len(free))[i] * 0.1 for i in range(len(free))]
+    scores = [objective(at(x)) for x in simplex]
+    for _ in range(iterations):
+        order = np.argsort(scores)
+        simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
+        if scores[-1] - scores[0] < tolerance:
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        r = objective(at(reflected))
+        if r < scores[0]:
+            expanded = centroid + 2 * (centroid - simplex[-1])
+            e = objective(at(expanded))
+            simplex[-1], scores[-1] = (expanded, e) if e < r else (reflected, r)
+        elif r < scores[-2]:
+            simplex[-1], scores[-1] = reflected, r
+        else:
+            contracted = centroid + 0.5 * (simplex[-1] - centroid)
+            c = objective(at(contracted))
+            if c < scores[-1]:
+                simplex[-1], scores[-1] = contracted, c
+            else:
+                simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
+                scores = [scores[0]] + [objective(at(x)) for x in simplex[1:]]
+    best = int(np.argmin(scores))
+    return at(simplex[best])
+
+
+def _candidates(name: str, c: Coefficients, refine: int) -> np.ndarray:
+    """The grid of ``name`` on the first round; then ever finer steps around its value."""
+    current = _get(c, name)
+    if refine == 0:
+        return SCALE_GRID if name.startswith("scale:") else GRIDS[name]
+    span = 2.0 ** (2.0 ** (-refine))
+    around = current * np.geomspace(1 / span, span, 9) if current > 0 else GRIDS.get(name, SCALE_GRID)[:4]
+    return around
+
+
+def _get(c: Coefficients, name: str) -> float:
+    if name.startswith("scale:"):
+        return c.scales[KERNEL_CLASSES.index(name.split(":", 1)[1])]
+    return float(getattr(c, name))
+
+
+def _with(c: Coefficients, name: str, value: float) -> Coefficients:
+    if name.startswith("scale:"):
+        scales = list(c.scales)
+        scales[KERNEL_CLASSES.index(name.split(":", 1)[1])] = float(value)
+        return replace(c, scales=tuple(scales))
+    if name == "fixed_s":
+        return replace(c, fixed_s=float(value))
+    if name == "per_seq_s":
+        return replace(c, per_seq_s=float(value))
+    if name == "per_token_s":
+        return replace(c, per_token_s=float(value))
+    raise ValueError(f"unknown coefficient {name!r}")
+
+
+def leave_one_model_out(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s", "per_seq_s"),
+                        metrics: Sequence[str] = METRICS) -> dict[str, Coefficients]:
+    """For each group (model), the coefficients fitted on every other group's measurements."""
+    groups = sorted({m.group for m in measurements})
+    out = {}
+    for group in groups:
+        others = [m for m in measurements if m.group != group]
+        out[group] = fit(others, params, metrics=metrics) if others else Coefficients()
+    return out

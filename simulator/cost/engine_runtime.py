@@ -1,0 +1,94 @@
+"""How a serving engine's software shapes one step around its GPU kernels.
+
+The cost model prices the kernels; this module adds what the engine does around them
+(:class:`~servesim.engines.base.RuntimeCosts`), the one place the two meet:
+
+1. **CUDA graphs.** A step the engine replays from a captured graph is padded up to the next
+   capture size: its GEMMs, norms and collectives run that many rows (:meth:`EngineRuntime.plan`
+   returns the padded token count the kernels are priced at; attention runs on the real
+   requests, whose padded slots hold no context). A graph is launched with one host call
+   (``full``); vLLM v1's piecewise graphs launch one graph per layer plus the layer's attention
+   kernels eagerly (``piecewise``); a step without a graph launches every kernel from the host
+   (``eager``), and each collective call then also pays the profile's measured eager cost.
+   The GPU cannot run ahead of its launches, so its busy time is
+   ``max(kernels, host launch time)``.
+2. **CPU work per step** (``RuntimeCosts.cpu_s``): serial with the GPU (``time = GPU + CPU``)
+   or overlapped with it (``time = max(GPU, CPU)``).
+
+What the step spends beyond its kernels is reported as the engine's ``overhead`` (the step
+log's ``op_overhead_s``), so the operator classes still sum to the step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from servesim.cost.batch import BatchShape
+from servesim.engines.base import RuntimeCosts
+from servesim.hardware import HardwareProfile
+from servesim.model_spec import ModelSpec
+
+GraphMode = Literal["full", "piecewise", "eager"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """A step's duration, and how much of it the engine's software adds beyond the kernels."""
+
+    time_s: float
+    exposed_s: float
+
+
+class EngineRuntime:
+    """:class:`RuntimeCosts` applied to one deployment (its kernel and collective counts)."""
+
+    def __init__(self, runtime: RuntimeCosts, model: ModelSpec, hardware: HardwareProfile, tp: int,
+                 attention_gemms: list[tuple[int, int]]) -> None:
+        self.runtime = runtime
+        self.layers = model.num_layers
+        self._kernels = kernels_per_step(model, len(attention_gemms))
+        self._collectives = (2 * model.num_layers + 2) if tp > 1 else 0
+        """Two residual all-reduces per layer, the embedding's and the logits gather."""
+        eager_call = hardware.collectives.eager_call_s if hardware.collectives is not None else 0.0
+        self._eager_collectives_s = self._collectives * eager_call
+
+    def plan(self, batch: BatchShape) -> tuple[int, GraphMode]:
+        """(tokens the kernels run, graph mode) of ``batch``: padded up to the capture size it
+        replays, or as is when it runs eagerly."""
+        decode_only = batch.num_prefills == 0
+        size = self.runtime.graph_size(batch.num_new_tokens, decode_only)
+        if size is None:
+            return batch.num_new_tokens, "eager"
+        return size, "full" if decode_only and self.runtime.graph_decode_full else "piecewise"
+
+    def launch_s(self, batch: BatchShape, mode: GraphMode) -> float:
+        """Host time to launch the step's GPU work."""
+        launch = self.runtime.launch_s
+        if mode == "full":
+            return launch
+        attention = (batch.num_prefills > 0) + (batch.num_decodes > 0)
+        if mode == "piecewise":
+            return self.layers * (attention + 1) * launch
+        return (self._kernels + self.layers * attention) * launch + self._eager_collectives_s
+
+    def time(self, batch: BatchShape, kernels_s: float, mode: GraphMode) -> StepTiming:
+        """The step's duration given its kernels' time (priced at the planned size)."""
+        runtime = self.runtime
+        gpu = max(kernels_s, self.launch_s(batch, mode))
+        cpu = runtime.cpu_s(batch.num_prefills + batch.num_decodes, batch.num_new_tokens,
+                            batch.num_logits)
+        total = max(gpu, cpu) if runtime.overlap else gpu + cpu
+        return StepTiming(total, total - kernels_s)
+
+
+def kernels_per_step(model: ModelSpec, attention_gemms: int) -> int:
+    """Kernels one step launches besides attention and collectives (what an eager step's host
+    launches): per layer the attention projections, the output projection, the MLP (two GEMMs;
+    a MoE layer's router, two grouped expert GEMMs and the shared expert's two) and the fused
+    elementwise kernels (two add+RMSNorm, RoPE, activation; two more in a MoE layer), and around
+    the layers the embedding, the final norm and the LM head, as the cost model prices them."""
+    per_dense = attention_gemms + 1 + 2 + 4
+    moe = model.moe
+    per_moe = attention_gemms + 1 + 3 + (2 if moe is not None and moe.shared_intermediate else 0) + 6
+    return model.num_dense_layers * per_dense + model.num_moe_layers * per_moe + 3

@@ -1,0 +1,127 @@
+"""``sglang``: SGLang 0.5 (``sglang.launch_server``) with its default scheduler.
+
+Scheduler (``python/sglang/srt/managers/scheduler.py``): a prefill ("extend") batch whenever new
+requests can be admitted, run alone, with prompts chunked at ``chunked_prefill_size``; else a
+decode batch of every running request; admission reserves room for the running requests'
+future tokens (``new_token_ratio``). That is the ``prefill_first`` policy. The radix-tree prefix
+cache is on by default (``--disable-radix-cache`` turns it off) with a page size of one token,
+so KV is counted per token (``block_size`` 1).
+
+Defaults (``server_args.py``, ``_handle_gpu_memory_settings``), by GPU memory:
+``chunked_prefill_size`` 8192 on 80-160 GB GPUs (A100 80GB, H100, H200), 16384 above (B200);
+``cuda_graph_max_bs`` 256 below TP 4 and 512 from TP 4 on (B200: 512); ``mem_fraction_static``
+``(memory - reserved) / memory`` with ``reserved = 9.5 + tp/2`` GB below 90 GB, ``12 + tp/2`` GB
+below 160 GB and 32 GB above: SGLang's share for weights and KV, used here as
+``gpu_memory_utilization``. ``max_running_requests`` is sized from the KV pool by SGLang (its
+request table holds at most 4096); the seat limit here is 4096 and the KV pool binds first.
+
+Runtime:
+
+- **Overlap scheduler** (on unless ``--disable-overlap-schedule``): the CPU work of the next
+  batch runs while the GPU computes this one, so a step takes ``max(GPU, CPU)``.
+- **CUDA graphs** for decode batches only (prefill runs eagerly), at batch sizes
+  ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16) + range(512, max + 1, 32)`` up to
+  ``cuda_graph_max_bs`` (``_generate_cuda_graph_batch_sizes``), padded to the next size.
+- **All-reduce**: SGLang's custom all-reduce (from vLLM's) below 8 MiB, NCCL above; the vLLM
+  one-shot / two-shot thresholds are assumed.
+- **CPU work per step**: fitted (``configs/engines/sglang.yaml``) or the estimate below.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field, PositiveInt
+
+from servesim.engines.base import (
+    CpuCosts,
+    Engine,
+    EngineKnobs,
+    RuntimeCosts,
+    SchedulerDefaults,
+    SpeculationDefaults,
+    capture_sizes,
+    register_engine,
+)
+from servesim.engines.vllm import LAUNCH_S
+
+GB = 2**30  # SGLang reads memory in MiB and compares with multiples of 1024 MiB
+
+
+class SglangKnobs(EngineKnobs):
+    disable_overlap_schedule: bool = Field(False, description="run the CPU work serially")
+    disable_cuda_graph: bool = Field(False, description="never use CUDA graphs")
+    cuda_graph_max_bs: PositiveInt | None = Field(None, description="largest captured decode batch")
+    cuda_graph_bs: list[PositiveInt] | None = Field(None, description="captured decode batch sizes")
+    disable_custom_all_reduce: bool = Field(False, description="use NCCL for every all-reduce")
+    launch_s: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                   description="host time per kernel launch outside a graph")
+
+
+def sglang_capture_sizes(max_bs: int) -> tuple[int, ...]:
+    """SGLang's default decode CUDA-graph batch sizes up to ``max_bs``."""
+    sizes = capture_sizes([1, 2, 4, 8, 12], range(16, 257, 8), range(272, 512, 16),
+                          range(512, max_bs + 1, 32))
+    return tuple(v for v in sizes if v <= max_bs)
+
+
+def reserved_gb(hbm_bytes: float, tp: int) -> float:
+    """SGLang's memory kept out of ``mem_fraction_static`` (activations, CUDA graphs), in GB."""
+    if hbm_bytes < 90 * GB:
+        return 9.5 + tp / 2
+    if hbm_bytes < 160 * GB:
+        return 12 + tp / 2
+    return 32.0
+
+
+@register_engine
+class Sglang(Engine):
+    name = "sglang"
+    title = "SGLang 0.5"
+    versions = ("0.5",)
+    Knobs = SglangKnobs
+    defaults = SchedulerDefaults(policy="prefill_first", max_num_seqs=4096, block_size=1,
+                                 gpu_memory_utilization=0.88, watermark=0.0, enable_prefix_caching=True,
+                                 chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)
+    speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults(
+        disable_by_batch_size=None, max_num_seqs=48, step_overhead_s=0.93e-3, pass_overhead_s=0.40e-3,
+        provenance="SGLang keeps speculating at every batch size but lowers max_running_requests to 48 "
+                   "when speculative decoding is on (its speculative_hook)",
+        overhead_provenance="estimate: vLLM V1's fitted software times (0.93 ms per verifying step, "
+                            "0.40 ms per proposer pass; servesim.calibration.speculation), not measured "
+                            "for SGLang")
+    cpu_costs: ClassVar[dict[str, CpuCosts]] = {
+        "": CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
+                     "sequence; not measured"),
+    }
+    provenance: ClassVar[dict[str, str]] = {
+        "defaults": "SGLang server_args._handle_gpu_memory_settings (chunked_prefill_size, "
+                    "cuda_graph_max_bs) and mem_fraction_static's reserved memory by GPU size",
+    }
+
+    def scheduler_defaults(self, hardware_name: str, hbm_bytes: float, tp: int) -> SchedulerDefaults:
+        chunk = 16384 if hbm_bytes >= 160 * GB else 8192
+        fraction = round((hbm_bytes - reserved_gb(hbm_bytes, tp) * GB) / hbm_bytes, 3)
+        return SchedulerDefaults(policy="prefill_first", max_num_seqs=4096, block_size=1,
+                                 gpu_memory_utilization=fraction, watermark=0.0, enable_prefix_caching=True,
+                                 chunked_max_num_batched_tokens=chunk, min_max_num_batched_tokens=chunk)
+
+    def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,
+                hbm_bytes: float | None = None) -> RuntimeCosts:
+        knobs = self.knobs
+        assert isinstance(knobs, SglangKnobs)
+        cpu = self.cpu(hardware_name)
+        sizes: tuple[int, ...] = ()
+        if not knobs.disable_cuda_graph:
+            if knobs.cuda_graph_bs:
+                sizes = tuple(sorted(set(knobs.cuda_graph_bs)))
+            else:
+                large = hbm_bytes is not None and hbm_bytes >= 160 * GB
+                default_max = 512 if large or tp >= 4 else 256
+                sizes = sglang_capture_sizes(knobs.cuda_graph_max_bs or default_max)
+        return RuntimeCosts(
+            step_overhead_s=cpu.fixed_s, provenance=cpu.provenance, cpu_per_seq_s=cpu.per_seq_s,
+            cpu_per_token_s=cpu.per_token_s, cpu_per_sample_s=cpu.per_sample_s,
+            overlap=not knobs.disable_overlap_schedule, cuda_graph_sizes=sizes, graph_mixed=False,
+            launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s,
+            allreduce="nccl" if knobs.disable_custom_all_reduce else "custom")

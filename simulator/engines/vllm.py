@@ -1,0 +1,128 @@
+"""``vllm``: vLLM's V1 engine as of vLLM 0.19 (the engine every vLLM release since 0.11 runs).
+
+Scheduler (``vllm/v1/core/sched/scheduler.py``): one token budget per step shared by decodes and
+prompt chunks, chunked prefill always on, automatic prefix caching on by default, no free-block
+watermark; that is the ``chunked_prefill`` policy with prefix caching. Defaults as
+``vllm serve`` resolves them (``EngineArgs.get_batch_defaults``, OpenAI API server usage
+context): on a GPU with at least 70 GiB that is not an A100 (H100, H200, B200, MI300X),
+``max_num_batched_tokens`` 8192 and ``max_num_seqs`` 1024; on others 2048 and 256 (the A100
+exception is vLLM's own, PR #17885: the larger budget lowered A100 throughput). ``block_size``
+16, ``gpu_memory_utilization`` 0.9.
+
+Runtime:
+
+- **Async scheduling** (``--async-scheduling``, on by default in recent releases, PR #27614):
+  the scheduler and output processing of step ``n + 1`` run while the GPU computes step ``n``,
+  so a step takes ``max(GPU, CPU)``; ``async_scheduling: false`` makes them serial.
+- **CUDA graphs** (``cudagraph_mode`` ``FULL_AND_PIECEWISE``, ``docs/design/cuda_graphs.md``):
+  pure decode steps replay full graphs, mixed and prefill steps piecewise graphs (attention
+  eager), each padded to the next capture size; capture sizes ``[1, 2, 4] + range(8, 256, 8) +
+  range(256, max + 1, 16)`` with ``max_cudagraph_capture_size = min(2 * max_num_seqs, 512)``
+  (``vllm/config/vllm.py``); a step of more tokens runs eagerly. ``enforce_eager`` turns graphs
+  off.
+- **All-reduce**: the custom all-reduce (one-shot / two-shot over NVLink peer memory below its
+  8 MiB buffer, ``csrc/custom_all_reduce.cuh``), NCCL above; ``disable_custom_all_reduce``.
+- **CPU work per step**: fitted to end-to-end measurements (``configs/engines/vllm.yaml``,
+  written by ``servesim calibrate fit-serving``); without that file, the estimates below.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, PositiveInt
+
+from servesim.engines.base import (
+    CpuCosts,
+    Engine,
+    EngineKnobs,
+    RuntimeCosts,
+    SchedulerDefaults,
+    SpeculationDefaults,
+    capture_sizes,
+    register_engine,
+)
+
+GIB = 2**30
+LAUNCH_S = 5e-6
+"""Host time of one kernel launch outside a CUDA graph (PyTorch dispatch + ``cudaLaunchKernel``):
+an estimate (4-10 us is typical of PyTorch eager launches); not measured here."""
+
+
+class VllmKnobs(EngineKnobs):
+    async_scheduling: bool = Field(True, description="overlap the scheduler with the GPU step")
+    enforce_eager: bool = Field(False, description="never use CUDA graphs")
+    cudagraph_mode: Literal["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE", "NONE"] = Field(
+        "FULL_AND_PIECEWISE", description="which steps replay CUDA graphs")
+    cudagraph_capture_sizes: list[PositiveInt] | None = Field(
+        None, description="captured batch sizes (default: vLLM's list up to the max size)")
+    max_cudagraph_capture_size: PositiveInt | None = Field(
+        None, description="largest captured size (default min(2 * max_num_seqs, 512))")
+    disable_custom_all_reduce: bool = Field(False, description="use NCCL for every all-reduce")
+    launch_s: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                   description="host time per kernel launch outside a graph")
+
+
+def vllm_capture_sizes(max_size: int) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes up to ``max_size``."""
+    return tuple(v for v in capture_sizes([1, 2, 4], range(8, 256, 8), range(256, max_size + 1, 16))
+                 if v <= max_size)
+
+
+@register_engine
+class Vllm(Engine):
+    name = "vllm"
+    title = "vLLM 0.19 (V1 engine)"
+    versions = ("0.19",)
+    Knobs = VllmKnobs
+    defaults = SchedulerDefaults(policy="chunked_prefill", max_num_seqs=1024, block_size=16,
+                                 gpu_memory_utilization=0.9, watermark=0.0, enable_prefix_caching=True,
+                                 chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)
+    speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults(
+        disable_by_batch_size=None, max_num_seqs=None, step_overhead_s=0.93e-3, pass_overhead_s=0.40e-3,
+        provenance="vLLM V1's speculative_config has no batch-size cut-off by default (speculation on "
+                   "at every batch size); max_num_seqs is unchanged",
+        overhead_provenance="fitted (servesim.calibration.speculation, least squares over 12 rows) to "
+                            "vLLM V1 step times of Llama-3.1-8B with EAGLE-1 and EAGLE-3 heads, k = 2..7, "
+                            "batch 1, H100 (vLLM issue #20780); RMS residual 1.6 ms per step")
+    small_gpu_defaults = SchedulerDefaults(
+        policy="chunked_prefill", max_num_seqs=256, block_size=16, gpu_memory_utilization=0.9,
+        watermark=0.0, enable_prefix_caching=True, chunked_max_num_batched_tokens=2048,
+        min_max_num_batched_tokens=2048)
+    cpu_costs: ClassVar[dict[str, CpuCosts]] = {
+        "": CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
+                     "sequence (scheduler, input preparation, sampler, output processing); not measured"),
+    }
+    provenance: ClassVar[dict[str, str]] = {
+        "defaults": "vLLM EngineArgs.get_batch_defaults (OpenAI server usage context): >= 70 GiB and "
+                    "not A100: max_num_batched_tokens 8192, max_num_seqs 1024; else 2048 / 256",
+        "cuda_graphs": "vLLM CompilationConfig: FULL_AND_PIECEWISE, sizes [1, 2, 4] + range(8, 256, 8) + "
+                       "range(256, max + 1, 16), max = min(2 * max_num_seqs, 512)",
+        "launch_s": "estimate: 5 us per eager kernel launch",
+    }
+
+    def scheduler_defaults(self, hardware_name: str, hbm_bytes: float, tp: int) -> SchedulerDefaults:
+        if hbm_bytes >= 70 * GIB and not hardware_name.startswith("a100"):
+            return self.defaults
+        return self.small_gpu_defaults
+
+    def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,
+                hbm_bytes: float | None = None) -> RuntimeCosts:
+        knobs = self.knobs
+        assert isinstance(knobs, VllmKnobs)
+        cpu = self.cpu(hardware_name)
+        seqs = max_num_seqs or self.defaults.max_num_seqs
+        mode = "NONE" if knobs.enforce_eager else knobs.cudagraph_mode
+        sizes: tuple[int, ...] = ()
+        if mode != "NONE":
+            largest = knobs.max_cudagraph_capture_size or min(2 * seqs, 512)
+            sizes = (tuple(sorted(set(knobs.cudagraph_capture_sizes))) if knobs.cudagraph_capture_sizes
+                     else vllm_capture_sizes(largest))
+        return RuntimeCosts(
+            step_overhead_s=cpu.fixed_s, provenance=cpu.provenance, cpu_per_seq_s=cpu.per_seq_s,
+            cpu_per_token_s=cpu.per_token_s, cpu_per_sample_s=cpu.per_sample_s,
+            overlap=knobs.async_scheduling, cuda_graph_sizes=sizes,
+            graph_mixed=mode in ("FULL_AND_PIECEWISE", "PIECEWISE"),
+            graph_decode_full=mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"),
+            launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s,
+            allreduce="nccl" if knobs.disable_custom_all_reduce else "custom")

@@ -1,0 +1,87 @@
+"""NVIDIA AIConfigurator's measured vLLM kernels: units read right, and the shipped H100, H200,
+B200 and A100 profiles (fitted by ``servesim calibrate import-aiconfigurator``) against them.
+
+Skipped when ``../shared/data`` is absent. Errors are on the rows the fit held out (every other
+value of each family's shape axis: GEMM ``m``, prefill sequence length, decode context, message
+size)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servesim import load_hardware
+from servesim.calibration.aiconfigurator import GPUS, aic_tables
+from servesim.calibration.collective_fit import engine_allreduce_errors
+from servesim.calibration.validate import predictions
+from servesim.engines import RuntimeCosts
+
+# Measured (2026-11-24): held-out median / p90 APE in %, the profile before the import -> after.
+MEASURED = {
+    ("h100_sxm", "gemm"): ((14.2, 41.3), (6.4, 18.4)),
+    ("h100_sxm", "gemm_fp8"): ((24.0, 62.4), (21.5, 64.0)),
+    ("h100_sxm", "attention_prefill"): ((27.1, 50.5), (13.8, 39.5)),
+    ("h100_sxm", "attention_decode"): ((13.1, 55.9), (7.9, 27.3)),
+    ("h200_sxm", "gemm"): ((10.3, 40.0), (6.2, 18.5)),
+    ("h200_sxm", "gemm_fp8"): ((29.4, 66.5), (26.0, 74.5)),
+    ("h200_sxm", "attention_prefill"): ((27.9, 53.6), (13.6, 39.8)),
+    ("h200_sxm", "attention_decode"): ((11.1, 62.7), (8.3, 28.8)),
+    ("b200_sxm", "gemm"): ((8.8, 26.7), (7.3, 26.0)),
+    ("b200_sxm", "gemm_fp8"): ((41.9, 74.3), (25.5, 67.3)),
+    ("b200_sxm", "attention_prefill"): ((37.9, 64.6), (20.5, 53.1)),
+    ("b200_sxm", "attention_decode"): ((22.2, 51.1), (6.8, 26.1)),
+    ("a100_sxm", "gemm"): ((8.9, 25.2), (8.9, 25.5)),
+    ("a100_sxm", "attention_prefill"): ((62.1, 144.4), (14.4, 40.1)),
+    ("a100_sxm", "attention_decode"): ((18.3, 55.6), (9.5, 39.2)),
+}
+
+
+@pytest.fixture(scope="module")
+def aic(shared_data: Path) -> Path:
+    return shared_data / "kernels" / "aiconfigurator"
+
+
+def test_units_are_milliseconds_and_elements(aic: Path) -> None:
+    """The data's README says latency is ms and message sizes are elements. Read that way, H100's
+    fastest bf16 GEMM runs at 956 TFLOP/s (spec 989) and vLLM's all-reduce of 1 GiB over 8 GPUs
+    moves 2 x 7/8 of it at 470 GB/s of bus bandwidth, just above NVLink 4's 450 GB/s per
+    direction (NVLink SHARP reduces in the switch)."""
+    tables = aic_tables(aic, "h100_sxm").tables
+    gemm = tables["gemm"]
+    tflops = (2.0 * gemm["m"] * gemm["n"] * gemm["k"] / gemm["time_s"]).max() / 1e12
+    assert 900 < tflops < 989
+    custom = tables["custom_allreduce"]
+    largest = custom[(custom["world"] == 8) & (custom["bytes"] == custom["bytes"].max())].iloc[0]
+    assert largest["bytes"] == 2**30
+    bus = 2 * 7 / 8 * largest["bytes"] / largest["time_s"] / 1e9
+    assert 400 < bus < 500
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_shipped_profiles_fit_the_held_out_kernels(aic: Path, gpu: str) -> None:
+    rows = predictions({k: v for k, v in aic_tables(aic, gpu).tables.items()
+                        if k in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode")},
+                       load_hardware(GPUS[gpu]))
+    for family, group in rows.groupby("family"):
+        held = group[group["held_out"]]
+        fitted = np.median(held["ape"]) * 100, np.percentile(held["ape"], 90) * 100
+        spec = np.median(held["spec_ape"]) * 100, np.percentile(held["spec_ape"], 90) * 100
+        assert fitted[0] < spec[0] and fitted[1] < spec[1], (gpu, family)
+        _, expected = MEASURED[(gpu, str(family))]
+        assert fitted[0] == pytest.approx(expected[0], abs=0.3), (gpu, family, fitted)
+        assert fitted[1] == pytest.approx(expected[1], abs=1.0), (gpu, family, fitted)
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_the_engines_all_reduce_matches_vllms(aic: Path, gpu: str) -> None:
+    """Every message size and world of vLLM's measured all-reduce, priced as vLLM runs it (custom
+    one-/two-shot below 8 MiB, NCCL above) with the fitted collectives, against the interconnect's
+    ring model that servesim 0.1 used for every all-reduce."""
+    custom = aic_tables(aic, gpu).tables["custom_allreduce"]
+    hardware = load_hardware(GPUS[gpu])
+    median, p90 = engine_allreduce_errors(custom, hardware)
+    ring_median, _ = engine_allreduce_errors(custom, hardware, RuntimeCosts(allreduce="ring"))
+    assert median < 7 and p90 < 32
+    assert ring_median > 3 * median

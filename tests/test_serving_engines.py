@@ -1,0 +1,136 @@
+"""The vLLM (V1), SGLang and TensorRT-LLM engines: their documented defaults reach a run, their
+knobs override them, and their schedulers keep the invariants every policy keeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from engine_helpers import assert_conserved, experiment, run, table, tabulate
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servesim.engines import make_engine
+from servesim.engines.sglang import reserved_gb, sglang_capture_sizes
+from servesim.engines.trtllm import trtllm_capture_sizes
+from servesim.errors import ServesimError
+from servesim.topology.resolve import resolve_topology
+
+GIB = 2**30
+
+
+def group(engine: Any, hardware: str = "h100-sxm-80gb", **deployment: Any):
+    return resolve_topology(experiment(deployment or None, engine=engine, hardware=hardware)).kv_group
+
+
+def test_vllm_defaults_follow_the_gpu() -> None:
+    """vllm serve on a >= 70 GiB GPU that is not an A100: 8192 tokens, 1024 seqs; else 2048/256.
+    Capture sizes reach min(2 * max_num_seqs, 512)."""
+    h100 = group("vllm")
+    assert (h100.limits.max_num_batched_tokens, h100.limits.max_num_seqs) == (8192, 1024)
+    assert h100.policy.name == "chunked_prefill" and h100.limits.enable_prefix_caching
+    assert h100.limits.watermark_blocks == 0 and h100.runtime.overlap
+    assert h100.runtime.cuda_graph_sizes[-1] == 512 and h100.runtime.allreduce == "custom"
+    a100 = group("vllm", "a100-sxm-80gb")
+    assert (a100.limits.max_num_batched_tokens, a100.limits.max_num_seqs) == (2048, 256)
+    small = group("vllm", max_num_seqs=64)
+    assert small.runtime.cuda_graph_sizes[-1] == 128
+    eager = group({"name": "vllm", "enforce_eager": True, "async_scheduling": False})
+    assert eager.runtime.cuda_graph_sizes == () and not eager.runtime.overlap
+    assert group({"name": "vllm", "max_cudagraph_capture_size": 64}).runtime.cuda_graph_sizes[-1] == 64
+
+
+def test_sglang_defaults_follow_gpu_memory_and_tp() -> None:
+    """H100 (80 GB): 8192-token chunks, decode graphs to 256 below TP 4 and 512 from TP 4, and
+    mem_fraction_static (memory - (9.5 + tp/2) GB) / memory; B200 (>= 160 GB): 16384 and 512."""
+    h100 = group("sglang")
+    hbm = h100.hardware.memory.capacity_bytes
+    assert h100.policy.name == "prefill_first" and h100.limits.block_size == 1
+    assert h100.limits.max_num_batched_tokens == 8192
+    assert h100.memory.gpu_memory_utilization == round((hbm - 10 * GIB) / hbm, 3)
+    assert h100.runtime.cuda_graph_sizes[-1] == 256 and not h100.runtime.graph_mixed
+    assert sglang_capture_sizes(512)[:7] == (1, 2, 4, 8, 12, 16, 24)
+    assert sglang_capture_sizes(512)[-3:] == (480, 496, 512)
+    assert make_engine("sglang", {}).runtime("h100", tp=4, hbm_bytes=hbm).cuda_graph_sizes[-1] == 512
+    b200 = group("sglang", "b200")
+    assert b200.limits.max_num_batched_tokens == 16384 and b200.runtime.cuda_graph_sizes[-1] == 512
+    assert reserved_gb(190 * GIB, 1) == 32.0
+
+
+def test_trtllm_defaults() -> None:
+    trt = group("trtllm")
+    assert trt.policy.name == "no_evict"
+    assert (trt.limits.max_num_seqs, trt.limits.max_num_batched_tokens, trt.limits.block_size) == (
+        2048, 8192, 32)
+    assert trt.runtime.cuda_graph_sizes == (*range(1, 32), 32, 64, 128)
+    assert not trt.runtime.graph_padding
+    assert trtllm_capture_sizes(128, True) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96,
+                                               104, 112, 120, 128)
+
+
+@pytest.mark.parametrize(("engine", "message"), [
+    ({"name": "vllm", "cudagraph_mode": "SOMETIMES"}, r"^engine.cudagraph_mode: "),
+    ({"name": "sglang", "chunked_prefill": 4}, r"^engine.chunked_prefill: unknown key"),
+    ({"name": "trtllm", "version": "0.9"}, r"^engine.version: trtllm is modelled for versions 1.2"),
+    ({"name": "vllm", "cpu_per_seq_s": -1}, r"^engine.cpu_per_seq_s: .*greater than or equal to 0"),
+])
+def test_bad_engine_knobs_are_one_line_errors(engine: dict[str, Any], message: str) -> None:
+    with pytest.raises(ServesimError, match=message):
+        resolve_topology(experiment(engine=engine))
+
+
+def test_sglang_runs_prefills_alone_and_trtllm_mixes_them() -> None:
+    """Ten 3,000-token prompts at once, 4 output tokens each: SGLang's steps are either all
+    prefill or all decode; TensorRT-LLM's in-flight batches mix generations with contexts, and
+    without chunked prefill never split a prompt (each step's prompt tokens are whole prompts)."""
+    workload = table([0.0] * 10, 3000, 4)
+    sglang = tabulate(run(experiment(engine="sglang"), workload)).steps
+    assert not ((sglang["num_prefills"] > 0) & (sglang["num_decodes"] > 0)).any()
+    assert (sglang["prefill_tokens"] <= 8192).all() and sglang["prefill_tokens"].sum() == 30_000
+    trt = tabulate(run(experiment(engine="trtllm"), workload)).steps
+    assert ((trt["num_prefills"] > 0) & (trt["num_decodes"] > 0)).any()
+    assert (trt["prefill_tokens"] % 3000 == 0).all()
+
+
+def test_no_evict_starts_a_request_only_when_all_its_kv_fits() -> None:
+    """A pool of 100 blocks of 32 tokens (3,200 tokens) and requests of 1,000 + 1,000 tokens (63
+    blocks at their longest): a second one would need 126 blocks, so they run one at a time and
+    nothing is ever preempted, while vLLM's scheduler runs two at once and preempts."""
+    workload = table([0.0, 0.0, 0.0], 1000, 1000)
+    deployment = {"num_gpu_blocks": 100, "block_size": 32}
+    trt = tabulate(run(experiment(deployment, engine="trtllm"), workload))
+    assert trt.summary["preemptions"] == 0 and trt.summary["completed"] == 3
+    assert trt.steps["running"].max() == 1
+    vllm = tabulate(run(experiment(deployment, engine={"name": "vllm"}), workload))
+    assert vllm.summary["preemptions"] > 0 and vllm.steps["running"].max() >= 2
+
+
+workloads = st.integers(min_value=1, max_value=25).flatmap(lambda n: st.tuples(
+    st.lists(st.floats(0, 2.0), min_size=n, max_size=n),
+    st.lists(st.integers(1, 400), min_size=n, max_size=n),
+    st.lists(st.integers(1, 200), min_size=n, max_size=n)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads, policy=st.sampled_from([
+    {"name": "prefill_first"}, {"name": "prefill_first", "mixed": True}, {"name": "no_evict"},
+    {"name": "no_evict", "enable_chunked_prefill": True}]),
+    blocks=st.integers(8, 120), block_size=st.sampled_from([1, 8, 16]), max_num_seqs=st.integers(1, 16),
+    budget=st.sampled_from([64, 512, 8192]))
+def test_engine_policies_conserve_requests_and_blocks(workload: tuple[list[float], list[int], list[int]],
+                                                      policy: dict[str, Any], blocks: int, block_size: int,
+                                                      max_num_seqs: int, budget: int) -> None:
+    arrivals, prompts, outputs = workload
+    deployment = {"num_gpu_blocks": blocks, "block_size": block_size, "max_num_seqs": max_num_seqs,
+                  "max_num_batched_tokens": max(budget, max_num_seqs)}
+    config = experiment(deployment, policy=policy, engine="vllm-v0")
+    result = run(config, table(np.sort(arrivals), prompts, outputs))
+    tables = tabulate(result)
+    done = assert_conserved(result, tables, blocks, block_size, max_num_seqs)
+    prompt, output = tables.requests["prompt_tokens"].to_numpy(), tables.requests["output_tokens"].to_numpy()
+    assert (result.request_state.computed[done] == (prompt + output - 1)[done]).all()
+    steps = tables.steps
+    assert (steps["prefill_tokens"] + steps["decode_tokens"] <= max(budget, max_num_seqs)).all()
+    if policy["name"] == "no_evict":
+        assert tables.summary["preemptions"] == 0
