@@ -31,6 +31,7 @@ from servesim.policies.base import Batch, Policy, register_policy
 class ChunkedPrefill(Policy):
     name = "chunked_prefill"
     chunks_prefills = True
+    fast_forwards_decodes = True
 
     def schedule(self, now: float) -> Batch | None:
         replica = self.replica
@@ -58,6 +59,11 @@ class ChunkedPrefill(Policy):
         r = replica.requests
         computed = r.computed[ids]
         total = r.prompt[ids] + r.generated[ids]
+        if ids.size == replica.running.size and computed.size and int(new.sum()) == ids.size \
+                and bool((computed + 1 == total).all()) and bool((r.generated[ids] > 0).all()):
+            # Every running request decodes one token past its first (no chunk, no admission): the
+            # shape Batch.of would build, through the decode fast path (and fast-forward).
+            return Batch.decodes(ids, computed, preempted)
         return Batch.of(ids, new, computed, total, preempted)
 
     def _plan_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -47,6 +47,9 @@ class StepLog:
         self._chunks: list[np.ndarray] = []
         self._current = np.empty(_CHUNK, dtype=ROW)
         self._fill = 0
+        self._out_of_order = False
+        """A fast-forwarded run's rows were written at its start, before other replicas' steps
+        that start inside it: :meth:`records` then puts the rows back in start order."""
 
     def __len__(self) -> int:
         return len(self._chunks) * _CHUNK + self._fill
@@ -60,8 +63,46 @@ class StepLog:
         self._current[self._fill] = values
         self._fill += 1
 
+    def extend_decode_run(self, replica: int, starts: np.ndarray, decodes: int, used_blocks: np.ndarray,
+                          waiting: int, preempted: int, records: np.ndarray) -> None:
+        """The rows of a fast-forwarded run of pure-decode steps (``servesim.core.fast_forward``),
+        the values :meth:`append` would get for each of its steps; only the first step may count
+        preempted requests."""
+        steps = int(records.shape[0])
+        rows = np.empty(steps, dtype=ROW)
+        rows["replica"] = replica
+        rows["start_s"] = starts
+        rows["num_prefills"] = 0
+        rows["num_decodes"] = decodes
+        rows["prefill_tokens"] = 0
+        rows["decode_tokens"] = decodes
+        rows["kv_blocks_used"] = used_blocks
+        rows["waiting"] = waiting
+        rows["running"] = decodes
+        rows["preempted"] = 0
+        rows["preempted"][0] = preempted
+        for k, column in enumerate(RECORD_COLUMNS):  # the StepRecord fields, in order
+            rows[column] = records[:, k]
+        rows["extra_s"] = 0.0
+        done = 0
+        while done < steps:
+            if self._fill == _CHUNK:
+                self._chunks.append(self._current)
+                self._current = np.empty(_CHUNK, dtype=ROW)
+                self._fill = 0
+            take = min(steps - done, _CHUNK - self._fill)
+            self._current[self._fill:self._fill + take] = rows[done:done + take]
+            self._fill += take
+            done += take
+        self._out_of_order = True
+
     def records(self) -> np.ndarray:
-        return np.concatenate([*self._chunks, self._current[:self._fill]])
+        rows = np.concatenate([*self._chunks, self._current[:self._fill]])
+        if self._out_of_order:
+            # Step by step the rows are appended in clock order (start times never decrease), so a
+            # stable sort by start time restores exactly the order of the reference mode.
+            rows = rows[np.argsort(rows["start_s"], kind="stable")]
+        return rows
 
     def end_s(self) -> float:
         """When the last step ended (0 without steps)."""

@@ -34,7 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from servesim.cost.attention import AttentionShape, decode_attention, prefill_attention
+
+import numpy as np
+from servesim.cost.attention import AttentionShape, decode_attention, decode_attention_run, prefill_attention
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allgather_s, ring_allreduce_s
 from servesim.cost.expert_parallel import ExpertLayer
@@ -404,6 +406,49 @@ class CostModel:
         sums = (compute_s, memory_s, part.comm_s, overhead_s)
         return StepRecord(total, sums.index(max(sums)), flops, nbytes, gemm_s, prefill_s, decode_s,
                           part.elementwise_s, part.comm_s, self._step_overhead_s)
+
+    def decode_run_records(self, decode_context: np.ndarray, steps: int) -> np.ndarray | None:
+        """:meth:`step_record` of ``steps`` pure-decode steps in which the same requests decode
+        over ``decode_context + j`` cached tokens (step ``j``), as a ``(steps, len(StepRecord))``
+        array, each row the very floats :meth:`step_record` gives for that step (the same
+        operations in the same order; :func:`~servesim.cost.attention.decode_attention_run`).
+        None where it has no closed form (windowed or chunked attention): the caller then prices
+        step by step. Fast-forward checks rows against :meth:`step_record` before trusting it."""
+        n = int(decode_context.size)
+        if n == 0 or steps <= 0:
+            return None
+        sums = (int(decode_context.sum()) + n * np.arange(steps, dtype=np.int64)).astype(np.float64)
+        part = self._token_part(n, n)
+        total: np.ndarray | float = part.total_s
+        compute_s: np.ndarray | float = part.compute_s
+        memory_s: np.ndarray | float = part.memory_s
+        overhead_s: np.ndarray | float = part.overhead_s
+        flops: np.ndarray | float = part.flops
+        nbytes: np.ndarray | float = part.hbm_bytes
+        decode_s: np.ndarray | float = 0.0
+        for shape, count in self._attention_groups:
+            op = decode_attention_run(n, sums, shape, self.hardware, self.bf16_peak, self._kv_bytes, count)
+            if op is None:
+                return None
+            op_flops, op_bytes, op_compute, op_memory, op_fixed = op
+            time_s = np.maximum(op_compute, op_memory) + op_fixed
+            total = total + time_s
+            compute_bound = op_compute >= op_memory
+            compute_s = np.where(compute_bound, compute_s + op_compute, compute_s)
+            memory_s = np.where(compute_bound, memory_s, memory_s + op_memory)
+            overhead_s = overhead_s + op_fixed
+            flops = flops + op_flops
+            nbytes = nbytes + op_bytes
+            decode_s = decode_s + time_s
+        rows = np.empty((steps, len(StepRecord._fields)))
+        for k, value in enumerate((total, 0.0, flops, nbytes, part.gemm_s, 0.0, decode_s,
+                                   part.elementwise_s, part.comm_s, self._step_overhead_s)):
+            rows[:, k] = value
+        sums_by_bound = np.empty((4, steps))
+        for k, value in enumerate((compute_s, memory_s, part.comm_s, overhead_s)):
+            sums_by_bound[k] = value
+        rows[:, 1] = np.argmax(sums_by_bound, axis=0)  # the first largest, as tuple.index(max())
+        return rows
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage

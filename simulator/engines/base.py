@@ -83,6 +83,10 @@ class Engine(ABC):
     step_overhead_s: ClassVar[dict[str, float]] = {"": 0.0}
     """Per-step CPU time by hardware-profile name prefix (longest match; "" is the default)."""
     provenance: ClassVar[dict[str, str]] = {}
+    fast_forward: ClassVar[bool] = False
+    """Its steps are priced by the cost model alone (no per-step state outside it), so a run of
+    pure-decode steps may be fast-forwarded (``servesim.core.fast_forward``). Off by default: an
+    engine that says nothing runs step by step."""
 
     def __init__(self, knobs: EngineKnobs) -> None:
         self.knobs = knobs

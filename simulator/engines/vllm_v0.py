@@ -31,6 +31,7 @@ class VllmV0(Engine):
                                  gpu_memory_utilization=0.9, watermark=0.01, enable_prefix_caching=False,
                                  chunked_max_num_batched_tokens=2048, min_max_num_batched_tokens=2048)
     step_overhead_s: ClassVar[dict[str, float]] = {"": 6.0e-4, "a100": 8.0e-4, "mi300x": 8.0e-4}
+    fast_forward = True
     provenance: ClassVar[dict[str, str]] = {
         "step_overhead_s": "estimate of vLLM per-iteration CPU work (scheduling, input prep, sampling) "
                            "for a dense 8B model, 0.6 ms (0.8 ms on A100 and MI300X servers); carried "

@@ -10,10 +10,13 @@ from servesim.pipeline.plan import RunPlan
 from servesim.pipeline.result import RunResult
 
 
-def simulate(plan: RunPlan, progress: Progress | None = None) -> RunResult:
-    """Run ``plan`` until every request has completed or been refused."""
+def simulate(plan: RunPlan, progress: Progress | None = None, *, fast_forward: bool = True) -> RunResult:
+    """Run ``plan`` until every request has completed or been refused. ``fast_forward=False`` is
+    the step-by-step reference mode (one SimPy event per iteration everywhere); with it on, the
+    replicas that can run pure-decode iterations in bulk do, with the same results
+    (``servesim.core.fast_forward``)."""
     started = time.perf_counter()
-    sim = Sim.start(plan.workload, plan.seed)
+    sim = Sim.start(plan.workload, plan.seed, fast_forward)
     built = plan.topology.build(sim, plan.reject_codes)
     run_until_done(sim, built.entry, progress)
     check_finished(sim.requests, (state for group in built.groups for state in group.states), sim.env.now)

@@ -67,6 +67,11 @@ class Topology(ABC):
     kind: ClassVar[str]
     supports_prefix_caching: ClassVar[bool] = True
     prefix_caching_note: ClassVar[str] = ""
+    fast_forward: ClassVar[bool] = False
+    """Nothing but arrivals reaches a replica from outside between its steps (no KV landing from a
+    link, no replica coming or going), so its replicas may fast-forward runs of pure-decode steps
+    (``servesim.core.fast_forward``). Off by default: a topology that says nothing runs step by
+    step."""
 
     def __init__(self, groups: tuple[ReplicaGroup, ...]) -> None:
         self.groups = groups
@@ -166,11 +171,14 @@ def register_topology(cls: type[Topology]) -> type[Topology]:
 
 def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
                 make_state: Callable[[int], ReplicaState],
-                wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None) -> GroupRun:
+                wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None,
+                fast_forward: bool = False) -> GroupRun:
     """The replicas of ``group`` on ``sim``'s clock, indices from ``first_index``, each running its
     group's policy (wrapped by ``wrap_policy`` if given) and sharing one cost model (its memo
     serves them all). Pipelined replicas (stages or DP ranks) get one state and policy per
-    scheduling unit, numbered replica by replica, virtual engine by virtual engine, rank by rank."""
+    scheduling unit, numbered replica by replica, virtual engine by virtual engine, rank by rank.
+    ``fast_forward``: the topology declares it (:attr:`Topology.fast_forward`); a replica then
+    fast-forwards when the run asks for it and its engine and policy declare it too."""
     if group.runs_pipeline:
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
     cost = group.cost_model()
@@ -180,7 +188,10 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
         policy = group.policy.make(state)
         if wrap_policy is not None:
             policy = wrap_policy(state, policy)
-        replicas.append(Replica(sim.env, state, policy, cost, sim.steps))
+        fast = (fast_forward and sim.fast_forward and group.engine.fast_forward
+                and policy.fast_forward_ready())
+        replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
+                                next_arrival=sim.next_arrival if fast else None))
     return GroupRun(group, replicas, first_index)
 
 
