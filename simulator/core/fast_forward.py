@@ -19,7 +19,9 @@ preempted, the policy declared :attr:`~servesim.policies.base.Policy.fast_forwar
   crosses a block boundary at steps ``f_i, f_i + bs, ...``; the run ends before the step whose
   cumulative growth exceeds the free blocks (that step would preempt).
 - **arrivals**: every step of the run ends strictly before the next arrival anywhere (a router may
-  read this replica's state then), so no event interleaves differently.
+  read this replica's state then), so no event interleaves differently; a deployment's only
+  replica may also take the step the arrival falls strictly inside (routing has one answer, and
+  the queue it joins is read at that step's end).
 - **admission**: the policy tried its waiting queue at ``t0`` and admitted nobody; with the same
   seats, the same budget, fewer free blocks and the same queue, it admits nobody at any later step
   of the run either (that is what a policy promises by declaring the capability).
@@ -73,30 +75,36 @@ class DecodeRun:
 
 def price_steps(cost: CostModel, context: np.ndarray, first: StepRecord, count: int) -> np.ndarray:
     """Records of decode steps ``0 .. count - 1`` of a run over ``context`` whose step 0 the
-    replica priced as ``first`` (through :meth:`~servesim.cost.CostModel.step_record`): from the
-    cost model's closed form for decode runs when it has one and its step 0 is ``first`` to the
-    last bit (a cost-model change the closed form does not follow is caught there, and priced
-    step by step), else step by step through ``step_record`` itself."""
-    rows = cost.decode_run_records(context, count)
-    if rows is not None and np.array_equal(rows[0], np.asarray(first, dtype=np.float64)):
-        return rows
-    step_record = cost.step_record
-    return np.array([first, *(step_record(BatchShape.decodes_only(context + j)) for j in range(1, count))],
-                    dtype=np.float64)
+    replica priced as ``first`` (through :meth:`~servesim.cost.CostModel.step_record`), one row
+    per step: from the cost model's decode-run pricing (the same formulas, without building each
+    step's batch) when it has one and its step 0 is ``first`` to the last bit, else through
+    ``step_record`` step by step. The check catches a cost model whose ``step_record`` gained a
+    term its decode-run pricing lacks."""
+    records = cost.decode_run_records(context, count)
+    if records is None or records[0] != first:
+        step_record = cost.step_record
+        records = [first, *(step_record(BatchShape.decodes_only(context + j)) for j in range(1, count))]
+    return np.array(records, dtype=np.float64)
 
 
 def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, ids: np.ndarray,
-                    first: StepRecord, now: float, next_arrival_s: float) -> DecodeRun | None:
+                    first: StepRecord, now: float, next_arrival_s: float,
+                    through_arrival: bool = False) -> DecodeRun | None:
     """The run of pure-decode steps that starts with the batch ``ids`` (contexts ``context``,
     priced ``first``) scheduled at ``now``, or None when fewer than :data:`MIN_RUN_STEPS` are
-    certain. Called after the policy has grown the first step's blocks."""
+    certain. Called after the policy has grown the first step's blocks.
+
+    ``through_arrival``: nothing reads this replica's state when a request arrives (it is the
+    deployment's only replica, so routing has one answer), so the run may include the step during
+    which the next request arrives (strictly inside it): the arrival only joins the waiting queue,
+    which the replica reads at the step's end, as step by step."""
     r, pool = state.requests, state.pool
     n = int(ids.size)
     left = r.output[ids] - r.generated[ids]
     finishing = int(left.min())  # the step in which the first request finishes is the last
     if finishing < MIN_RUN_STEPS:
         return None
-    if not now + first.time_s < next_arrival_s:
+    if not through_arrival and not now + first.time_s < next_arrival_s:
         return None
     bs = pool.block_size
     if not np.array_equal(pool.held[ids], blocks_for(context, bs, plus=1)):
@@ -114,11 +122,14 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     # at most its distance over the first step's time (plus one); a cost model where they
     # shorten is still exact, only priced in more batches.
     fit = (next_arrival_s - now) / first.time_s if first.time_s > 0 else math.inf
-    count = int(min(limit, fit + 2.0)) if fit < limit else limit
+    count = int(min(limit, fit + 1.0)) if fit < limit else limit
     while True:
         priced = price_steps(cost, context, first, count)
         clock = np.add.accumulate(np.concatenate(([now], priced[:, 0])))
-        steps = int(np.searchsorted(clock[1:] >= next_arrival_s, True))  # ends before the arrival
+        ends = clock[1:]
+        steps = int(np.searchsorted(ends >= next_arrival_s, True))  # steps ending before the arrival
+        if through_arrival and steps < count and ends[steps] > next_arrival_s:
+            steps += 1  # and the step it arrives in (not one ending at that very instant)
         if steps < count or count == limit:
             break
         count = min(count * 2, limit)

@@ -43,12 +43,13 @@ class ServingUnit(Protocol):
 class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
                  cost: CostModel, steps: StepLog, prompts_done: PromptsDone | None = None,
-                 next_arrival: Callable[[], float] | None = None) -> None:
+                 next_arrival: Callable[[], float] | None = None, sole_replica: bool = False) -> None:
         """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
         emits nothing here and goes to ``prompts_done`` instead. ``next_arrival`` (when the next
         request enters the deployment) turns fast-forward on: runs of pure-decode steps become one
         event (``servesim.core.fast_forward``); its caller checked that the topology, engine and
-        policy declare it."""
+        policy declare it. ``sole_replica``: the deployment has no other replica, so its runs may
+        go through an arrival (``plan_decode_run``'s ``through_arrival``)."""
         self.env = env
         self.state = state
         self.policy = policy
@@ -57,6 +58,7 @@ class Replica:
         self.prompts_done = prompts_done
         plain_pool = state.prefix_cache is None and state.swap is None
         self.next_arrival = next_arrival if prompts_done is None and plain_pool else None
+        self.sole_replica = sole_replica
         self.fast_forwarded_steps = 0
         """Steps credited in fast-forwarded runs (the rest were taken one by one)."""
         self._idle: simpy.Event | None = None
@@ -102,7 +104,7 @@ class Replica:
             if next_arrival is not None and batch.decode_only and not batch.preempted and not extra \
                     and state.swap is None:
                 run = plan_decode_run(state, self.cost, shape.decode_context, batch.ids, record, now,
-                                      next_arrival())
+                                      next_arrival(), self.sole_replica)
                 delay = None if run is None else delay_to(now, float(run.times[-1]))
                 if run is not None and delay is not None:
                     waiting = len(state.waiting)

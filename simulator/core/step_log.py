@@ -47,12 +47,11 @@ class StepLog:
         self._chunks: list[np.ndarray] = []
         self._current = np.empty(_CHUNK, dtype=ROW)
         self._fill = 0
-        self._out_of_order = False
-        """A fast-forwarded run's rows were written at its start, before other replicas' steps
-        that start inside it: :meth:`records` then puts the rows back in start order."""
+        self._runs: list[tuple[int, np.ndarray, int, np.ndarray, int, int, np.ndarray]] = []
+        self._run_steps = 0
 
     def __len__(self) -> int:
-        return len(self._chunks) * _CHUNK + self._fill
+        return len(self._chunks) * _CHUNK + self._fill + self._run_steps
 
     def append(self, *values: float) -> None:
         """One step's values, in the order of :data:`ROW`'s fields."""
@@ -65,42 +64,45 @@ class StepLog:
 
     def extend_decode_run(self, replica: int, starts: np.ndarray, decodes: int, used_blocks: np.ndarray,
                           waiting: int, preempted: int, records: np.ndarray) -> None:
-        """The rows of a fast-forwarded run of pure-decode steps (``servesim.core.fast_forward``),
-        the values :meth:`append` would get for each of its steps; only the first step may count
-        preempted requests."""
-        steps = int(records.shape[0])
-        rows = np.empty(steps, dtype=ROW)
-        rows["replica"] = replica
-        rows["start_s"] = starts
+        """The steps of a fast-forwarded run of pure-decode steps (``servesim.core.fast_forward``):
+        each step's start, KV blocks in use and record (one row per step, the
+        :class:`~servesim.cost.StepRecord` fields); the rest is the same for every step (only the
+        first may count preempted requests). Kept as one entry per run and written out as the rows
+        :meth:`append` would have got when :meth:`records` is asked for."""
+        self._runs.append((replica, starts, decodes, used_blocks, waiting, preempted, records))
+        self._run_steps += int(records.shape[0])
+
+    def _run_rows(self) -> np.ndarray:
+        """The fast-forwarded runs' rows, in the order the runs were written."""
+        runs = self._runs
+        lengths = np.fromiter((run[1].size for run in runs), dtype=np.int64, count=len(runs))
+        rows = np.empty(int(lengths.sum()), dtype=ROW)
+
+        def per_step(k: int) -> np.ndarray:
+            return np.repeat(np.fromiter((run[k] for run in runs), dtype=np.int64, count=len(runs)), lengths)
+
+        rows["replica"] = per_step(0)
+        rows["start_s"] = np.concatenate([run[1] for run in runs])
         rows["num_prefills"] = 0
-        rows["num_decodes"] = decodes
+        rows["num_decodes"] = rows["decode_tokens"] = rows["running"] = per_step(2)
         rows["prefill_tokens"] = 0
-        rows["decode_tokens"] = decodes
-        rows["kv_blocks_used"] = used_blocks
-        rows["waiting"] = waiting
-        rows["running"] = decodes
+        rows["kv_blocks_used"] = np.concatenate([run[3] for run in runs])
+        rows["waiting"] = per_step(4)
         rows["preempted"] = 0
-        rows["preempted"][0] = preempted
+        firsts = np.cumsum(lengths) - lengths
+        rows["preempted"][firsts] = np.fromiter((run[5] for run in runs), dtype=np.int64, count=len(runs))
+        priced = np.concatenate([run[6] for run in runs])
         for k, column in enumerate(RECORD_COLUMNS):  # the StepRecord fields, in order
-            rows[column] = records[:, k]
+            rows[column] = priced[:, k]
         rows["extra_s"] = 0.0
-        done = 0
-        while done < steps:
-            if self._fill == _CHUNK:
-                self._chunks.append(self._current)
-                self._current = np.empty(_CHUNK, dtype=ROW)
-                self._fill = 0
-            take = min(steps - done, _CHUNK - self._fill)
-            self._current[self._fill:self._fill + take] = rows[done:done + take]
-            self._fill += take
-            done += take
-        self._out_of_order = True
+        return rows
 
     def records(self) -> np.ndarray:
         rows = np.concatenate([*self._chunks, self._current[:self._fill]])
-        if self._out_of_order:
+        if self._runs:
             # Step by step the rows are appended in clock order (start times never decrease), so a
-            # stable sort by start time restores exactly the order of the reference mode.
+            # stable sort by start time puts the runs' rows where the reference mode has them.
+            rows = np.concatenate((rows, self._run_rows()))
             rows = rows[np.argsort(rows["start_s"], kind="stable")]
         return rows
 

@@ -142,7 +142,6 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
                      peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
     if batch.num_decodes == 0:
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
-    eff = hardware.efficiency.attention_decode
     n = float(batch.num_decodes)
     if shape.chunk is not None:
         keys = float((batch.decode_context % shape.chunk).sum()) + n
@@ -150,6 +149,15 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
         keys = batch.decode_context_sum + n
     else:
         keys = float(np.minimum(batch.decode_context + 1, shape.window).sum())
+    return decode_attention_of(n, keys, shape, hardware, peak_flops, kv_bytes, layers)
+
+
+def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: HardwareProfile,
+                        peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
+    """The decode kernel of ``n`` requests whose queries see ``keys`` keys in all: the one
+    formula :func:`decode_attention` and a fast-forwarded run of decode steps
+    (:meth:`~servesim.cost.CostModel.decode_run_records`) both price with."""
+    eff = hardware.efficiency.attention_decode
     flops = keys * shape.decode_flops_per_key
     nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
               + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
@@ -157,32 +165,3 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
     memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, n))
     return OpCost("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
                   memory_s * layers, eff.fixed_s * layers)
-
-
-def decode_attention_run(num_decodes: int, context_sums: np.ndarray, shape: AttentionShape,
-                         hardware: HardwareProfile, peak_flops: float, kv_bytes: float, layers: int
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float] | None:
-    """:func:`decode_attention` for a run of steps in which the same ``num_decodes`` requests
-    decode over ``context_sums[j]`` cached tokens in all: (flops, bytes, compute_s, memory_s,
-    fixed_s) per step, each the very float :func:`decode_attention` gives (the same IEEE operations
-    in the same order, element by element; the efficiency curves read per element with their
-    scalar ``at``). None for windowed or chunked attention, whose keys need every context.
-    Fast-forward (``servesim.core.fast_forward``) prices its runs with it and checks them against
-    the scalar path."""
-    if shape.chunk is not None or shape.window is not None or num_decodes == 0:
-        return None
-    eff = hardware.efficiency.attention_decode
-    n = float(num_decodes)
-    keys = context_sums + n
-    flops = keys * shape.decode_flops_per_key
-    nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
-              + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
-    compute_s = flops / (peak_flops * eff.compute.at(n))
-    bandwidth = hardware.memory.bandwidth_Bps
-    if eff.memory.axis == "bytes" and len(eff.memory.x) > 1:
-        at = eff.memory.at
-        memory_eff = np.array([at(value) for value in nbytes.tolist()])
-        memory_s = nbytes / (bandwidth * memory_eff)
-    else:
-        memory_s = nbytes / (bandwidth * memory_efficiency(eff, 0.0 if eff.memory.axis == "bytes" else n, n))
-    return flops * layers, nbytes * layers, compute_s * layers, memory_s * layers, eff.fixed_s * layers

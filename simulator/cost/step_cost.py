@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-
 import numpy as np
-from servesim.cost.attention import AttentionShape, decode_attention, decode_attention_run, prefill_attention
+
+from servesim.cost.attention import AttentionShape, decode_attention, decode_attention_of, prefill_attention
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allgather_s, ring_allreduce_s
 from servesim.cost.expert_parallel import ExpertLayer
@@ -383,11 +383,14 @@ class CostModel:
         """
         if batch.is_empty:
             return IDLE_RECORD
-        part = self._token_part(batch.num_new_tokens, batch.num_logits)
+        return self._record(self._token_part(batch.num_new_tokens, batch.num_logits), self._batch_ops(batch))
+
+    def _record(self, part: _TokenPart, batch_ops: list[OpCost]) -> StepRecord:
+        """A step's record from its memoised token part and its context-dependent operators."""
         total, compute_s, memory_s = part.total_s, part.compute_s, part.memory_s
         overhead_s, flops, nbytes = part.overhead_s, part.flops, part.hbm_bytes
         gemm_s, prefill_s, decode_s = part.gemm_s, 0.0, 0.0
-        for op in self._batch_ops(batch):
+        for op in batch_ops:
             time_s = op.time_s
             total += time_s
             if op.compute_s >= op.memory_s:
@@ -407,48 +410,26 @@ class CostModel:
         return StepRecord(total, sums.index(max(sums)), flops, nbytes, gemm_s, prefill_s, decode_s,
                           part.elementwise_s, part.comm_s, self._step_overhead_s)
 
-    def decode_run_records(self, decode_context: np.ndarray, steps: int) -> np.ndarray | None:
+    def decode_run_records(self, decode_context: np.ndarray, steps: int) -> list[StepRecord] | None:
         """:meth:`step_record` of ``steps`` pure-decode steps in which the same requests decode
-        over ``decode_context + j`` cached tokens (step ``j``), as a ``(steps, len(StepRecord))``
-        array, each row the very floats :meth:`step_record` gives for that step (the same
-        operations in the same order; :func:`~servesim.cost.attention.decode_attention_run`).
-        None where it has no closed form (windowed or chunked attention): the caller then prices
-        step by step. Fast-forward checks rows against :meth:`step_record` before trusting it."""
+        over ``decode_context + j`` cached tokens (step ``j``), without building each step's
+        batch: the same token part, the same decode-attention formula
+        (:func:`~servesim.cost.attention.decode_attention_of`, fed the same key count) and the same
+        :meth:`_record`, so each record is the very one :meth:`step_record` gives. None where the
+        keys need every context (windowed or chunked attention): the caller then calls
+        :meth:`step_record` per step. Fast-forward (``servesim.core.fast_forward``) prices its runs
+        with it."""
         n = int(decode_context.size)
-        if n == 0 or steps <= 0:
+        if n == 0 or steps <= 0 or any(shape.chunk is not None or shape.window is not None
+                                       for shape, _ in self._attention_groups):
             return None
-        sums = (int(decode_context.sum()) + n * np.arange(steps, dtype=np.int64)).astype(np.float64)
         part = self._token_part(n, n)
-        total: np.ndarray | float = part.total_s
-        compute_s: np.ndarray | float = part.compute_s
-        memory_s: np.ndarray | float = part.memory_s
-        overhead_s: np.ndarray | float = part.overhead_s
-        flops: np.ndarray | float = part.flops
-        nbytes: np.ndarray | float = part.hbm_bytes
-        decode_s: np.ndarray | float = 0.0
-        for shape, count in self._attention_groups:
-            op = decode_attention_run(n, sums, shape, self.hardware, self.bf16_peak, self._kv_bytes, count)
-            if op is None:
-                return None
-            op_flops, op_bytes, op_compute, op_memory, op_fixed = op
-            time_s = np.maximum(op_compute, op_memory) + op_fixed
-            total = total + time_s
-            compute_bound = op_compute >= op_memory
-            compute_s = np.where(compute_bound, compute_s + op_compute, compute_s)
-            memory_s = np.where(compute_bound, memory_s, memory_s + op_memory)
-            overhead_s = overhead_s + op_fixed
-            flops = flops + op_flops
-            nbytes = nbytes + op_bytes
-            decode_s = decode_s + time_s
-        rows = np.empty((steps, len(StepRecord._fields)))
-        for k, value in enumerate((total, 0.0, flops, nbytes, part.gemm_s, 0.0, decode_s,
-                                   part.elementwise_s, part.comm_s, self._step_overhead_s)):
-            rows[:, k] = value
-        sums_by_bound = np.empty((4, steps))
-        for k, value in enumerate((compute_s, memory_s, part.comm_s, overhead_s)):
-            sums_by_bound[k] = value
-        rows[:, 1] = np.argmax(sums_by_bound, axis=0)  # the first largest, as tuple.index(max())
-        return rows
+        groups = [(shape, self.hardware, self.bf16_peak, self._kv_bytes, count)
+                  for shape, count in self._attention_groups]
+        record, decodes, first_sum = self._record, float(n), int(decode_context.sum())
+        return [record(part, [decode_attention_of(decodes, float(first_sum + n * j) + decodes, *args)
+                              for args in groups])
+                for j in range(steps)]
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage

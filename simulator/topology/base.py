@@ -172,13 +172,14 @@ def register_topology(cls: type[Topology]) -> type[Topology]:
 def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
                 make_state: Callable[[int], ReplicaState],
                 wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None,
-                fast_forward: bool = False) -> GroupRun:
+                fast_forward: bool = False, sole_group: bool = False) -> GroupRun:
     """The replicas of ``group`` on ``sim``'s clock, indices from ``first_index``, each running its
     group's policy (wrapped by ``wrap_policy`` if given) and sharing one cost model (its memo
     serves them all). Pipelined replicas (stages or DP ranks) get one state and policy per
     scheduling unit, numbered replica by replica, virtual engine by virtual engine, rank by rank.
     ``fast_forward``: the topology declares it (:attr:`Topology.fast_forward`); a replica then
-    fast-forwards when the run asks for it and its engine and policy declare it too."""
+    fast-forwards when the run asks for it and its engine and policy declare it too; ``sole_group``:
+    no other group's replicas take arrivals, so a group of one replica routes every arrival to it."""
     if group.runs_pipeline:
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
     cost = group.cost_model()
@@ -191,7 +192,8 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
         fast = (fast_forward and sim.fast_forward and group.engine.fast_forward
                 and policy.fast_forward_ready())
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
-                                next_arrival=sim.next_arrival if fast else None))
+                                next_arrival=sim.next_arrival if fast else None,
+                                sole_replica=sole_group and group.replicas == 1))
     return GroupRun(group, replicas, first_index)
 
 
