@@ -73,17 +73,18 @@ class DecodeRun:
         return int(self.records.shape[0])
 
 
-def price_steps(cost: CostModel, context: np.ndarray, first: StepRecord, count: int) -> np.ndarray:
-    """Records of decode steps ``0 .. count - 1`` of a run over ``context`` whose step 0 the
-    replica priced as ``first`` (through :meth:`~servesim.cost.CostModel.step_record`), one row
-    per step: from the cost model's decode-run pricing (the same formulas, without building each
-    step's batch) when it has one and its step 0 is ``first`` to the last bit, else through
+def price_steps(cost: CostModel, context: np.ndarray, first: StepRecord, start: int,
+                count: int) -> np.ndarray:
+    """Records of decode steps ``start .. start + count - 1`` of a run over ``context`` whose step
+    0 the replica priced as ``first`` (through :meth:`~servesim.cost.CostModel.step_record`), one
+    row per step: from the cost model's decode-run pricing (the same formulas, without building
+    each step's batch) when it has one and gives ``first`` for step 0 to the last bit, else through
     ``step_record`` step by step. The check catches a cost model whose ``step_record`` gained a
     term its decode-run pricing lacks."""
-    records = cost.decode_run_records(context, count)
-    if records is None or records[0] != first:
+    records = cost.decode_run_records(context, count, start)
+    if records is None or (start == 0 and records[0] != first):
         step_record = cost.step_record
-        records = [first, *(step_record(BatchShape.decodes_only(context + j)) for j in range(1, count))]
+        records = [step_record(BatchShape.decodes_only(context + j)) for j in range(start, start + count)]
     return np.array(records, dtype=np.float64)
 
 
@@ -116,27 +117,34 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     limit = min(finishing, int(offsets[rest]) + q * bs)
     if limit < MIN_RUN_STEPS:
         return None
-    # Price the steps (in growing batches: an arrival may cut the run short); the clock is the
-    # step-by-step clock: start + each duration in turn, summed sequentially.
-    # Decode steps only lengthen as contexts grow, so the steps that fit before the arrival are
-    # at most its distance over the first step's time (plus one); a cost model where they
-    # shorten is still exact, only priced in more batches.
+    # Price the steps in growing batches (an arrival may cut the run short); the clock is the
+    # step-by-step clock: start + each duration in turn, summed sequentially. Decode steps only
+    # lengthen as contexts grow, so at most (distance to the arrival / first step) + 1 steps end
+    # before it; where they shorten the run is still exact, only priced in more batches.
     fit = (next_arrival_s - now) / first.time_s if first.time_s > 0 else math.inf
     count = int(min(limit, fit + 1.0)) if fit < limit else limit
+    start, t = 0, now
+    priced: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
     while True:
-        priced = price_steps(cost, context, first, count)
-        clock = np.add.accumulate(np.concatenate(([now], priced[:, 0])))
-        ends = clock[1:]
-        steps = int(np.searchsorted(ends >= next_arrival_s, True))  # steps ending before the arrival
-        if through_arrival and steps < count and ends[steps] > next_arrival_s:
-            steps += 1  # and the step it arrives in (not one ending at that very instant)
-        if steps < count or count == limit:
+        rows = price_steps(cost, context, first, start, count - start)
+        clock = np.add.accumulate(np.concatenate(([t], rows[:, 0])))[1:]
+        inside = int(np.searchsorted(clock >= next_arrival_s, True))  # ending before the arrival
+        arrived = inside < clock.size
+        if arrived and through_arrival and clock[inside] > next_arrival_s:
+            inside += 1  # and the step it arrives in (not one ending at that very instant)
+        if inside:
+            priced.append(rows[:inside])
+            ends.append(clock[:inside])
+            t = float(clock[inside - 1])
+        if arrived or count == limit:
             break
-        count = min(count * 2, limit)
-    times = clock[:steps + 1]
-    records = priced[:steps]
+        start, count = count, min(2 * count, limit)
+    steps = sum(part.shape[0] for part in priced)
     if steps < MIN_RUN_STEPS:
         return None
+    records = np.concatenate(priced)
+    times = np.concatenate(([now], *ends))
     js = np.arange(steps, dtype=np.int64)
     grown_by = n * (js // bs) + np.searchsorted(offsets, js % bs, side="right")
     used = pool.total - pool.free + grown_by

@@ -410,10 +410,11 @@ class CostModel:
         return StepRecord(total, sums.index(max(sums)), flops, nbytes, gemm_s, prefill_s, decode_s,
                           part.elementwise_s, part.comm_s, self._step_overhead_s)
 
-    def decode_run_records(self, decode_context: np.ndarray, steps: int) -> list[StepRecord] | None:
+    def decode_run_records(self, decode_context: np.ndarray, steps: int, first_step: int = 0
+                           ) -> list[StepRecord] | None:
         """:meth:`step_record` of ``steps`` pure-decode steps in which the same requests decode
-        over ``decode_context + j`` cached tokens (step ``j``), without building each step's
-        batch: the same token part, the same decode-attention formula
+        over ``decode_context + j`` cached tokens (step ``j``, from ``first_step``), without
+        building each step's batch: the same token part, the same decode-attention formula
         (:func:`~servesim.cost.attention.decode_attention_of`, fed the same key count) and the same
         :meth:`_record`, so each record is the very one :meth:`step_record` gives. None where the
         keys need every context (windowed or chunked attention): the caller then calls
@@ -429,7 +430,7 @@ class CostModel:
         record, decodes, first_sum = self._record, float(n), int(decode_context.sum())
         return [record(part, [decode_attention_of(decodes, float(first_sum + n * j) + decodes, *args)
                               for args in groups])
-                for j in range(steps)]
+                for j in range(first_step, first_step + steps)]
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage
