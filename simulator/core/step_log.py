@@ -49,6 +49,7 @@ class StepLog:
         self._fill = 0
         self._runs: list[tuple[int, np.ndarray, int, np.ndarray, int, int, np.ndarray]] = []
         self._run_steps = 0
+        self._cached: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self._chunks) * _CHUNK + self._fill + self._run_steps
@@ -98,12 +99,18 @@ class StepLog:
         return rows
 
     def records(self) -> np.ndarray:
-        rows = np.concatenate([*self._chunks, self._current[:self._fill]])
+        """Every step's row, in the order the step-by-step loop appends them (read-only: the
+        array is kept until another step is logged, so the run's end and its tables share it)."""
+        if self._cached is not None and self._cached[0] == len(self):
+            return self._cached[1]
+        rows = np.concatenate([*self._chunks, self._current[:self._fill], *(
+            (self._run_rows(),) if self._runs else ())])
         if self._runs:
             # Step by step the rows are appended in clock order (start times never decrease), so a
             # stable sort by start time puts the runs' rows where the reference mode has them.
-            rows = np.concatenate((rows, self._run_rows()))
             rows = rows[np.argsort(rows["start_s"], kind="stable")]
+        rows.flags.writeable = False
+        self._cached = (len(self), rows)
         return rows
 
     def end_s(self) -> float:
