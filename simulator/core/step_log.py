@@ -8,10 +8,14 @@ then the cost model's :class:`~servesim.cost.StepRecord` fields under their colu
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from servesim.cost import BOUNDS, OP_CLASSES, StepRecord
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BATCH_FIELDS = ("replica", "start_s", "num_prefills", "num_decodes", "prefill_tokens", "decode_tokens",
                 "kv_blocks_used", "waiting", "running", "preempted")
@@ -121,6 +125,8 @@ class StepLog:
     def to_frame(self, blocks_total: list[int], groups: list[str] | None = None) -> pd.DataFrame:
         """``blocks_total`` and (runs with several replica groups) ``groups`` are per replica
         index; the group names go into the ``pool`` column (its name in the files)."""
+        import pandas as pd  # here: a run that writes no steps table needs no pandas
+
         rows = self.records()
         assert ROW.names is not None  # a structured dtype
         frame = pd.DataFrame({name: rows[name] for name in ROW.names if name != "bound"})

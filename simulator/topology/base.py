@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from servesim.core.kv_link import KvLink
 from servesim.core.parallel_replica import ParallelReplica
@@ -33,6 +32,8 @@ from servesim.policies.base import Policy
 from servesim.topology.group import ReplicaGroup
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from servesim.config import ExperimentConfig
 
 
