@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from servesim.core.progress import check_finished
 from servesim.core.sim import Progress, Sim, run_until_done
 from servesim.pipeline.plan import RunPlan
-from servesim.pipeline.result import RunResult
+
+if TYPE_CHECKING:
+    from servesim.pipeline.result import RunResult
 
 
 def simulate(plan: RunPlan, progress: Progress | None = None, *, fast_forward: bool = True) -> RunResult:
@@ -23,4 +26,6 @@ def simulate(plan: RunPlan, progress: Progress | None = None, *, fast_forward: b
     end = sim.steps.end_s()
     for link in built.links:
         end = max(end, link.last_end_s)
+    from servesim.pipeline.result import RunResult  # here: the tables it builds need pandas
+
     return RunResult(plan, sim, built, sim_time_s=end, wall_time_s=time.perf_counter() - started)
