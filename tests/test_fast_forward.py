@@ -68,7 +68,7 @@ POLICIES = [{"name": "continuous"}, {"name": "chunked_prefill"}, {"name": "sjf"}
             {"name": "static", "batch_size": 4}]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=(Phase.explicit, Phase.reuse, Phase.generate))  # shrinking a run is slow
 @given(seed=st.integers(0, 10_000), policy=st.sampled_from(POLICIES),
        rate=st.sampled_from([0.5, 4.0, 30.0, 200.0]), replicas=st.integers(1, 2),
@@ -145,11 +145,11 @@ SHIPPED = shipped_experiments()
 
 @pytest.mark.parametrize("document", [doc for _, doc in SHIPPED], ids=[name for name, _ in SHIPPED])
 def test_shipped_examples_give_the_same_results_both_ways(document: dict[str, Any]) -> None:
-    """Each shipped experiment and sweep point (its workload cut to 150 requests to keep the suite
+    """Each shipped experiment and sweep point (its workload cut to 120 requests to keep the suite
     short), with full output: the same files, byte for byte."""
     document = {**document, "output": "full"}
     workload = dict(document["workload"])
-    workload["num_requests"] = min(150, workload.get("num_requests") or 150)
+    workload["num_requests"] = min(120, workload.get("num_requests") or 120)
     document["workload"] = workload
     reference, fast = both_ways(document)
     assert_same(reference, fast)
