@@ -2,11 +2,16 @@
 
     python benchmarks/compare_outputs.py RUN_A RUN_B       # two `servesim run` folders
     python benchmarks/compare_outputs.py SWEEP_A SWEEP_B   # two sweep folders of the same sweep
+    python benchmarks/compare_outputs.py A B --allow-new-zero-columns
 
 For runs: ``summary.json`` and the parquet tables must be identical bytes. For sweeps: every run's
 ``summary.json`` (matched by point index and replication, since run names hash the whole config
 and change when the config schema does) and every metric column of ``results.parquet``. Used to
 show that a refactoring changed no result; prints what differs and exits 1 if anything does.
+
+``--allow-new-zero-columns``: a parquet table of B may differ from A's bytes by columns A lacks,
+provided they are all zero and every column of A is equal in B (a new feature's columns, such as
+the speculative-decoding ones of ``steps.parquet``, on a run that does not use it).
 """
 
 from __future__ import annotations
@@ -19,14 +24,36 @@ import pandas as pd
 RUN_FILES = ("summary.json", "requests.parquet", "steps.parquet", "itl.parquet")
 
 
-def compare_runs(a: Path, b: Path) -> list[str]:
+ALLOW_NEW_ZERO_COLUMNS = "--allow-new-zero-columns"
+
+
+def same_but_new_zero_columns(fa: Path, fb: Path) -> list[str] | None:
+    """The columns ``fb`` adds to ``fa``'s table if they are all zero and every column of ``fa``
+    is equal in ``fb``; None otherwise."""
+    ta, tb = pd.read_parquet(fa), pd.read_parquet(fb)
+    if len(ta) != len(tb) or not set(ta.columns) <= set(tb.columns):
+        return None
+    if not all(ta[c].equals(tb[c]) for c in ta.columns):
+        return None
+    added = [c for c in tb.columns if c not in ta.columns]
+    if not all((tb[c] == 0).all() for c in added):
+        return None
+    return added
+
+
+def compare_runs(a: Path, b: Path, allow_new_zero_columns: bool = False) -> list[str]:
     problems = []
     for name in RUN_FILES:
         fa, fb = a / name, b / name
         if fa.is_file() != fb.is_file():
             problems.append(f"{name}: only in {a if fa.is_file() else b}")
         elif fa.is_file() and fa.read_bytes() != fb.read_bytes():
-            problems.append(f"{name}: differs")
+            added = (same_but_new_zero_columns(fa, fb) if allow_new_zero_columns
+                     and name.endswith(".parquet") else None)
+            if added is None:
+                problems.append(f"{name}: differs")
+            else:
+                print(f"{name}: equal, plus all-zero columns {', '.join(added)}")
     return problems
 
 
@@ -37,7 +64,7 @@ def _runs(folder: Path) -> dict[tuple[int, int], Path]:
             for row in points.itertuples()}
 
 
-def compare_sweeps(a: Path, b: Path) -> list[str]:
+def compare_sweeps(a: Path, b: Path, allow_new_zero_columns: bool = False) -> list[str]:
     problems = []
     runs_a, runs_b = _runs(a), _runs(b)
     if runs_a.keys() != runs_b.keys():
@@ -46,6 +73,9 @@ def compare_sweeps(a: Path, b: Path) -> list[str]:
         for name in ("summary.json", "requests.parquet", "steps.parquet", "itl.parquet"):
             fa, fb = folder / name, runs_b[key] / name
             if fa.is_file() and (not fb.is_file() or fa.read_bytes() != fb.read_bytes()):
+                if (allow_new_zero_columns and fb.is_file() and name.endswith(".parquet")
+                        and same_but_new_zero_columns(fa, fb) is not None):
+                    continue
                 problems.append(f"point {key[0]} replication {key[1]}: {name} differs")
     ra, rb = pd.read_parquet(a / "results.parquet"), pd.read_parquet(b / "results.parquet")
     metrics = [c for c in ra.columns if "." in c and c.split(".")[0] not in {
@@ -58,8 +88,10 @@ def compare_sweeps(a: Path, b: Path) -> list[str]:
 
 
 def main() -> None:
-    a, b = Path(sys.argv[1]), Path(sys.argv[2])
-    problems = compare_sweeps(a, b) if (a / "results.parquet").is_file() else compare_runs(a, b)
+    allow = ALLOW_NEW_ZERO_COLUMNS in sys.argv[1:]
+    a, b = (Path(arg) for arg in sys.argv[1:] if arg != ALLOW_NEW_ZERO_COLUMNS)
+    problems = (compare_sweeps(a, b, allow) if (a / "results.parquet").is_file()
+                else compare_runs(a, b, allow))
     for line in problems:
         print(line)
     print("identical" if not problems else f"{len(problems)} difference(s)")

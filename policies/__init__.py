@@ -8,6 +8,7 @@ below.
 from servesim.policies import (  # noqa: F401  (registers the built-in policies and routers)
     chunked_prefill,
     continuous,
+    fleet_routers,
     priority,
     routers,
     sjf,

@@ -27,9 +27,12 @@ from servesim.inputs.schema import FrozenModel, parse_model
 
 if TYPE_CHECKING:  # the core runs policies; policies only name its types
     from servesim.core.replica_state import EngineLimits, ReplicaState
+    from servesim.core.speculation import Proposals
 
 _ONES = np.ones(1 << 16, dtype=np.int64)
 _ONES.flags.writeable = False
+_NO_TOKENS = np.empty(0, dtype=np.int64)
+_NO_EMITS = np.empty(0, dtype=bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,9 @@ class Batch:
     preempted: int = 0
     decode_only: bool = False
     extra_s: float = 0.0
+    speculation: Proposals | None = None
+    """Speculative decoding: which members verify proposals (counted in their ``new_tokens``),
+    and how many the target accepts (:class:`~servesim.core.speculation.Proposals`)."""
 
     @classmethod
     def decodes(cls, ids: np.ndarray, context: np.ndarray, preempted: int = 0) -> Batch:
@@ -58,9 +64,24 @@ class Batch:
 
     @classmethod
     def of(cls, ids: np.ndarray, new_tokens: np.ndarray, computed: np.ndarray, total: np.ndarray,
-           preempted: int = 0) -> Batch:
-        """Any mix of prefill chunks and decodes, classified by the token-budget rule."""
-        return cls(ids, new_tokens, BatchShape.from_requests(new_tokens, computed, total), preempted)
+           preempted: int = 0, speculation: Proposals | None = None) -> Batch:
+        """Any mix of prefill chunks and decodes, classified by the token-budget rule; with
+        ``speculation``, the decodes at its rows also verify their proposals."""
+        if speculation is None:
+            return cls(ids, new_tokens, BatchShape.from_requests(new_tokens, computed, total), preempted)
+        proposed = np.zeros(ids.size, dtype=np.int64)
+        proposed[speculation.rows] = speculation.proposed
+        shape = BatchShape.from_requests(new_tokens, computed, total, proposed)
+        return cls(ids, new_tokens, shape, preempted, speculation=speculation)
+
+    @classmethod
+    def speculative_decodes(cls, ids: np.ndarray, context: np.ndarray, proposed: np.ndarray,
+                            speculation: Proposals, preempted: int = 0) -> Batch:
+        """Every request decodes, ``ids[i]`` verifying ``proposed[i]`` proposals (0: a plain
+        decode) over ``context[i]`` cached tokens."""
+        new = 1 + proposed
+        shape = BatchShape(_NO_TOKENS, _NO_TOKENS, _NO_EMITS, context, new)
+        return cls(ids, new, shape, preempted, speculation=speculation)
 
 
 class Knobs(FrozenModel):
@@ -98,6 +119,9 @@ class Policy(Component, ABC):
     request finishes, a block shortfall preempts or something arrives; and :meth:`after_run` keeps
     its own state as that many :meth:`after_step` calls would. Off by default, so a policy that
     says nothing runs step by step."""
+    supports_speculation: ClassVar[bool] = False
+    """Lets its decodes verify speculative proposals: asks ``ReplicaState.proposals_for`` for them
+    and builds speculative batches (``speculative:`` in the experiment)."""
 
     def __init__(self, replica: ReplicaState, options: Knobs) -> None:
         super().__init__(replica, options)
@@ -197,6 +221,11 @@ def choose_policy(name: str, knobs: dict[str, Any], where: str = "policy") -> Ch
     """The policy ``name`` with its knobs checked; errors name ``where`` (``policy``,
     ``deployment.decode.policy``)."""
     return choose(POLICIES, "policy", name, knobs, where)
+
+
+def speculating_policies() -> list[str]:
+    """The registered policies that let their decodes verify speculative proposals."""
+    return sorted(name for name, cls in POLICIES.items() if cls.supports_speculation)
 
 
 def prefix_caching_policies() -> list[str]:

@@ -30,6 +30,7 @@ from servesim.policies.base import Batch, Policy, register_policy
 @register_policy
 class ChunkedPrefill(Policy):
     name = "chunked_prefill"
+    supports_speculation = True
     chunks_prefills = True
     fast_forwards_decodes = True
 
@@ -37,7 +38,7 @@ class ChunkedPrefill(Policy):
         replica = self.replica
         preempted = 0
         while True:
-            ids, new, need = self._plan_running()
+            ids, new, need, proposed = self._plan_running()
             shortfall = int(need.sum()) - replica.pool.free
             if shortfall <= 0:
                 break
@@ -59,34 +60,52 @@ class ChunkedPrefill(Policy):
         r = replica.requests
         computed = r.computed[ids]
         total = r.prompt[ids] + r.generated[ids]
-        if ids.size == replica.running.size and computed.size and int(new.sum()) == ids.size \
-                and bool((computed + 1 == total).all()) and bool((r.generated[ids] > 0).all()):
-            # Every running request decodes one token past its first (no chunk, no admission): the
-            # shape Batch.of would build, through the decode fast path (and fast-forward).
+        speculation = None
+        if proposed is not None:  # running decodes verify proposals (running rows come first)
+            rows = np.flatnonzero(proposed)
+            if rows.size:
+                speculation = replica.plan_speculation(ids[rows], proposed[rows], rows)
+        if speculation is None and ids.size == replica.running.size and computed.size \
+                and int(new.sum()) == ids.size and bool((computed + 1 == total).all()) \
+                and bool((r.generated[ids] > 0).all()):
+            # Every running request decodes one token past its first (no chunk, no admission, no
+            # proposals): the shape Batch.of would build, through the decode fast path (and
+            # fast-forward).
             return Batch.decodes(ids, computed, preempted)
-        return Batch.of(ids, new, computed, total, preempted)
+        return Batch.of(ids, new, computed, total, preempted, speculation)
 
-    def _plan_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids, new tokens, extra blocks) of the running requests that get tokens this step, in
-        running order: every decode one token, then the prompts in order while budget remains."""
+    def _plan_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """(ids, new tokens, extra blocks, proposals) of the running requests that get tokens this
+        step, in running order: every decode one token (plus the proposals it verifies, when
+        speculating), then the prompts in order while budget remains."""
         replica = self.replica
         running = replica.running
         if running.size == 0:
-            return running, running, running
+            return running, running, running, None
         r, pool = replica.requests, replica.pool
         computed = r.computed[running]
         remaining = r.prompt[running] + r.generated[running] - computed
         decoding = remaining == 1
         budget = replica.limits.max_num_batched_tokens - int(np.count_nonzero(decoding))
+        proposed = None
+        if replica.speculation is not None and decoding.any():
+            proposed = replica.proposals_for(running[decoding], budget)
+        if proposed is not None:
+            full = np.zeros(running.size, dtype=np.int64)
+            full[decoding] = proposed
+            budget -= int(proposed.sum())
         prompt_left = np.where(decoding, 0, remaining)
         before = np.cumsum(prompt_left) - prompt_left
         chunk = np.clip(budget - before, 0, prompt_left)
-        new = np.where(decoding, 1, chunk)
+        new = np.where(decoding, 1, chunk) if proposed is None else np.where(decoding, 1 + full, chunk)
         scheduled = new > 0
+        proposals = None if proposed is None else full
         if not scheduled.all():
             running, computed, new = running[scheduled], computed[scheduled], new[scheduled]
+            if proposals is not None:
+                proposals = proposals[scheduled]
         need = blocks_for(computed + new, pool.block_size) - pool.held[running]
-        return running, new, np.maximum(need, 0)
+        return running, new, np.maximum(need, 0), proposals
 
     def _admit_waiting(self, now: float, budget: int) -> tuple[np.ndarray, np.ndarray]:
         """Admit waiting requests FCFS with their first chunk (with prefix caching it starts after

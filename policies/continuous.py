@@ -53,6 +53,7 @@ class ContinuousOptions(PolicyOptions):
 @register_policy
 class ContinuousBatching(Policy):
     name = "continuous"
+    supports_speculation = True
     Options: ClassVar[type[PolicyOptions]] = ContinuousOptions
     options: PolicyOptions
     """:class:`ContinuousOptions` here and in ``sjf``; ``priority``, which has its own admission
@@ -119,8 +120,12 @@ class ContinuousBatching(Policy):
             return None
         r, pool = replica.requests, replica.pool
         context = r.computed[running]
-        # The token computed this step needs a slot: ceil((context + 1) / block_size) blocks.
-        need = blocks_for(context, pool.block_size, plus=1) - pool.held[running]
+        # Speculative decoding: each request also verifies its proposals (None: plain decoding).
+        proposed = None if replica.speculation is None else replica.proposals_for(
+            running, replica.limits.max_num_batched_tokens - int(running.size))
+        # The tokens computed this step need slots: ceil((context + 1 [+ proposals]) / block_size).
+        need = blocks_for(context if proposed is None else context + proposed, pool.block_size,
+                          plus=1) - pool.held[running]
         shortfall = int(need.sum()) - pool.free
         preempted = 0
         if shortfall > 0:
@@ -129,5 +134,10 @@ class ContinuousBatching(Policy):
             if running.size == 0:
                 return None
             context, need = context[:running.size], need[:running.size]
+            if proposed is not None:
+                proposed = proposed[:running.size]
         pool.grow_many(running, need, int(need.sum()))
-        return Batch.decodes(running, context, preempted)
+        if proposed is None:
+            return Batch.decodes(running, context, preempted)
+        return Batch.speculative_decodes(running, context, proposed,
+                                         replica.plan_speculation(running, proposed), preempted)

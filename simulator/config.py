@@ -13,6 +13,7 @@ router run, which traffic arrives, and optionally the SLOs to judge it by::
     precision: {weights: bf16, activations: bf16, kv_cache: bf16}
     policy: {name: continuous}
     router: {name: round_robin}
+    speculative: {method: eagle3, num_speculative_tokens: 3, acceptance: {rate: 0.7}}  # optional
     workload: {arrival: {process: poisson, rate: 8}, num_requests: 2000,
                lengths: {preset: azure-conversation}}
     slo: {ttft_s: 2.0, tpot_s: 0.05}
@@ -53,12 +54,14 @@ from servesim.errors import ServesimError
 from servesim.inputs.files import yaml_mapping
 from servesim.inputs.names import RunName
 from servesim.inputs.overrides import apply_overrides
-from servesim.inputs.schema import NamedSection, StrictModel, user_error
+from servesim.inputs.schema import NamedSection, OmitsUnsetExtensions, StrictModel, user_error
 from servesim.inputs.slo import SloLimits
+from servesim.speculative.schema import SpeculativeConfig
+from servesim.topology.fleet_keys import FleetGroupKeys
 from servesim.topology.keys import AllToAllBackend, DecodeGroupKeys, ExpertRoutingKeys, GroupKeys, LinkKeys
 from servesim.workloads import WorkloadConfig, parse_workload_config
 
-TOPOLOGY_KINDS = ("colocated", "disaggregated")
+TOPOLOGY_KINDS = ("colocated", "disaggregated", "fleet")
 MAX_SEED = 2**62
 """Seeds (plus a sweep's replications) stay within the int64 columns of the result tables."""
 
@@ -67,9 +70,11 @@ class MigrationNote(UserWarning):
     """A config written for an older servesim was read in its new form (the CLI prints one line)."""
 
 
-class DeploymentConfig(StrictModel):
+class DeploymentConfig(OmitsUnsetExtensions):
     """How the model is deployed: the topology, its parallelism and the engine arguments (vLLM's
     names; unset ones take the engine's defaults)."""
+
+    EXTENSIONS = ("groups",)
 
     tp: int = Field(1, ge=1, description="tensor-parallel degree")
     pp: int = Field(1, ge=1, description="pipeline stages per replica (vLLM --pipeline-parallel-size)")
@@ -86,9 +91,9 @@ class DeploymentConfig(StrictModel):
     expert_routing: ExpertRoutingKeys | None = Field(
         None, description="load imbalance between expert-parallel ranks (default: uniform routing)")
     replicas: int = Field(1, ge=1, description="data-parallel copies behind the router")
-    kind: Literal["colocated", "disaggregated"] = Field(
+    kind: Literal["colocated", "disaggregated", "fleet"] = Field(
         "colocated", description="colocated: replicas behind a router; disaggregated: prefill and "
-        "decode groups joined by a KV link")
+        "decode groups joined by a KV link; fleet: groups on any GPUs, autoscaled or not, behind one router")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     block_size: int | None = Field(None, ge=1, description="tokens per KV-cache block")
     max_num_seqs: int | None = Field(None, ge=1, description="most requests in one step")
@@ -105,6 +110,8 @@ class DeploymentConfig(StrictModel):
     prefill: GroupKeys | None = Field(None, description="kind disaggregated: the prefill group")
     decode: DecodeGroupKeys | None = Field(None, description="kind disaggregated: the decode group")
     link: LinkKeys | None = Field(None, description="kind disaggregated: the KV link between them")
+    groups: dict[str, FleetGroupKeys] | None = Field(
+        None, description="kind fleet: its replica groups by name (servesim.topology.fleet)")
 
 
 class PrecisionConfig(StrictModel):
@@ -161,6 +168,9 @@ class ExperimentConfig(StrictModel):
     precision: PrecisionConfig = PrecisionConfig()
     policy: PolicyConfig = PolicyConfig()
     router: RouterConfig = RouterConfig()
+    speculative: SpeculativeConfig | None = Field(
+        None, description="speculative decoding, as vLLM's --speculative-config (see "
+        "servesim.speculative.schema); unset: none")
     workload: WorkloadConfig
     slo: SloConfig | None = None
     output: Literal["full", "summary"] = Field(
@@ -244,12 +254,17 @@ def migrate_document(document: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 def absolute_trace_paths(workload: dict[str, Any], base_dir: Path | None) -> None:
     """Trace paths in a workload section (a JSON-ready dict) made absolute, in place, so a
     resolved experiment runs from any folder."""
-    for section in ("trace", "lengths"):
-        part = workload.get(section)
-        key = "path" if section == "trace" else "trace"
+    def absolute(part: Any, key: str) -> None:
         if isinstance(part, dict) and part.get(key):
             path = Path(part[key]).expanduser()
             part[key] = str((base_dir / path if base_dir and not path.is_absolute() else path).resolve())
+
+    for section in ("trace", "lengths"):
+        absolute(workload.get(section), "path" if section == "trace" else "trace")
+    sessions, arrival, trace = (workload.get(key) or {} for key in ("sessions", "arrival", "trace"))
+    absolute(sessions.get("conversations"), "path")
+    absolute(arrival.get("profile"), "csv")
+    absolute(trace.get("rate_profile"), "csv")
 
 
 def read_yaml_document(path: Path) -> dict[str, Any]:

@@ -269,6 +269,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         attention_output_bias=gpt_oss and attention_bias,
         attention_sinks=gpt_oss, qk_norm=model_type in QK_NORM_FAMILIES,
         norms_per_layer=4 if model_type in SANDWICH_NORM_FAMILIES else 2, expert_bias=gpt_oss,
+        mtp_layers=_optional_int(config, "num_nextn_predict_layers", where) or 0,
     )
 
 

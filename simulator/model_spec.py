@@ -11,8 +11,9 @@ Conventions:
   has them (Qwen2's q/k/v projections).
 - The embedding is a gather (no FLOPs, one row read per token); the LM head is a GEMM unless its
   weights are tied to the embedding, in which case it is computed but not stored twice.
-- DeepSeek-V3's multi-token-prediction layer is not counted: serving without speculative
-  decoding does not run it.
+- DeepSeek-V3's multi-token-prediction layers are not counted (``mtp_layers`` says how many the
+  checkpoint has): serving without speculative decoding does not load them; with ``speculative:
+  {method: mtp}`` :mod:`servesim.speculative.proposer` adds them.
 
 Reading ``config.json`` files and the built-in catalogue is :mod:`servesim.model_config`'s job.
 """
@@ -96,6 +97,9 @@ class ModelSpec:
     """Gemma 3 normalises before and after both attention and MLP: 4."""
     expert_bias: bool = False
     """Biases on the routed experts' projections and the router (gpt-oss)."""
+    mtp_layers: int = 0
+    """Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``), used
+    only by speculative decoding with ``method: mtp``."""
 
     # ----------------------------------------------------------------- attention layout
     @property

@@ -211,7 +211,7 @@ def test_non_finite_and_absurd_hardware_numbers(tmp_path: Path, path: tuple[str,
 
 
 @pytest.mark.parametrize(("change", "words"), [
-    ({"slo.ttft_s": math.inf}, "slo.ttft_s: Input should be a finite number (got inf)"),
+    ({"slo.ttft_s": math.inf}, "slo.ttft_s: must be a positive duration (got inf)"),
     ({"workload.arrival.rate": 1e-300}, "workload.arrival.rate: at 1e-300 requests/s request 19 arrives"),
     ({"workload.arrival.process": "gamma", "workload.arrival.burstiness": 1e-300},
      "workload.arrival.burstiness: Input should be greater than or equal to 0.01"),
@@ -258,7 +258,8 @@ def test_an_infinite_value_anywhere_in_a_sweep_is_one_line(tmp_path: Path) -> No
 
 def test_capacity_absurd_values(tmp_path: Path) -> None:
     document = yaml.safe_load((configs_dir() / "capacity" / "llama3-8b-chat.yaml").read_text())
-    refused(lambda: validate_capacity({**document, "slo": {"ttft_s": math.inf}}), "slo.ttft_s", "finite")
+    refused(lambda: validate_capacity({**document, "slo": {"ttft_s": math.inf}}), "slo.ttft_s",
+            "positive duration (got inf)")
     refused(lambda: validate_capacity({**document, "prices": {"h100-sxm-80gb": math.nan}}),
             "prices", "finite")
     refused(lambda: validate_capacity({**document, "name": "../up"}), "name: is not a safe folder name")

@@ -36,16 +36,17 @@ def test_record_equals_the_grouped_breakdown(batch: BatchShape, model: str) -> N
     cost = COSTS[model]
     record = cost.step_record(batch)
     step = cost.step(batch)
-    assert len(record) == 4 + len(OP_CLASSES)
+    assert len(record) == 4 + len(OP_CLASSES) + 1  # ... and verify_extra_s (speculative decoding)
+    assert record.proposal_s == 0.0 and record.verify_extra_s == 0.0  # a plain cost model
     assert record[0] == step.time_s  # bit-identical to the engine's clock
     assert record[2] == pytest.approx(step.flops, rel=1e-12)
     assert record[3] == pytest.approx(step.hbm_bytes, rel=1e-12)
     assert (record.time_s, record.bound, record.flops, record.hbm_bytes) == record[:4]
     if batch.is_empty:
-        assert record[4:] == (0.0,) * len(OP_CLASSES)
+        assert record[4:] == (0.0,) * (len(OP_CLASSES) + 1)
         return
     assert BOUNDS[record[1]] == step.bound
-    classes = dict(zip(OP_CLASSES, record[4:], strict=True))
+    classes = dict(zip(OP_CLASSES, record[4:4 + len(OP_CLASSES)], strict=True))
     expected = grouped_breakdown(cost, batch)
     for name in OP_CLASSES:
         assert classes[name] == pytest.approx(expected[name], rel=1e-12, abs=1e-18), name
@@ -61,7 +62,7 @@ def test_batch1_decode_is_all_weight_reads_by_hand(textbook_a100: HardwareProfil
                                   "num_key_value_heads": 32, "vocab_size": 127_928}, "7b")
     cost = CostModel(model, textbook_a100, precision=Precision.from_names("fp16", "fp16", "fp16"),
                      runtime=RuntimeCosts.none())
-    record = dict(zip(OP_CLASSES, cost.step_record(BatchShape.decode(1, 0))[4:], strict=True))
+    record = dict(zip(OP_CLASSES, cost.step_record(BatchShape.decode(1, 0))[4:-1], strict=True))
     assert record["gemm"] == pytest.approx(7.0e9 * 2 / 2.0e12, rel=0.005)
     assert record["attn_prefill"] == 0.0
     assert 0 < record["attn_decode"] < 1e-6
@@ -72,7 +73,7 @@ def test_batch1_decode_is_all_weight_reads_by_hand(textbook_a100: HardwareProfil
 def test_tp_collectives_and_overhead_have_their_own_classes() -> None:
     h100 = load_hardware("h100-sxm-80gb")
     cost = CostModel(MODELS["llama-3-8b"], h100, tp=4)
-    record = dict(zip(OP_CLASSES, cost.step_record(BatchShape.prefill(2048))[4:], strict=True))
+    record = dict(zip(OP_CLASSES, cost.step_record(BatchShape.prefill(2048))[4:-1], strict=True))
     assert record["communication"] > 0
     assert record["overhead"] == make_engine("vllm-v0", {}).runtime(h100.name).step_overhead_s == 6e-4
     assert record["attn_prefill"] > 0 and record["attn_decode"] == 0.0
@@ -82,8 +83,8 @@ def test_mla_context_reexpansion_counts_as_gemm() -> None:
     """DeepSeek-V3's prefill chunk over 16k cached tokens re-expands the latents with ``kv_b``:
     that time is GEMM time, not attention time (see test_cost_physics for its FLOPs by hand)."""
     cost = CostModel(MODELS["deepseek-v3"], load_hardware("h200-sxm-141gb"), tp=8)
-    fresh = dict(zip(OP_CLASSES, cost.step_record(BatchShape.build([512], [0]))[4:], strict=True))
-    later = dict(zip(OP_CLASSES, cost.step_record(BatchShape.build([512], [16_384]))[4:], strict=True))
+    fresh = dict(zip(OP_CLASSES, cost.step_record(BatchShape.build([512], [0]))[4:-1], strict=True))
+    later = dict(zip(OP_CLASSES, cost.step_record(BatchShape.build([512], [16_384]))[4:-1], strict=True))
     assert later["gemm"] > fresh["gemm"]
     expected = grouped_breakdown(cost, BatchShape.build([512], [16_384]))
     assert later["gemm"] == pytest.approx(expected["gemm"], rel=1e-12)

@@ -68,29 +68,52 @@ POLICIES = [{"name": "continuous"}, {"name": "chunked_prefill"}, {"name": "sjf"}
             {"name": "static", "batch_size": 4}]
 
 
+SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7}}
+
+
+def sessions_workload(rate: float, count: int = 10) -> dict[str, Any]:
+    """Chat sessions: each turn after the first is released by the previous turn's completion
+    (``servesim.core.release``), at a time the arrival table does not hold."""
+    return {"arrival": {"process": "poisson", "rate": rate},
+            "sessions": {"count": count, "turns": {"dist": "uniform", "low": 1, "high": 3},
+                         "user_tokens": {"dist": "uniform", "low": 16, "high": 200},
+                         "output": {"dist": "uniform", "low": 1, "high": 150},
+                         "think_time_s": {"dist": "exponential", "mean": 0.3}}}
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=(Phase.explicit, Phase.reuse, Phase.generate))  # shrinking a run is slow
 @given(seed=st.integers(0, 10_000), policy=st.sampled_from(POLICIES),
        rate=st.sampled_from([0.5, 4.0, 30.0, 200.0]), replicas=st.integers(1, 2),
        block_size=st.sampled_from([1, 16, 32]), max_num_seqs=st.sampled_from([4, 32, 256]),
        blocks=st.sampled_from([None, 60, 400]),
-       model=st.sampled_from(["llama-3-8b", "mistral-7b", "gemma-3-27b", "qwen3-30b-a3b"]))
+       model=st.sampled_from(["llama-3-8b", "mistral-7b", "gemma-3-27b", "qwen3-30b-a3b"]),
+       variant=st.sampled_from([None, None, "speculative", "sessions"]))
 def test_fast_forward_matches_step_by_step(seed: int, policy: dict[str, Any], rate: float, replicas: int,
                                            block_size: int, max_num_seqs: int, blocks: int | None,
-                                           model: str) -> None:
+                                           model: str, variant: str | None) -> None:
     """Every policy, one or two replicas behind the router, tight and loose KV pools (so runs end
     at block shortfalls and preemptions), sparse and dense arrivals, full, windowed and MoE
-    models: the same results both ways."""
+    models: the same results both ways. Speculative groups and session workloads (requests
+    released by completions) cannot be read ahead: they run step by step, and stay exact."""
     deployment: dict[str, Any] = {"replicas": replicas, "block_size": block_size,
                                   "max_num_seqs": max_num_seqs}
     if model == "gemma-3-27b":
         deployment["tp"] = 2
     if blocks is not None:
         deployment["num_gpu_blocks"] = max(blocks, (600 + 300) // block_size + 2)
+    if variant == "speculative" and policy["name"] == "static":  # static does not speculate
+        policy = {"name": "continuous"}
     document = experiment(seed=seed, model=model, policy=policy, deployment=deployment)
     document["workload"]["arrival"]["rate"] = rate
+    if variant == "speculative":
+        document["speculative"] = SPECULATIVE
+    elif variant == "sessions":
+        document["workload"] = sessions_workload(rate)
     reference, fast = both_ways(document)
     assert fast_forwarded_steps(reference) == 0
+    if variant is not None:
+        assert fast_forwarded_steps(fast) == 0
     assert_same(reference, fast)
 
 
@@ -115,9 +138,15 @@ def test_chunked_prefill_decode_steps_take_the_decode_path() -> None:
                   "prompt": {"dist": "uniform", "low": 16, "high": 300},
                   "output": {"dist": "fixed", "value": 40}, "shared_prefix": {"tokens": 128, "groups": 2}}},
     {"policy": {"name": "priority", "preemption_mode": "swap"}},
-], ids=["disaggregated", "pipeline", "prefix-caching", "swap"])
+    {"speculative": SPECULATIVE},
+    {"policy": {"name": "chunked_prefill"}, "speculative": SPECULATIVE},
+    {"workload": sessions_workload(2.0, count=20)},
+    {"deployment": {"kind": "fleet", "groups": {"a": {"replicas": 2}}}},
+], ids=["disaggregated", "pipeline", "prefix-caching", "swap", "speculative", "speculative-chunked",
+        "sessions", "fleet"])
 def test_what_does_not_declare_it_runs_step_by_step(overrides: dict[str, Any]) -> None:
-    """Topologies, pools and policies that do not declare fast-forward fall back to steps."""
+    """Topologies, pools and policies that do not declare fast-forward, speculative groups,
+    workloads whose requests are released by completions and fleets fall back to steps."""
     reference, fast = both_ways(experiment(seed=1, **overrides))
     assert fast_forwarded_steps(fast) == 0
     assert_same(reference, fast)
@@ -153,3 +182,16 @@ def test_shipped_examples_give_the_same_results_both_ways(document: dict[str, An
     document["workload"] = workload
     reference, fast = both_ways(document)
     assert_same(reference, fast)
+
+
+def test_linked_workloads_turn_fast_forward_off() -> None:
+    """A workload with links may release a request at any completion: the next arrival is not
+    in the table, so the whole run is step by step whatever is asked."""
+    from servesim.core.sim import Sim
+    from servesim.workloads import build_workload, parse_workload_config
+
+    table = build_workload(parse_workload_config(sessions_workload(1.0, count=3)), 0)
+    assert table.links is not None
+    assert not Sim.start(table, 0, fast_forward=True).fast_forward
+    plain = build_workload(parse_workload_config(experiment()["workload"]), 0)
+    assert Sim.start(plain, 0, fast_forward=True).fast_forward

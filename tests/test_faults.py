@@ -385,7 +385,7 @@ def test_ctrl_c_during_calibrate_is_one_line(tmp_path: Path) -> None:
 def test_summary_json_is_always_valid_json(tmp_path: Path) -> None:
     """No infinity or NaN can reach summary.json: an SLO limit is finite, so is every metric."""
     out = tmp_path / "run"
-    done = servesim("run", "quickstart", "--set", "workload.num_requests=40", "--set", "slo.ttft_s=1e-9",
+    done = servesim("run", "quickstart", "--set", "workload.num_requests=40", "--set", "slo.ttft_s=1ms",
                     "--out", str(out), "--quiet", "--no-report")
     assert done.returncode == 0, done.stderr
     json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))

@@ -48,7 +48,7 @@ def test_w4a4_runs_on_blackwells_fp4_peak() -> None:
 def test_hopper_has_no_fp4_tensor_cores_but_runs_fp4_weights_weight_only() -> None:
     h100 = load_hardware("h100-sxm-80gb")
     model = load_model("mixtral-8x7b")
-    with pytest.raises(ServesimError, match=r"^act_dtype: h100-sxm-80gb has no fp4 tensor cores"):
+    with pytest.raises(ServesimError, match=r"^precision.activations: h100-sxm-80gb has no fp4 tensor cores"):
         CostModel(model, h100, 2, Precision.from_names("nvfp4", "nvfp4"), KERNELS)
     decode = BatchShape.decode(8, 1000)
     weight_only = CostModel(model, h100, 2, Precision.from_names("bf16", "bf16", expert_weight="mxfp4"),
@@ -60,9 +60,10 @@ def test_hopper_has_no_fp4_tensor_cores_but_runs_fp4_weights_weight_only() -> No
 
 
 @pytest.mark.parametrize(("names", "message"), [
-    (("bf16", "nvfp4"), r"^act_dtype: nvfp4 activations need nvfp4 weights \(W4A4\), got weight_dtype bf16"),
-    (("mxfp4", "nvfp4"), r"^act_dtype: nvfp4 activations need nvfp4 weights"),
-    (("int4", "int4"), r"^act_dtype: int4 activations are not supported"),
+    (("bf16", "nvfp4"),
+     r"^precision.activations: nvfp4 activations need nvfp4 weights \(W4A4\), got precision.weights bf16"),
+    (("mxfp4", "nvfp4"), r"^precision.activations: nvfp4 activations need nvfp4 weights"),
+    (("int4", "int4"), r"^precision.activations: int4 activations are not supported"),
 ])
 def test_fp4_combinations_that_are_no_kernel_are_refused(names: tuple[str, str], message: str) -> None:
     with pytest.raises(ServesimError, match=message):

@@ -85,6 +85,34 @@ def run_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir / "report.html"
 
 
+FLEET_CHARTS = RUN_CHARTS + 3  # + replicas over time, cost and attainment per hour, turns
+
+
+@pytest.fixture(scope="module")
+def fleet_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An autoscaled fleet serving chat sessions under a load that steps up: the report's fleet and
+    session charts."""
+    from servesim.config import validate_document
+    from servesim.pipeline import prepare, render, simulate
+
+    run_dir = tmp_path_factory.mktemp("fleet")
+    document = {
+        "model": "llama-3-8b", "hardware": "h100-sxm-80gb", "engine": "vllm-v0",
+        "deployment": {"kind": "fleet", "enable_prefix_caching": True, "groups": {"a": {
+            "max_num_seqs": 8, "autoscaling": {"max_replicas": 3, "target": 6, "interval_s": 5,
+                                               "cold_start": {"total_s": 10}}}}},
+        "router": {"name": "least_outstanding"}, "slo": {"ttft_s": 1.0},
+        "workload": {"arrival": {"process": "poisson", "rate": 4.0,
+                                 "profile": {"points": [[0, 0.2], [60, 1.0]], "interpolate": "step"}},
+                     "duration_s": 120, "sessions": {
+                         "turns": {"dist": "uniform", "low": 1, "high": 3},
+                         "user_tokens": {"dist": "fixed", "value": 200},
+                         "output": {"dist": "fixed", "value": 80},
+                         "think_time_s": {"dist": "fixed", "value": 2}}}}
+    render(simulate(prepare(validate_document(document))), run_dir)
+    return run_dir / "report.html"
+
+
 @pytest.fixture(scope="module")
 def sweep_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("sweep")
@@ -161,6 +189,17 @@ def test_run_report_renders_in_chromium(browser, run_report: Path) -> None:
     text = hover_text(browser, "chart-operators")
     assert "all steps" in text and "GEMMs" in text and "% of these steps' time" in text
     assert screenshot(browser, "run_report.png").stat().st_size > 50_000
+
+
+def test_fleet_report_renders_in_chromium(browser, fleet_report: Path) -> None:
+    plots = load(browser, fleet_report, FLEET_CHARTS)
+    assert severe_errors(browser) == []
+    assert len(plots) == FLEET_CHARTS, plots
+    for plot in plots:
+        assert plot["traces"] > 0 and plot["svg"] and plot["drawn"] > 0, plot
+    assert {p["id"] for p in plots} >= {"chart-replicas", "chart-hourly", "chart-turns"}
+    assert "replicas" in hover_text(browser, "chart-hourly", curve=1)
+    assert screenshot(browser, "fleet_report.png").stat().st_size > 50_000
 
 
 def test_sweep_report_renders_in_chromium(browser, sweep_report: Path) -> None:

@@ -301,7 +301,7 @@ def test_ray_backend_gives_the_local_bytes(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- the shipped sweeps
-@pytest.mark.parametrize("name", ["tp-70b", "quantisation", "rates-h100", "compare-policies"])
+@pytest.mark.parametrize("name", ["tp-70b", "quantisation", "rates-h100", "compare-policies", "speculative"])
 def test_builtin_sweeps_resolve_by_name_and_are_valid(name: str) -> None:
     path = find_sweep(name)
     folder = configs_dir() if name == "compare-policies" else configs_dir() / "sweeps"

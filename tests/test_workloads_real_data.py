@@ -16,7 +16,7 @@ TRACES = {  # file: (format, rows in the file == rows kept: none of these has a 
     "azure2023_AzureLLMInferenceTrace_conv.csv": ("azure", 19_366),
     "mooncake_conversation_trace.jsonl": ("mooncake", 12_031),
     "mooncake_synthetic_trace.jsonl": ("mooncake", 3_993),
-    "sharegpt_8k_filtered_stats_llama2_tokenizer.csv": ("sharegpt", 30_731),
+    "sharegpt_8k_filtered_stats_llama2_tokenizer.csv": ("vidur-stats", 30_731),
     "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv": ("arxiv", 28_257),
 }
 
@@ -34,7 +34,7 @@ def test_row_counts_and_load_time(traces: Path, name: str) -> None:
     elapsed = time.perf_counter() - start
     assert len(sample) == rows and "dropped" not in sample.source
     assert elapsed < 1.0  # ~5-60 ms measured
-    if fmt not in ("sharegpt", "arxiv"):
+    if fmt not in ("vidur-stats", "arxiv"):
         table = read_trace(traces / name, fmt)
         assert len(table) == rows and table.arrival_s[0] == 0.0
         assert "sorted" not in table.source  # all four are already in arrival order

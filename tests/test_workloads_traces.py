@@ -116,7 +116,7 @@ def test_burstgpt_model_filter(tmp_path: Path) -> None:
         read_trace(write(tmp_path, "azure.csv", AZURE), "azure", model="GPT-4")
 
 
-@pytest.mark.parametrize("fmt", ["sharegpt", "arxiv"])
+@pytest.mark.parametrize("fmt", ["vidur-stats", "arxiv"])
 def test_length_stats_are_length_sources_not_traces(tmp_path: Path, fmt: str) -> None:
     path = write(tmp_path, f"{fmt}.csv", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
                  "74,918,992,0.0806100217864923\n290,905,1195,0.3204419889502762\n")

@@ -5,7 +5,12 @@ Mooncake JSONL with prefix-block hashes, BurstGPT; with rate scaling, a time win
 cap) or a seeded generator (``arrivals``: Poisson, Gamma with vLLM's burstiness, constant rate;
 ``lengths``: fixed, uniform, lognormal, or (prompt, output) pairs resampled from any trace,
 including the ShareGPT/arXiv length statistics; ``presets``: lognormals fitted to public traces
-so realistic traffic needs no data files). The experiment YAML's ``workload:`` section is a
+so realistic traffic needs no data files; vLLM bench's random dataset; raw ShareGPT JSON). Traffic
+that depends on itself is a table with ``links`` (:mod:`~servesim.workloads.links`): chat
+sessions (:mod:`~servesim.workloads.sessions`), agentic workflows
+(:mod:`~servesim.workloads.workflows`), Mooncake's sessions
+(:mod:`~servesim.workloads.trace_sessions`). Any generator's arrivals can follow a rate profile
+(:mod:`~servesim.workloads.rate_profile`). The experiment YAML's ``workload:`` section is a
 :class:`WorkloadConfig`; :func:`build_workload` turns it and a seed into the table, identically
 for the same seed. Everything is vectorised NumPy/pandas: 100k requests take milliseconds.
 """

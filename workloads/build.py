@@ -10,33 +10,50 @@ same arrival times (common random numbers), so two runs that differ in one knob 
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from servesim.errors import ServesimError
 from servesim.workloads.arrivals import arrival_times
-from servesim.workloads.config import FixedLength, LengthDist, LognormalLength, UniformLength, WorkloadConfig
-from servesim.workloads.lengths import fixed_lengths, lognormal_lengths, resample_pairs, uniform_lengths
+from servesim.workloads.config import VllmRandomLengths, WorkloadConfig
+from servesim.workloads.length_dists import LengthDist, sample_lengths
+from servesim.workloads.lengths import resample_pairs
 from servesim.workloads.presets import get_preset
+from servesim.workloads.rate_profile import shape_of, shaped_arrival_times, warp
 from servesim.workloads.requests import MAX_CLOCK_S, PrefixBlocks, RequestTable
+from servesim.workloads.sessions import build_sessions
+from servesim.workloads.trace_sessions import chain_sessions
 from servesim.workloads.traces import read_lengths, read_trace
+from servesim.workloads.workflows import build_workflows
 
 
 def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = None) -> RequestTable:
     """The requests of ``config``; relative paths in it resolve against ``base_dir``."""
     if config.trace is not None:
         trace = config.trace
-        return read_trace(_resolve(trace.path, base_dir), trace.format, rate_scale=trace.rate_scale,
-                          start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
-                          model=trace.model)
+        table = read_trace(_resolve(trace.path, base_dir), trace.format, rate_scale=trace.rate_scale,
+                           start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
+                           model=trace.model)
+        if trace.rate_profile is not None:
+            shape = shape_of(trace.rate_profile, base_dir, "workload.trace.rate_profile")
+            table = replace(table, arrival_s=warp(table.arrival_s, shape),
+                            source=f"{table.source}; replayed under {shape.label}")
+        return chain_sessions(table) if trace.sessions else table
     assert config.arrival is not None
     arrival_rng, prompt_rng, output_rng, priority_rng, prefix_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5))
     arrival = config.arrival
     burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
-    arrivals = arrival_times(arrival.process, arrival.rate, arrival_rng, num_requests=config.num_requests,
-                             duration_s=config.duration_s, burstiness=burstiness)
+    if config.sessions is not None:
+        count = config.sessions.count
+        return build_sessions(config, seed, base_dir, _arrivals(config, count, arrival_rng, base_dir))
+    if config.workflow is not None:
+        starts = _arrivals(config, config.workflow.count, arrival_rng, base_dir)
+        return build_workflows(config, seed, starts)
+    arrivals = _arrivals(config, config.num_requests, arrival_rng, base_dir)
     n = arrivals.size
     if n and not arrivals[-1] <= MAX_CLOCK_S:
         raise ServesimError("workload.arrival.rate", f"at {arrival.rate:g} requests/s request {n - 1} "
@@ -45,22 +62,31 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
                             "requests")
     parts = [f"{arrival.process} {arrival.rate:g} req/s"
              + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
+    if arrival.profile is not None:
+        parts.append(f"rate x {shape_of(arrival.profile, base_dir).label}")
     prompt = output = None
+    prefix_len = 0  # vLLM random's shared prefix
     if config.lengths is not None:
         lengths = config.lengths
         if lengths.preset is not None:
             prompt, output = get_preset(lengths.preset).sample(n, prompt_rng, output_rng)
             parts.append(f"lengths preset {lengths.preset}")
+        elif lengths.random is not None:
+            prompt, output, label = vllm_random_lengths(lengths.random, n, prompt_rng, output_rng)
+            parts.append(label)
+            if lengths.random.prefix_len:
+                prefix_len = lengths.random.prefix_len
         else:
             assert lengths.trace is not None and lengths.format is not None
-            sample = read_lengths(_resolve(lengths.trace, base_dir), lengths.format, model=lengths.model)
+            sample = read_lengths(_resolve(lengths.trace, base_dir), lengths.format, model=lengths.model,
+                                  tokenizer=lengths.tokenizer)
             prompt, output = resample_pairs(sample.prompt_tokens, sample.output_tokens, n, prompt_rng)
             parts.append(f"lengths resampled from {sample.source}")
     if config.prompt is not None:
-        prompt = _sample(config.prompt, n, prompt_rng)
+        prompt = sample_lengths(config.prompt, n, prompt_rng)
         parts.append(f"prompt {_label(config.prompt)}")
     if config.output is not None:
-        output = _sample(config.output, n, output_rng)
+        output = sample_lengths(config.output, n, output_rng)
         parts.append(f"output {_label(config.output)}")
     assert prompt is not None and output is not None
     priority = None
@@ -72,6 +98,9 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         priority = priority_rng.choice(classes, size=n, p=share)
         parts.append("priority " + "/".join(f"{c}:{p:.0%}" for c, p in zip(classes, share, strict=True)))
     prefixes: PrefixBlocks = {}
+    if prefix_len:  # one prefix before every prompt (already counted in the prompt lengths)
+        prefixes = {"prefix_block_offsets": np.arange(n + 1, dtype=np.int64),
+                    "prefix_block_ids": np.zeros(n, dtype=np.int64), "prefix_block_size": prefix_len}
     if config.shared_prefix is not None:
         shared = config.shared_prefix
         prompt, prefixes = with_shared_prefix(prompt, shared.tokens, shared.groups, prefix_rng)
@@ -79,6 +108,21 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
     parts.append(f"seed {seed}")
     return RequestTable(arrivals, prompt, output, priority=priority, source="generated: " + ", ".join(parts),
                         **prefixes)
+
+
+def _arrivals(config: WorkloadConfig, count: int | None, rng: np.random.Generator,
+              base_dir: Path | None) -> np.ndarray:
+    """Arrival (or session start) times of the generator: the renewal process at ``rate``, under
+    the rate profile if there is one (:mod:`servesim.workloads.rate_profile`)."""
+    arrival = config.arrival
+    assert arrival is not None
+    burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
+    if arrival.profile is None:
+        return arrival_times(arrival.process, arrival.rate, rng, num_requests=count,
+                             duration_s=config.duration_s, burstiness=burstiness)
+    shape = shape_of(arrival.profile, base_dir, "workload.arrival.profile")
+    return shaped_arrival_times(arrival.process, arrival.rate, shape, rng, num_requests=count,
+                                duration_s=config.duration_s, burstiness=burstiness)
 
 
 def with_shared_prefix(prompt: np.ndarray, tokens: int, groups: int, rng: np.random.Generator
@@ -93,13 +137,20 @@ def with_shared_prefix(prompt: np.ndarray, tokens: int, groups: int, rng: np.ran
         "prefix_block_size": int(tokens)}
 
 
-def _sample(dist: LengthDist, n: int, rng: np.random.Generator) -> np.ndarray:
-    if isinstance(dist, FixedLength):
-        return fixed_lengths(dist.value, n)
-    if isinstance(dist, UniformLength):
-        return uniform_lengths(dist.low, dist.high, n, rng)
-    assert isinstance(dist, LognormalLength)
-    return lognormal_lengths(dist.median, dist.sigma, n, rng, min_tokens=dist.min, max_tokens=dist.max)
+def vllm_random_lengths(spec: VllmRandomLengths, n: int, prompt_rng: np.random.Generator,
+                        output_rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str]:
+    """vLLM bench's random dataset (see :class:`~servesim.workloads.config.VllmRandomLengths`)."""
+    r = spec.range_ratio
+    input_low, input_high = math.floor(spec.input_len * (1 - r)), math.ceil(spec.input_len * (1 + r))
+    output_low = max(math.floor(spec.output_len * (1 - r)), 1)
+    output_high = max(math.ceil(spec.output_len * (1 + r)), 1)
+    prompt = spec.prefix_len + prompt_rng.integers(input_low, input_high + 1, size=n, dtype=np.int64)
+    output = output_rng.integers(output_low, output_high + 1, size=n, dtype=np.int64)
+    if spec.prefix_len == 0:
+        prompt = np.maximum(prompt, 1)
+    label = (f"vLLM random: input {input_low}..{input_high}, output {output_low}..{output_high}"
+             + (f", shared prefix {spec.prefix_len}" if spec.prefix_len else ""))
+    return prompt, output, label
 
 
 def _label(dist: LengthDist) -> str:

@@ -16,7 +16,7 @@ format) and/or per side by ``prompt:`` and ``output:`` (which override that side
     workload:
       arrival: {process: gamma, rate: 4.0, burstiness: 0.5}
       num_requests: 1000
-      lengths: {preset: azure-conversation}        # or {trace: sharegpt.csv, format: sharegpt}
+      lengths: {preset: azure-conversation}        # or {trace: sharegpt.json, format: sharegpt}
       output: {dist: fixed, value: 128}            # optional override of one side
       priority: {classes: [0, 1], weights: [0.2, 0.8]}   # optional; lower is served first
 
@@ -29,6 +29,12 @@ prompt (so prompts are N tokens longer than the lengths above say)::
 
       shared_prefix: {tokens: 1024, groups: 8}
 
+Arrivals may follow a rate profile over time (``arrival.profile``; a trace's clock:
+``trace.rate_profile``, :mod:`servesim.workloads.profile_config`). Instead of independent requests
+a generator may produce chat sessions (``sessions:``, :mod:`servesim.workloads.session_config`) or
+agentic workflow runs (``workflow:``, :mod:`servesim.workloads.workflow_config`), started by the
+arrival process; a Mooncake trace may be replayed as sessions (``trace.sessions: true``).
+
 Relative paths resolve against ``base_dir`` (the YAML's folder) when the workload is built.
 """
 
@@ -40,14 +46,21 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from servesim.errors import ServesimError
-from servesim.inputs.schema import StrictModel, parse_model
+from servesim.inputs.schema import OmitsUnsetExtensions, StrictModel, parse_model
+from servesim.workloads.length_dists import MAX_TOKENS, LengthDist, Tokens
 from servesim.workloads.presets import PRESETS
+from servesim.workloads.profile_config import RateProfileConfig
+from servesim.workloads.session_config import SessionsConfig
+from servesim.workloads.workflow_config import WorkflowConfig
 
-TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "sharegpt", "arxiv"]
+TraceFormat = Literal["csv", "azure", "mooncake", "burstgpt", "vidur-stats", "arxiv", "sharegpt"]
+LENGTH_ONLY = ("vidur-stats", "arxiv", "sharegpt")
 
 
-class TraceConfig(StrictModel):
+class TraceConfig(OmitsUnsetExtensions):
     """Replay of a trace file with arrival times (see ``servesim.workloads.traces`` for the formats)."""
+
+    EXTENSIONS = ("sessions", "rate_profile")
 
     path: Path
     format: TraceFormat
@@ -56,10 +69,18 @@ class TraceConfig(StrictModel):
     end_s: PositiveFloat | None = None
     max_requests: PositiveInt | None = None
     model: str | None = None  # burstgpt only: keep this model's rows
+    sessions: bool = Field(False, description="mooncake only: chain requests into sessions by their "
+                           "prefix block ids; a turn waits for the answer it follows")
+    rate_profile: RateProfileConfig | None = Field(
+        None, description="replay faster or slower over time: the trace's clock runs at this "
+        "multiplier (applied after rate_scale)")
 
     @model_validator(mode="after")
     def _check(self) -> TraceConfig:
-        if self.format in ("sharegpt", "arxiv"):
+        if self.sessions and self.format != "mooncake":
+            raise ValueError("sessions are found from prefix block ids, which only mooncake traces "
+                             "have; remove sessions or use format: mooncake")
+        if self.format in LENGTH_ONLY:
             raise ValueError(f"format {self.format} holds lengths only, no arrival times: use it as "
                              f"`lengths: {{trace: {self.path}, format: {self.format}}}` with an `arrival:` "
                              "process instead of `trace:`")
@@ -75,14 +96,19 @@ MIN_BURSTINESS = 0.01
 """The burstiest gamma process modelled (gap CV 10)."""
 
 
-class ArrivalConfig(StrictModel):
+class ArrivalConfig(OmitsUnsetExtensions):
     """A renewal arrival process (see ``servesim.workloads.arrivals``)."""
+
+    EXTENSIONS = ("profile",)
 
     process: Literal["poisson", "gamma", "constant"]
     rate: PositiveFloat
     burstiness: Annotated[float, Field(ge=MIN_BURSTINESS)] | None = None
     """gamma only: CV of gaps = 1/sqrt(burstiness). Below :data:`MIN_BURSTINESS` most gaps
     underflow to exactly 0 s, so the process is no longer the one asked for."""
+    profile: RateProfileConfig | None = Field(
+        None, description="a multiplier of rate over time (diurnal, points, csv, bursts); "
+        "see servesim.workloads.profile_config")
 
     @model_validator(mode="after")
     def _check(self) -> ArrivalConfig:
@@ -92,70 +118,53 @@ class ArrivalConfig(StrictModel):
         return self
 
 
-MAX_TOKENS = 2**31 - 1
-"""Token counts above this are no model's (and would overflow the engine's integer columns)."""
-Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
-"""A positive token count."""
+class VllmRandomLengths(StrictModel):
+    """``vllm bench serve --dataset-name random``: prompt ``prefix_len`` + an integer uniform on
+    ``[floor(input_len (1 - r)), ceil(input_len (1 + r))]``, output uniform on
+    ``[max(1, floor(output_len (1 - r))), ceil(output_len (1 + r))]`` with ``r = range_ratio``
+    (vLLM's ``RandomDataset.get_sampling_params``). vLLM first subtracts the tokenizer's special
+    tokens from ``input_len`` (1 for Llama's BOS); without a tokenizer servesim does not. The
+    ``prefix_len`` tokens are one prefix shared by every prompt (prefix caching can hit it)."""
+
+    input_len: PositiveInt = 1024
+    output_len: PositiveInt = 128
+    range_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    prefix_len: Annotated[int, Field(ge=0)] = 0
 
 
-class FixedLength(StrictModel):
-    dist: Literal["fixed"]
-    value: Tokens
+class LengthsConfig(OmitsUnsetExtensions):
+    """Joint (prompt, output) lengths: a named preset, pairs resampled from a trace or dataset, or
+    vLLM bench's random dataset."""
 
-
-class UniformLength(StrictModel):
-    """Integers uniform on [low, high], both inclusive."""
-
-    dist: Literal["uniform"]
-    low: Tokens
-    high: Tokens
-
-    @model_validator(mode="after")
-    def _check(self) -> UniformLength:
-        if self.high < self.low:
-            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
-        return self
-
-
-class LognormalLength(StrictModel):
-    """ln(length) ~ Normal(ln median, sigma), rounded, clipped to [min, max]."""
-
-    dist: Literal["lognormal"]
-    median: PositiveFloat
-    sigma: Annotated[float, Field(ge=0)]
-    min: Tokens = 1
-    max: Tokens | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> LognormalLength:
-        if self.max is not None and self.max < self.min:
-            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
-        return self
-
-
-LengthDist = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="dist")]
-
-
-class LengthsConfig(StrictModel):
-    """Joint (prompt, output) lengths: a named preset, or pairs resampled from a trace."""
+    EXTENSIONS = ("tokenizer", "random")
 
     preset: str | None = None
     trace: Path | None = None
     format: TraceFormat | None = None
     model: str | None = None  # burstgpt only
+    tokenizer: str | None = None  # sharegpt only: a local Hugging Face tokenizer for real counts
+    random: VllmRandomLengths | None = None
 
     @model_validator(mode="after")
     def _check(self) -> LengthsConfig:
-        if (self.preset is None) == (self.trace is None):
+        given = [key for key in ("preset", "trace", "random") if getattr(self, key) is not None]
+        if len(given) != 1:
             raise ValueError("give exactly one of preset (one of " + ", ".join(PRESETS)
-                             + ") or trace (a file, with its format)")
+                             + "), trace (a file, with its format) or random (vLLM bench's random dataset)")
+        if self.tokenizer is not None and self.format != "sharegpt":
+            raise ValueError("tokenizer counts the text of sharegpt JSON; remove it")
+        if self.random is not None:
+            if self.format is not None or self.model is not None:
+                raise ValueError("format and model go with trace, not random")
+            return self
         if self.preset is not None:
             if self.preset not in PRESETS:
                 raise ValueError(f"unknown preset {self.preset!r}; use one of {', '.join(PRESETS)}")
             if self.format is not None or self.model is not None:
                 raise ValueError("format and model go with trace, not preset")
         elif self.format is None:
-            raise ValueError("trace needs its format: one of csv, azure, mooncake, burstgpt, sharegpt, arxiv")
+            raise ValueError("trace needs its format: one of csv, azure, mooncake, burstgpt, vidur-stats, "
+                             "arxiv, sharegpt")
         if self.model is not None and self.format != "burstgpt":
             raise ValueError("model filters burstgpt traces only; remove it")
         return self
@@ -193,11 +202,13 @@ class SharedPrefixConfig(StrictModel):
 
 
 _GENERATOR_KEYS = ("arrival", "num_requests", "duration_s", "lengths", "prompt", "output", "priority",
-                   "shared_prefix")
+                   "shared_prefix", "sessions", "workflow")
 
 
-class WorkloadConfig(StrictModel):
+class WorkloadConfig(OmitsUnsetExtensions):
     """Either ``trace`` alone, or ``arrival`` + size + lengths (see the module docstring)."""
+
+    EXTENSIONS = ("sessions", "workflow")
 
     trace: TraceConfig | None = None
     arrival: ArrivalConfig | None = None
@@ -209,10 +220,16 @@ class WorkloadConfig(StrictModel):
     output: LengthDist | None = None
     priority: PriorityMix | None = None
     shared_prefix: SharedPrefixConfig | None = None
+    sessions: SessionsConfig | None = None
+    workflow: WorkflowConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadConfig:
         generator = [key for key in _GENERATOR_KEYS if getattr(self, key) is not None]
+        if self.sessions is not None and self.workflow is not None:
+            raise ValueError("give sessions or workflow, not both (run them as two experiments)")
+        if self.sessions is not None or self.workflow is not None:
+            return self._check_sessions()
         if self.trace is not None:
             if generator:
                 raise ValueError(f"trace replays its own arrivals and lengths; remove {', '.join(generator)} "
@@ -223,10 +240,31 @@ class WorkloadConfig(StrictModel):
                              "{process, rate} with num_requests and lengths to generate requests")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("a generated workload needs num_requests, duration_s, or both")
+        if (self.lengths is not None and self.lengths.random is not None and self.lengths.random.prefix_len
+                and self.shared_prefix is not None):
+            raise ValueError("lengths.random.prefix_len and shared_prefix both put a prefix before every "
+                             "prompt; keep one")
         for side in ("prompt", "output"):
             if self.lengths is None and getattr(self, side) is None:
                 raise ValueError(f"no {side} lengths: give lengths: {{preset: ...}} or "
                                  f"{side}: {{dist: fixed|uniform|lognormal, ...}}")
+        return self
+
+    def _check_sessions(self) -> WorkloadConfig:
+        """Sessions (or workflow runs) start by ``arrival`` (and ``duration_s``); each request's
+        lengths come from their own section, so the per-request length keys do not apply."""
+        kind = "sessions" if self.sessions is not None else "workflow"
+        wrong = [key for key in ("trace", "num_requests", "lengths", "prompt", "output")
+                 if getattr(self, key) is not None]
+        if wrong:
+            raise ValueError(f"with {kind}, {', '.join(wrong)} do not apply (lengths come from {kind}; "
+                             f"{kind}.count or duration_s bounds the runs); remove them")
+        if self.arrival is None:
+            raise ValueError(f"{kind} need arrival: {{process, rate}}: when they start")
+        section = self.sessions if self.sessions is not None else self.workflow
+        assert section is not None
+        if section.count is None and self.duration_s is None:
+            raise ValueError(f"give {kind}.count, duration_s (runs starting before it), or both")
         return self
 
     @property

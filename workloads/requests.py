@@ -12,6 +12,10 @@ Conventions (the engine and every reader rely on them):
 - Prefix blocks (Mooncake's ``hash_ids``): request ``i`` holds
   ``prefix_block_ids[prefix_block_offsets[i]:prefix_block_offsets[i + 1]]``, each id naming one
   ``prefix_block_size``-token block of its prompt, in order. ``None`` when the workload has none.
+- ``links`` (sessions, agent chains; :class:`~servesim.workloads.links.RequestLinks`): which
+  requests each one waits for, whose prompt + output its prompt extends, and its session. A
+  linked request's ``arrival_s`` is the earliest it may be sent (its session's start, or a trace's
+  send time); the simulation records when it was actually sent. ``None``: independent requests.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 import numpy as np
 
 from servesim.errors import ServesimError
+from servesim.workloads.links import RequestLinks
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,6 +45,7 @@ class RequestFields(PrefixBlocks, total=False):
 
     priority: np.ndarray | None
     source: str
+    links: RequestLinks | None
 
 
 MAX_CLOCK_S = 1e9
@@ -60,6 +66,7 @@ class RequestTable:
     prefix_block_ids: np.ndarray | None = None
     prefix_block_size: int = 512
     source: str = field(default="", compare=False)
+    links: RequestLinks | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -113,6 +120,8 @@ class RequestTable:
             object.__setattr__(self, "prefix_block_ids", ids)
         if self.prefix_block_size < 1:
             raise ServesimError("prefix_block_size", "must be >= 1", "use the trace's block size")
+        if self.links is not None:
+            self.links.validate(self.prompt_tokens, self.output_tokens, self.source)
 
     # ------------------------------------------------------------------ views
     def __len__(self) -> int:
@@ -120,7 +129,9 @@ class RequestTable:
 
     @property
     def has_prefixes(self) -> bool:
-        return self.prefix_block_ids is not None
+        """Whether any request can share KV blocks with another (prefix block ids, or a prompt
+        that extends an earlier request's prompt and output)."""
+        return self.prefix_block_ids is not None or (self.links is not None and self.links.has_prefix_parents)
 
     def prefix_blocks(self, index: int) -> np.ndarray:
         """Block ids of request ``index`` (empty when the workload has none)."""
@@ -147,6 +158,9 @@ class RequestTable:
                 f"output mean {output.mean():.0f} / p50 {np.median(output):.0f} tokens")
         if self.prefix_block_ids is not None:
             text += f"; {self.prefix_block_ids.size} prefix blocks of {self.prefix_block_size} tokens"
+        if self.links is not None:
+            text += (f"; {self.links.num_sessions:,} sessions, {int(np.count_nonzero(self.links.waits)):,} "
+                     "requests released by earlier ones")
         return f"{text} [{self.source}]" if self.source else text
 
     # ------------------------------------------------------------------ transforms
@@ -161,9 +175,10 @@ class RequestTable:
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             gather = (np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1]))
             ids = self.prefix_block_ids[gather]
+        links = None if self.links is None else self.links.take(rows)
         return replace(self, arrival_s=self.arrival_s[rows], prompt_tokens=self.prompt_tokens[rows],
                        output_tokens=self.output_tokens[rows], priority=self.priority[rows],
-                       prefix_block_offsets=offsets, prefix_block_ids=ids)
+                       prefix_block_offsets=offsets, prefix_block_ids=ids, links=links)
 
     @classmethod
     def unsorted(cls, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
@@ -182,4 +197,7 @@ class RequestTable:
                               "output_tokens": self.output_tokens, "priority": self.priority})
         if self.prefix_block_offsets is not None:
             frame["prefix_blocks"] = np.diff(self.prefix_block_offsets)
+        if self.links is not None:
+            frame["session"] = self.links.session
+            frame["turn"] = self.links.turn
         return frame

@@ -4,18 +4,28 @@ Formats (``TRACE_FORMATS``):
 
 ==========  ===================================================================================
 ``csv``       ``arrival_s,prompt_tokens,output_tokens[,priority]``: servesim's own plain format.
-``azure``     Azure LLM inference trace 2023/2024: ``TIMESTAMP,ContextTokens,GeneratedTokens``;
-              TIMESTAMP is a datetime string (2023 has 7 fractional digits; ISO 8601 with a UTC
-              offset, as in 2024, also reads). Arrivals are seconds from the earliest row.
+``azure``     Azure LLM inference traces, 2023 (1 hour) and 2024 (one week, May 2024, the data
+              of the DynamoLLM paper): both ``TIMESTAMP,ContextTokens,GeneratedTokens``.
+              TIMESTAMP is a datetime string: 2023 writes 7 fractional digits
+              (``2023-11-16 18:17:03.9799600``), 2024 an ISO 8601 time with a UTC offset and 6 or
+              no fractional digits (``2024-05-10 00:00:00.009930+00:00``,
+              ``2024-05-12 00:00:00+00:00``). Arrivals are seconds from the earliest row; use
+              ``start_s``/``end_s`` to replay one day of the week.
 ``mooncake``  Mooncake JSONL: ``timestamp`` (ms from trace start), ``input_length``,
               ``output_length``, ``hash_ids`` (ids of 512-token prompt blocks, kept as the table's
               prefix blocks so the engine can model prefix caching).
 ``burstgpt``  BurstGPT: ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``;
               Timestamp is seconds from trace start. ``model=`` keeps one model (e.g. ``GPT-4``).
-``sharegpt``  Length statistics ``num_prefill_tokens,num_decode_tokens,...`` (as published by
-``arxiv``     sarathi-serve and vidur): lengths only, no arrival times. They cannot be replayed;
-              use them as a length source (:func:`read_lengths`, or ``lengths: {trace: ...}`` in a
-              workload config) under a generated arrival process.
+``vidur-stats``  Length statistics ``num_prefill_tokens,num_decode_tokens,...`` as published by
+``arxiv``       Sarathi-Serve and Vidur (their ShareGPT and arXiv files: each row one request of
+              their processed multi-turn traces). Lengths only, no arrival times: use them as a
+              length source (:func:`read_lengths`, or ``lengths: {trace: ...}``) under an arrival
+              process. ``arxiv`` reads the same columns. Servesim 0.1 called ``vidur-stats``
+              ``sharegpt``; that name now means raw ShareGPT JSON, and a stats file given as
+              ``sharegpt`` is an error saying to use ``vidur-stats``.
+``sharegpt``  Raw ShareGPT JSON (a list of conversations), read as ``vllm bench serve
+              --dataset-name sharegpt`` reads it: each conversation's first turn, pruned by vLLM's
+              length filter (:mod:`servesim.workloads.sharegpt`). Lengths only.
 ==========  ===================================================================================
 
 Decisions, the same for every format:
@@ -53,21 +63,22 @@ from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 from servesim.inputs.limits import BYTES_PER_REQUEST, MAX_TRACE_BYTES, check_memory
 from servesim.workloads.requests import RequestTable
+from servesim.workloads.sharegpt import first_turns
 
 if TYPE_CHECKING:
     import pandas as pd
 
 log = logging.getLogger(__name__)
 
-TRACE_FORMATS = ("csv", "azure", "mooncake", "burstgpt", "sharegpt", "arxiv")
-LENGTH_ONLY_FORMATS = ("sharegpt", "arxiv")
+TRACE_FORMATS = ("csv", "azure", "mooncake", "burstgpt", "vidur-stats", "arxiv", "sharegpt")
+LENGTH_ONLY_FORMATS = ("vidur-stats", "arxiv", "sharegpt")
 MOONCAKE_BLOCK_TOKENS = 512
 
 _HEADERS = {
     "csv": ["arrival_s", "prompt_tokens", "output_tokens"],
     "azure": ["TIMESTAMP", "ContextTokens", "GeneratedTokens"],
     "burstgpt": ["Timestamp", "Request tokens", "Response tokens"],
-    "sharegpt": ["num_prefill_tokens", "num_decode_tokens"],
+    "vidur-stats": ["num_prefill_tokens", "num_decode_tokens"],
     "arxiv": ["num_prefill_tokens", "num_decode_tokens"],
 }
 
@@ -153,10 +164,18 @@ def read_trace(path: str | Path, format: str, *, rate_scale: float = 1.0, start_
     return replace(table, source=source)
 
 
-def read_lengths(path: str | Path, format: str, *, model: str | None = None) -> LengthSample:
-    """The (prompt, output) pairs of any format, arrivals ignored, for resampling."""
+def read_lengths(path: str | Path, format: str, *, model: str | None = None,
+                 tokenizer: str | None = None) -> LengthSample:
+    """The (prompt, output) pairs of any format, arrivals ignored, for resampling (``tokenizer``:
+    raw ShareGPT JSON only, see :mod:`servesim.workloads.tokens`)."""
     path = Path(path).expanduser()
     fmt = _check_format(format)
+    if fmt == "sharegpt":
+        prompt, output, source = first_turns(path, tokenizer)
+        return LengthSample(prompt, output, source)
+    if tokenizer is not None:
+        raise ServesimError("tokenizer", f"applies to sharegpt JSON, whose lengths are text; {fmt} files "
+                            "hold token counts", "remove tokenizer")
     rows = _parse(path, fmt, model)
     notes = "; ".join(rows.notes)
     source = f"{path.name} ({fmt}): {rows.lines.size} length pairs" + (f"; {notes}" if notes else "")

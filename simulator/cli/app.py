@@ -22,6 +22,7 @@ from servesim.cli.calibrate import calibrate_app
 from servesim.cli.capacity import capacity_command
 from servesim.cli.catalog import hardware_command, models_command
 from servesim.cli.console import error_console
+from servesim.cli.plan_day import plan_day_command
 from servesim.cli.report import report_command
 from servesim.cli.run import run_command, validate_command
 from servesim.cli.step import step_command
@@ -40,6 +41,7 @@ app.command("validate")(validate_command)
 app.command("sweep")(sweep_command)
 app.command("step")(step_command)
 app.command("capacity")(capacity_command)
+app.command("plan-day")(plan_day_command)
 app.command("models")(models_command)
 app.command("hardware")(hardware_command)
 app.command("report")(report_command)

@@ -65,6 +65,8 @@ def percentiles_override(text: str) -> str:
 
 def describe_plan(plan: RunPlan) -> None:
     """The deployment, one line per replica group (and link), then the workload."""
+    from servesim.speculative.metrics import speculation_plan_line
+
     config, topology, workload = plan.config, plan.topology, plan.workload
     engine = topology.engine
     if len(topology.groups) == 1:
@@ -78,6 +80,8 @@ def describe_plan(plan: RunPlan) -> None:
         console.print(f"memory per GPU: weights {m.weight_bytes / GIB:.1f} GiB, activations "
                       f"{m.activation_bytes / GIB:.1f} GiB, {_group_line(g)}, max_model_len "
                       f"{lim.max_model_len:,}")
+        if g.speculation is not None:
+            console.print(escape(speculation_plan_line(g.speculation)))
     else:
         console.print(f"[bold]{config.name}[/]: {topology.model.name}, [bold]{topology.kind}[/] on "
                       f"{topology.num_gpus} GPUs, engine {engine.name} {engine.version}, router "
@@ -159,6 +163,7 @@ def run_command(
 
 def render_summary(summary: Summary, topology: Topology) -> None:
     from servesim.metrics.stats import fmt_seconds
+    from servesim.speculative.metrics import speculation_lines
 
     table = Table(show_edge=False, box=None, pad_edge=False)
     table.add_column("latency")
@@ -177,7 +182,7 @@ def render_summary(summary: Summary, topology: Topology) -> None:
     console.print(f"completed {summary.completed:,}, rejected {summary.rejected:,}, preemptions "
                   f"{summary.preemptions:,}; mean batch {batch.mean_size:.1f}; KV use mean "
                   f"{kv.mean_utilization:.0%}, peak {kv.peak_fraction:.0%}")
-    for line in topology.summary_lines(summary.sections):
+    for line in topology.summary_lines(summary.sections) + speculation_lines(summary.sections):
         console.print(line)
     swap = summary.swap
     if swap.swaps_out:

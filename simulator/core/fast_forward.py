@@ -184,6 +184,8 @@ def apply_decode_run(state: ReplicaState, run: DecodeRun, steps_log: StepLog, wa
     finished = ids[done]
     r.finish[finished] = end
     r.status[finished] = DONE
+    for listen in r.done_listeners:  # as RequestState._emit tells them
+        listen(finished, end)
     return finished
 
 

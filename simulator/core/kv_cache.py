@@ -64,6 +64,16 @@ class BlockPool:
             if self.total - self.free > self.peak_used:
                 self.peak_used = self.total - self.free
 
+    def shrink_many(self, requests: np.ndarray, keep: np.ndarray) -> None:
+        """Give back the blocks of ``requests[i]`` (distinct ids) beyond its first ``keep[i]``:
+        the slots of speculative proposals the target rejected. Those are the request's newest
+        blocks, never shared."""
+        excess = self.held[requests] - keep
+        freed = int(excess[excess > 0].sum())
+        if freed:
+            self.held[requests] = np.minimum(self.held[requests], keep)
+            self.free += freed
+
     def release(self, request: int) -> int:
         """Free every block of ``request``; returns how many."""
         blocks = int(self.held[request])

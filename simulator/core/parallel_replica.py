@@ -124,7 +124,7 @@ def _row_head(state: ReplicaState, batch: Batch, now: float) -> tuple[float, ...
     pool = state.pool
     return (state.index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
             shape.num_decodes, pool.total - pool.free, len(state.waiting), int(state.running.size),
-            batch.preempted)
+            batch.preempted, 0, 0)  # no speculative proposals: refused with stages or DP ranks
 
 
 def _credit(rank: RankHandle, batch: Batch, now: float) -> None:

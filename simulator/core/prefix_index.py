@@ -20,8 +20,22 @@ This module maps those ids onto the engine's KV blocks of ``block_size`` tokens,
   request's slots are its keyed blocks in prompt order, so the pools can keep their cache state in
   NumPy arrays indexed by slot instead of one Python object per block.
 
+Requests that extend an earlier one (a session's next turn, an agent's next call: the table's
+``links``, see :mod:`servesim.workloads.links`) share KV blocks by position instead of by id:
+
+- Child ``c`` of parent ``p`` takes the parent's slots for its first ``prefix_shared[c] // bs``
+  blocks (those tokens are the parent's prompt and output, in order), and fresh slots of its own
+  after them; its own prefix block ids, if any, are not read.
+- A parent's blocks cover its *content*: its prompt and, as far as any child repeats them, its
+  generated tokens. It keys (registers when allocated, finds at admission) only the full blocks
+  whose KV it computes, ``(prompt + output - 1) // bs`` (the last output token is sampled, never
+  computed), so a turn's answer is in the cache for the next turn, as in vLLM v1, which caches
+  every full block including generated tokens. A block that a child repeats but the parent never
+  fills (the parent's last, partly computed block) still has one slot, shared by its children.
+
 Built once per simulation (a Python loop over the ids only, about 0.3 s for the 12k-request
-Mooncake conversation trace with 288k ids) and shared by every replica.
+Mooncake conversation trace with 288k ids; one or two nodes per linked request) and shared by
+every replica.
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from servesim.workloads.links import RequestLinks
     from servesim.workloads.requests import RequestTable
 
 
@@ -52,7 +67,10 @@ class PrefixIndex:
         firsts: list[int] = []
         counts: list[int] = []
         offsets, ids = table.prefix_block_offsets, table.prefix_block_ids
-        if offsets is not None and ids is not None:
+        links = table.links if table.links is not None and table.links.has_prefix_parents else None
+        if links is not None:
+            self._build_linked(table, links, bs, chains, chain_offsets, bases, firsts, counts)
+        elif offsets is not None and ids is not None:
             size = int(table.prefix_block_size)
             nodes: dict[tuple[int, int, int], int] = {}
             prompts = table.prompt_tokens.tolist()
@@ -85,7 +103,8 @@ class PrefixIndex:
         self.node_base = np.asarray(bases, dtype=np.int64)
         self.node_first = np.asarray(firsts, dtype=np.int64)
         self.node_count = np.asarray(counts, dtype=np.int64)
-        self.num_slots = int(self.node_count.sum()) if self.node_count.size else 0
+        # A node cut from a parent's reuses its slots, so the slots end at the highest node end.
+        self.num_slots = int((self.node_base + self.node_count).max()) if self.node_count.size else 0
 
     @property
     def shares_anything(self) -> bool:
@@ -94,11 +113,80 @@ class PrefixIndex:
 
     def slots(self, request: int) -> np.ndarray:
         """Slots of ``request``'s keyed KV blocks, block 0 first (empty when it has none)."""
-        if self.keyed_blocks[request] == 0:
+        keyed = self.keyed_blocks[request]
+        if keyed == 0:
             return _EMPTY
         chain = self.chain_nodes[self.chain_offsets[request]:self.chain_offsets[request + 1]]
         counts = self.node_count[chain]
         # Block b of node k sits at slot base[k] + (b - first[k]); a chain's blocks are consecutive.
         starts = self.node_base[chain] - self.node_first[chain]
-        return np.repeat(starts, counts) + np.arange(self.node_first[chain[0]],
-                                                     self.node_first[chain[0]] + int(counts.sum()))
+        total = int(counts.sum())
+        first = self.node_first[chain[0]]
+        out = np.repeat(starts, counts) + np.arange(first, first + total)
+        return out if total == keyed else out[:keyed]  # a parent's content may run past its keyed blocks
+
+    def _build_linked(self, table: RequestTable, links: RequestLinks, bs: int, chains: list[int],
+                      chain_offsets: np.ndarray, bases: list[int], firsts: list[int],
+                      counts: list[int]) -> None:
+        """Chains of a table whose requests extend earlier ones (see the module docstring).
+        Requests without a prefix parent are keyed by their prefix block ids, as without links."""
+        n = len(table)
+        parent_of = links.prefix_parent.tolist()
+        shared_blocks = (links.prefix_shared // bs).tolist()
+        prompts = table.prompt_tokens.tolist()
+        computed = ((table.prompt_tokens + table.output_tokens - 1) // bs).tolist()
+        need = np.zeros(n, dtype=np.int64)  # blocks of content this request's children repeat
+        has = links.prefix_parent >= 0
+        np.maximum.at(need, links.prefix_parent[has], links.prefix_shared[has] // bs)
+        needed = need.tolist()
+        offsets, ids = table.prefix_block_offsets, table.prefix_block_ids
+        id_list = ids.tolist() if ids is not None else []
+        bounds = offsets.tolist() if offsets is not None else [0] * (n + 1)
+        size = int(table.prefix_block_size)
+        nodes: dict[tuple[int, int, int], int] = {}
+        slots = 0
+
+        def new_node(first: int, count: int, base: int | None = None) -> int:
+            """A node of ``count`` blocks from block ``first``: fresh slots, or the slots from
+            ``base`` on (a parent's node cut short)."""
+            nonlocal slots
+            if base is None:
+                base = slots
+                slots += count
+            bases.append(base)
+            firsts.append(first)
+            counts.append(count)
+            return len(bases) - 1
+
+        for r in range(n):
+            p, inherit = parent_of[r], shared_blocks[r]
+            covered = 0
+            if p >= 0 and inherit > 0:  # the parent's blocks, by position
+                for node in chains[chain_offsets[p]:chain_offsets[p + 1]]:
+                    first, count = firsts[node], counts[node]
+                    if first + count <= inherit:
+                        chains.append(node)
+                        covered = first + count
+                        continue
+                    if inherit > first:
+                        chains.append(new_node(first, inherit - first, bases[node]))
+                        covered = inherit
+                    break
+            else:  # keyed by its own prefix block ids, as in a table without links
+                parent, prompt = -1, prompts[r]
+                for i, block_id in enumerate(id_list[bounds[r]:bounds[r + 1]]):
+                    begin = i * size
+                    if begin >= prompt:
+                        break
+                    end = min(begin + size, prompt)
+                    key = (parent, block_id, end - begin)
+                    found = nodes.get(key)
+                    if found is None:
+                        found = nodes[key] = new_node(begin // bs, end // bs - begin // bs)
+                    chains.append(found)
+                    covered = end // bs
+                    parent = found
+            if needed[r] > covered:  # content its children repeat: the rest of its prompt, its output
+                chains.append(new_node(covered, needed[r] - covered))
+            chain_offsets[r + 1] = len(chains)
+            self.keyed_blocks[r] = min(max(covered, needed[r]), computed[r])

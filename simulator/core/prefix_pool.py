@@ -153,6 +153,17 @@ class PrefixBlockPool(BlockPool):
                 self._register(r, b, b + n)
         self._sync()
 
+    def shrink_many(self, requests: np.ndarray, keep: np.ndarray) -> None:
+        """Give back private blocks beyond the first ``keep[i]`` of ``requests[i]`` (rejected
+        speculative proposals: decode blocks, past the keyed prompt blocks, which stay)."""
+        keep = np.maximum(keep, self.index.keyed_blocks[requests])
+        excess = self.held[requests] - keep
+        freed = int(excess[excess > 0].sum())
+        if freed:
+            self.held[requests] = np.minimum(self.held[requests], keep)
+            self.empty += freed
+            self._sync()
+
     def release(self, request: int) -> int:
         blocks = int(self.held[request])
         self.held[request] = 0

@@ -18,7 +18,7 @@ from servesim.core.fast_forward import apply_decode_run, delay_to, plan_decode_r
 from servesim.core.progress import MAX_IDLE_WAKES, describe, stalled
 from servesim.core.replica_state import ReplicaState
 from servesim.core.step_log import StepLog
-from servesim.cost import CostModel
+from servesim.cost import BatchShape, CostModel, StepRecord
 
 if TYPE_CHECKING:  # policies are given to replicas; the core never imports them at run time
     from servesim.policies.base import Policy
@@ -40,16 +40,25 @@ class ServingUnit(Protocol):
     def wake(self) -> None: ...
 
 
+class StepPricer(Protocol):
+    """What a replica asks of its cost model: one step's record (a :class:`CostModel`, or a
+    :class:`~servesim.cost.speculative.SpeculativeCost` that adds a proposer's passes)."""
+
+    def step_record(self, batch: BatchShape) -> StepRecord: ...
+
+
 class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
-                 cost: CostModel, steps: StepLog, prompts_done: PromptsDone | None = None,
+                 cost: CostModel | StepPricer, steps: StepLog, prompts_done: PromptsDone | None = None,
                  next_arrival: Callable[[], float] | None = None, sole_replica: bool = False) -> None:
         """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
         emits nothing here and goes to ``prompts_done`` instead. ``next_arrival`` (when the next
         request enters the deployment) turns fast-forward on: runs of pure-decode steps become one
         event (``servesim.core.fast_forward``); its caller checked that the topology, engine and
         policy declare it. ``sole_replica``: the deployment has no other replica, so its runs may
-        go through an arrival (``plan_decode_run``'s ``through_arrival``)."""
+        go through an arrival (``plan_decode_run``'s ``through_arrival``). A replica that speculates
+        (``state.speculation``, priced by a :class:`StepPricer` that adds the proposer's passes)
+        runs step by step whatever ``next_arrival`` says: its accepted tokens are drawn per step."""
         self.env = env
         self.state = state
         self.policy = policy
@@ -57,7 +66,10 @@ class Replica:
         self.steps = steps
         self.prompts_done = prompts_done
         plain_pool = state.prefix_cache is None and state.swap is None
-        self.next_arrival = next_arrival if prompts_done is None and plain_pool else None
+        plain_cost = cost if isinstance(cost, CostModel) and state.speculation is None else None
+        self.run_cost = plain_cost if prompts_done is None and plain_pool else None
+        """The cost model that prices fast-forwarded runs (None: this replica never fast-forwards)."""
+        self.next_arrival = next_arrival if self.run_cost is not None else None
         self.sole_replica = sole_replica
         self.fast_forwarded_steps = 0
         """Steps credited in fast-forwarded runs (the rest were taken one by one)."""
@@ -102,8 +114,9 @@ class Replica:
             record = step_record(shape)
             extra = batch.extra_s  # time beyond the priced model pass (KV swap copies)
             if next_arrival is not None and batch.decode_only and not batch.preempted and not extra \
-                    and state.swap is None:
-                run = plan_decode_run(state, self.cost, shape.decode_context, batch.ids, record, now,
+                    and batch.speculation is None and state.swap is None:
+                assert self.run_cost is not None  # set with next_arrival
+                run = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, record, now,
                                       next_arrival(), self.sole_replica)
                 delay = None if run is None else delay_to(now, float(run.times[-1]))
                 if run is not None and delay is not None:
@@ -117,11 +130,18 @@ class Replica:
                     continue
             if extra:
                 record = record._replace(time_s=record.time_s + extra)
+            proposals = batch.speculation
             append(index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
-                   shape.num_decodes, pool.total - pool.free, len(state.waiting),
-                   int(state.running.size), batch.preempted, *record, extra)
+                   shape.num_decode_tokens, pool.total - pool.free, len(state.waiting),
+                   int(state.running.size), batch.preempted,
+                   0 if proposals is None else proposals.proposed_total,
+                   0 if proposals is None else proposals.accepted_total, *record, extra)
             yield env.timeout(record.time_s)
-            if prompts_done is None:
+            if proposals is not None:  # speculative decoding: several tokens per request
+                finished = state.complete_speculative_step(batch.ids, batch.new_tokens, proposals, env.now)
+                if finished.size:
+                    state.drop_finished()
+            elif prompts_done is None:
                 finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
                 if finished.size:
                     state.drop_finished()

@@ -21,6 +21,7 @@ import numpy as np
 from servesim.core.kv_cache import BlockPool, blocks_for
 from servesim.core.prefix_index import PrefixIndex
 from servesim.core.prefix_pool import PrefixBlockPool
+from servesim.core.speculation import Proposals, Speculator
 from servesim.core.state import (
     KV_NEVER_FITS,
     REJECTED,
@@ -142,6 +143,9 @@ class ReplicaState:
         self.preemptions = 0
         self.swap: HostSwap | None = None
         """Host swap space, installed by a policy that preempts by swapping; None: recompute."""
+        self.speculation: Speculator | None = None
+        """Speculative decoding (installed by the topology when the experiment speculates): the
+        policies ask it how many proposals each decode verifies."""
 
     # ------------------------------------------------------------------ load, for routers
     @property
@@ -277,6 +281,44 @@ class ReplicaState:
         self.preemptions += count
         self.waiting.extendleft(reversed(victims.tolist()))
         return victims
+
+    def proposals_for(self, decoding: np.ndarray, budget: int | None = None) -> np.ndarray | None:
+        """Speculative decoding: proposal tokens each request of ``decoding`` (running, past its
+        first token) verifies this step, at most ``budget`` in all; None when none does (no
+        speculation configured, the batch cap is exceeded, or nothing to propose). The one
+        decision every policy asks for (:meth:`Speculator.proposals`); pure."""
+        speculation = self.speculation
+        if speculation is None:
+            return None
+        r = self.requests
+        generated = r.generated[decoding]
+        return speculation.proposals(int(self.running.size), decoding, generated,
+                                     r.output[decoding] - generated, budget)
+
+    def plan_speculation(self, ids: np.ndarray, proposed: np.ndarray,
+                         rows: np.ndarray | None = None) -> Proposals:
+        """The accepted counts drawn for ``ids`` (the batch members at ``rows``), which verify
+        ``proposed`` proposals this step."""
+        assert self.speculation is not None
+        return self.speculation.plan(ids, self.requests.generated[ids], proposed, rows)
+
+    def complete_speculative_step(self, ids: np.ndarray, new_tokens: np.ndarray, proposals: Proposals,
+                                  now: float) -> np.ndarray:
+        """Credit a step in which the requests at ``proposals.rows`` verified proposals: each keeps
+        the KV of its last token and its accepted proposals and emits ``1 + accepted`` tokens; the
+        blocks that held only rejected proposals go back to the pool (the next step's proposals
+        allocate again). Returns the ids that emitted their last token."""
+        rejected = proposals.proposed - proposals.accepted
+        credited = new_tokens.copy()
+        credited[proposals.rows] -= rejected
+        accepted = np.zeros(ids.size, dtype=np.int64)
+        accepted[proposals.rows] = proposals.accepted
+        finished = self.requests.complete_step(ids, credited, now, accepted=accepted)
+        verified = ids[proposals.rows]
+        self.pool.shrink_many(verified, blocks_for(self.requests.computed[verified], self.pool.block_size))
+        if self.speculation is not None:
+            self.speculation.record(proposals)
+        return finished
 
     def drop_finished(self) -> None:
         """Remove finished requests from ``running`` and free their blocks."""

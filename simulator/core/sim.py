@@ -60,6 +60,11 @@ class Sim:
 
     @classmethod
     def start(cls, workload: RequestTable, seed: int, fast_forward: bool = False) -> Sim:
+        """``fast_forward`` is off whatever is asked when the workload links requests (sessions,
+        workflows): a finishing request may release another into the deployment at a time that
+        the arrival table does not hold (:class:`~servesim.core.release.Releases`), so
+        :class:`NextArrival` could not bound a run."""
+        fast_forward = fast_forward and workload.links is None
         return cls(simpy.Environment(), RequestState(workload), StepLog(), workload, seed, fast_forward)
 
 
@@ -83,7 +88,13 @@ def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry,
 
 def run_until_done(sim: Sim, entry: Entry, progress: Progress | None) -> None:
     """Feed the workload into ``entry`` and run until every request is finished or refused (the
-    event queue then empties)."""
+    event queue then empties). Requests that wait for others (sessions, agent chains) are sent
+    by :class:`~servesim.core.release.Releases` when those end, not by the arrival loop."""
+    links = sim.workload.links
+    if links is not None:
+        from servesim.core.release import Releases
+
+        entry = Releases(sim.env, sim.requests, sim.workload, links, entry).entry
     sim.env.process(arrivals(sim.env, sim.workload, entry, sim.next_arrival))
     if progress is not None:
         sim.env.process(_monitor(sim.env, sim.requests, progress,

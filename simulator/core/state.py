@@ -10,6 +10,7 @@ this one rule, applied by :meth:`RequestState.complete_step` for every policy.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -89,7 +90,8 @@ class RequestState:
     def __init__(self, table: RequestTable) -> None:
         n = len(table)
         self.table = table
-        self.arrival = table.arrival_s
+        # Requests released by others (sessions, agent chains) record when they were sent.
+        self.arrival = table.arrival_s if table.links is None else table.arrival_s.copy()
         self.prompt = table.prompt_tokens
         self.output = table.output_tokens
         self.computed = np.zeros(n, dtype=np.int64)
@@ -108,6 +110,9 @@ class RequestState:
         self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
         self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache
         self.itl = ItlLog()
+        self.done_listeners: list[Callable[[np.ndarray, float], None]] = []
+        """Called with the requests that just completed and the time (requests released by
+        completions, :mod:`servesim.core.release`, and autoscalers listen here)."""
         # Disaggregated serving only (NaN / -1 otherwise): ``replica`` is then the prefill replica.
         self.decode_replica = np.full(n, -1, dtype=np.int64)
         self.prefill_end = np.full(n, np.nan)
@@ -125,7 +130,7 @@ class RequestState:
         return int(self.prompt[request] + self.generated[request])
 
     def complete_step(self, ids: np.ndarray, new_tokens: np.ndarray, now: float,
-                      decode_only: bool = False) -> np.ndarray:
+                      decode_only: bool = False, accepted: np.ndarray | None = None) -> np.ndarray:
         """Credit a finished step: ``ids[i]`` computed ``new_tokens[i]`` more tokens at ``now``.
 
         Requests whose computed count reaches their token count sample one token; their first
@@ -133,12 +138,20 @@ class RequestState:
         their last output token (the caller frees their blocks). ``decode_only`` says every
         request decoded one token after an earlier one (so all emit, none for the first time),
         which skips those checks on the engine's most frequent path.
+
+        Speculative decoding: ``accepted[i]`` proposals of ``ids[i]`` were accepted, and its
+        ``new_tokens[i]`` counts only the tokens whose KV is kept (its last token and the accepted
+        proposals). Such a request's computed count then passes its token count by ``accepted[i]``
+        and it emits ``1 + accepted[i]`` tokens at once: one chunk, so one inter-token gap.
         """
         if decode_only:
             self.computed[ids] += 1
             return self._emit(ids, now, may_be_first=False)
         computed = self.computed[ids] + new_tokens
         self.computed[ids] = computed
+        if accepted is not None:
+            emits = computed == self.prompt[ids] + self.generated[ids] + accepted
+            return self._emit(ids[emits], now, may_be_first=True, counts=1 + accepted[emits])
         emits = computed == self.prompt[ids] + self.generated[ids]
         return self._emit(ids if emits.all() else ids[emits], now, may_be_first=True)
 
@@ -158,11 +171,13 @@ class RequestState:
         self.transfer_end[ids] = now
         return self._emit(ids, now, may_be_first=True)
 
-    def _emit(self, emitted: np.ndarray, now: float, may_be_first: bool) -> np.ndarray:
-        """``emitted`` each sample one token at ``now``; returns those that are now done."""
+    def _emit(self, emitted: np.ndarray, now: float, may_be_first: bool,
+              counts: np.ndarray | int = 1) -> np.ndarray:
+        """``emitted`` each sample one token (``counts`` tokens: speculative decoding) at ``now``,
+        delivered together (one inter-token gap each); returns those that are now done."""
         if emitted.size == 0:
             return emitted
-        generated = self.generated[emitted] + 1
+        generated = self.generated[emitted] + counts
         self.generated[emitted] = generated
         last = self.last_token[emitted]
         first = np.isnan(last) if may_be_first else None
@@ -179,6 +194,8 @@ class RequestState:
         finished = emitted[done]
         self.finish[finished] = now
         self.status[finished] = DONE
+        for listen in self.done_listeners:
+            listen(finished, now)
         return finished
 
     def _note_gaps(self, ids: np.ndarray, gaps: np.ndarray, now: float) -> None:

@@ -3,7 +3,8 @@ Python object kept per step), and turned into the steps table at the end.
 
 The columns are defined here once: what the replica knows of the batch (:data:`BATCH_FIELDS`),
 then the cost model's :class:`~servesim.cost.StepRecord` fields under their column names
-(``time_s`` is ``duration_s``, each operator class ``x_s`` is ``op_x_s``), then ``extra_s``.
+(``time_s`` is ``duration_s``, each operator class ``x_s`` is ``op_x_s``; ``verify_extra_s`` keeps
+its name), then ``extra_s``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
 BATCH_FIELDS = ("replica", "start_s", "num_prefills", "num_decodes", "prefill_tokens", "decode_tokens",
-                "kv_blocks_used", "waiting", "running", "preempted")
-"""What the replica records of each step besides its price (integers but ``start_s``)."""
+                "kv_blocks_used", "waiting", "running", "preempted", "proposed_tokens", "accepted_tokens")
+"""What the replica records of each step besides its price (integers but ``start_s``).
+``decode_tokens`` counts every token the decodes computed (with speculative decoding, their
+proposals too); ``proposed_tokens`` and ``accepted_tokens`` are the speculative proposals the step
+verified and how many the target accepted (zero without speculative decoding: the columns are
+always there, so every steps table has one schema)."""
 
 OP_COLUMNS = tuple(f"op_{name}_s" for name in OP_CLASSES)
 """Seconds of each operator class in a step (``op_gemm_s``, ``op_attn_prefill_s``, ...); they sum
@@ -96,6 +101,7 @@ class StepLog:
         rows["preempted"] = 0
         firsts = np.cumsum(lengths) - lengths
         rows["preempted"][firsts] = np.fromiter((run[5] for run in runs), dtype=np.int64, count=len(runs))
+        rows["proposed_tokens"] = rows["accepted_tokens"] = 0  # runs never speculate
         priced = np.concatenate([run[6] for run in runs])
         for k, column in enumerate(RECORD_COLUMNS):  # the StepRecord fields, in order
             rows[column] = priced[:, k]

@@ -23,6 +23,14 @@ Decode of a request with ``c`` cached tokens: its one query sees ``min(c + 1, W)
 key as above; bytes = that many tokens of cached KV (the dominant term), plus Q, O and the new
 KV write. The memory efficiency is read at the kernel's total bytes per layer.
 
+Speculative verification of ``k`` proposals is a decode with ``q = 1 + k`` queries over the same
+cache (FlashMLA's ``s_q > 1``, FlashInfer's and FlashAttention's multi-query decode): the KV of
+its ``min(c + q, W - 1 + q)`` keys is read once for all ``q`` queries, the attended pairs are
+``q*c + q(q+1)/2`` (causal among the new tokens, as a prefill chunk), and Q, O and the KV writes
+grow ``q``-fold. The compute curve is read at the kernel's query rows (decodes, or their queries).
+So verifying a few proposals over a long context costs little more than decoding one token: the
+cache read dominates and does not grow.
+
 MLA (DeepSeek) caches one latent of ``kv_lora_rank + rope_dim`` per token shared by all heads.
 Decode runs in the absorbed form: each head's query is ``kv_lora_rank + rope_dim`` wide and scores
 against the latent directly, its output is ``kv_lora_rank`` wide
@@ -142,6 +150,8 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
                      peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
     if batch.num_decodes == 0:
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
+    if batch.decode_tokens is not None:
+        return _verify_attention(batch, shape, hardware, peak_flops, kv_bytes, layers)
     n = float(batch.num_decodes)
     if shape.chunk is not None:
         keys = float((batch.decode_context % shape.chunk).sum()) + n
@@ -163,5 +173,26 @@ def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: 
               + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
     compute_s = flops / (peak_flops * eff.compute.at(n))
     memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, n))
+    return OpCost("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
+                  memory_s * layers, eff.fixed_s * layers)
+
+
+def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,
+                      peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
+    """The decode kernel when decodes carry several queries (speculative verification): each
+    request's cached KV is read once for its ``q`` queries (see the module docstring). With every
+    ``q == 1`` this is the plain decode formula."""
+    assert batch.decode_tokens is not None
+    eff = hardware.efficiency.attention_decode
+    queries = batch.decode_tokens
+    rows = float(batch.num_decode_tokens)
+    context = batch.decode_context
+    pairs = float(causal_pairs(queries, context, shape.window).sum())
+    keys = float(prefill_keys_read(queries, context, shape.window).sum())
+    flops = pairs * shape.decode_flops_per_key
+    nbytes = ((keys + rows) * shape.cache_elements_per_token * kv_bytes
+              + rows * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
+    compute_s = flops / (peak_flops * eff.compute.at(rows))
+    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, rows))
     return OpCost("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
                   memory_s * layers, eff.fixed_s * layers)

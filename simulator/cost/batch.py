@@ -2,9 +2,11 @@
 
 In the unified token-budget view every scheduled request processes some *new* tokens over some
 *context* it has already computed. A request still working through its prompt is a prefill
-(a whole prompt, or one chunk of it); a request past its prompt is a decode and processes exactly
-one new token. Recompute after preemption is a prefill again. The cost model needs only these
-arrays (and a few sums of them), never the requests themselves.
+(a whole prompt, or one chunk of it); a request past its prompt is a decode and processes one new
+token, or ``1 + k`` when it verifies ``k`` speculative proposals (its last token and the proposals,
+a small chunk that reads the same weights and KV as one decode). Recompute after preemption is a
+prefill again. The cost model needs only these arrays (and a few sums of them), never the requests
+themselves.
 """
 
 from __future__ import annotations
@@ -37,43 +39,55 @@ class BatchShape:
     ``prefill_emits[i]`` says whether this chunk finishes the prompt, so the step also samples
     that request's first output token (and runs the LM head for it).
     ``decode_context[j]`` is the number of tokens already in decoding request ``j``'s KV cache;
-    its one new token attends to those and to itself.
+    its new tokens attend to those and to each other (causally). ``decode_tokens[j]`` is how many
+    new tokens it computes: ``None`` means one each (plain decoding); ``1 + k`` is a request that
+    verifies ``k`` speculative proposals, which needs logits at every one of them.
     """
 
     prefill_tokens: np.ndarray
     prefill_context: np.ndarray
     prefill_emits: np.ndarray
     decode_context: np.ndarray
+    decode_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         prefills, decodes = int(self.prefill_tokens.size), int(self.decode_context.size)
         prefill_tokens = int(self.prefill_tokens.sum()) if prefills else 0
+        decode_tokens = decodes if self.decode_tokens is None else int(self.decode_tokens.sum())
         set_ = object.__setattr__
         set_(self, "num_prefills", prefills)
         set_(self, "num_decodes", decodes)
         set_(self, "num_prefill_tokens", prefill_tokens)
-        set_(self, "num_new_tokens", prefill_tokens + decodes)
+        set_(self, "num_decode_tokens", decode_tokens)
+        set_(self, "num_new_tokens", prefill_tokens + decode_tokens)
         set_(self, "decode_context_sum", float(self.decode_context.sum()) if decodes else 0.0)
-        set_(self, "num_logits", decodes + (int(self.prefill_emits.sum()) if prefills else 0))
+        set_(self, "num_logits", decode_tokens + (int(self.prefill_emits.sum()) if prefills else 0))
         if not (len(self.prefill_tokens) == len(self.prefill_context) == len(self.prefill_emits)):
             raise ServesimError("batch", "prefill arrays differ in length",
                                 "give one context and one emits flag per prefill chunk")
         if self.prefill_tokens.size and self.prefill_tokens.min() < 1:
             raise ServesimError("prefill_tokens", "a prefill chunk needs at least one token",
                                 "drop empty chunks")
+        if self.decode_tokens is not None and (self.decode_tokens.size != decodes
+                                               or (decodes and self.decode_tokens.min() < 1)):
+            raise ServesimError("decode_tokens", "needs one count of at least 1 per decode",
+                                "give 1 + proposals for each decoding request")
 
     @classmethod
     def build(cls, prefill_tokens: Sequence[int] | np.ndarray = (),
               prefill_context: Sequence[int] | np.ndarray | None = None,
               decode_context: Sequence[int] | np.ndarray = (),
-              prefill_emits: Sequence[bool] | np.ndarray | None = None) -> BatchShape:
-        """Full prompts by default: no earlier context, and every prefill emits a token."""
+              prefill_emits: Sequence[bool] | np.ndarray | None = None,
+              decode_tokens: Sequence[int] | np.ndarray | None = None) -> BatchShape:
+        """Full prompts by default: no earlier context, and every prefill emits a token; one new
+        token per decode unless ``decode_tokens`` says otherwise (speculative verification)."""
         tokens = _as_tokens(prefill_tokens, "prefill_tokens")
         context = (np.zeros_like(tokens) if prefill_context is None
                    else _as_tokens(prefill_context, "prefill_context"))
         emits = (np.ones(tokens.shape, dtype=bool) if prefill_emits is None
                  else np.asarray(prefill_emits, dtype=bool).reshape(-1))
-        return cls(tokens, context, emits, _as_tokens(decode_context, "decode_context"))
+        verified = None if decode_tokens is None else _as_tokens(decode_tokens, "decode_tokens")
+        return cls(tokens, context, emits, _as_tokens(decode_context, "decode_context"), verified)
 
     @classmethod
     def decodes_only(cls, decode_context: np.ndarray) -> BatchShape:
@@ -84,7 +98,8 @@ class BatchShape:
         decodes = int(decode_context.size)
         for name, value in (("prefill_tokens", _NO_TOKENS), ("prefill_context", _NO_TOKENS),
                             ("prefill_emits", _NO_EMITS), ("decode_context", decode_context),
-                            ("num_prefills", 0), ("num_decodes", decodes), ("num_prefill_tokens", 0),
+                            ("decode_tokens", None), ("num_prefills", 0), ("num_decodes", decodes),
+                            ("num_prefill_tokens", 0), ("num_decode_tokens", decodes),
                             ("num_new_tokens", decodes), ("num_logits", decodes),
                             ("decode_context_sum", float(decode_context.sum()))):
             set_(shape, name, value)
@@ -101,14 +116,16 @@ class BatchShape:
 
     @classmethod
     def from_requests(cls, new_tokens: np.ndarray, computed_tokens: np.ndarray,
-                      total_tokens: np.ndarray) -> BatchShape:
+                      total_tokens: np.ndarray, proposed: np.ndarray | None = None) -> BatchShape:
         """The engine's view, in the unified token-budget terms (docs/architecture.md).
 
         Each scheduled request computes ``new_tokens`` more of its ``total_tokens`` (prompt plus
         output generated so far), ``computed_tokens`` of which are already in its KV cache. A
         request with exactly one uncomputed token that it now computes is a decode; any other is
         a prefill chunk (a prompt, part of one, or a recompute after preemption), and it samples
-        a token when it reaches ``total_tokens``.
+        a token when it reaches ``total_tokens``. ``proposed[i]`` (speculative decoding) counts
+        the proposal tokens a decode verifies on top of its one token: they are part of its
+        ``new_tokens`` but not yet of its ``total_tokens``.
         """
         new = np.asarray(new_tokens, dtype=_INT)
         computed = np.asarray(computed_tokens, dtype=_INT)
@@ -116,13 +133,17 @@ class BatchShape:
         if new.size and new.min() < 1:
             raise ServesimError("new_tokens", "a scheduled request computes at least one token",
                                 "do not schedule requests with no new tokens")
-        if np.any(computed + new > total):
+        own = new if proposed is None else new - proposed
+        if np.any(computed + own > total) or (proposed is not None and own.size and own.min() < 1):
             raise ServesimError("new_tokens", "computed + new exceeds the request's tokens",
-                                "schedule at most total - computed new tokens")
-        is_decode = (new == 1) & (computed + 1 == total) & (computed > 0)
+                                "schedule at most total - computed new tokens (plus proposals)")
+        is_decode = (own == 1) & (computed + 1 == total) & (computed > 0)
         prefill = ~is_decode
+        if proposed is not None and np.any(proposed[prefill]):
+            raise ServesimError("proposed", "only a decoding request verifies proposals",
+                                "give proposals to requests past their first token")
         return cls(new[prefill], computed[prefill], computed[prefill] + new[prefill] == total[prefill],
-                   computed[is_decode])
+                   computed[is_decode], None if proposed is None else new[is_decode])
 
     # ------------------------------------------------------------------ sums the cost model uses
     # The sums below are computed once, in __post_init__: the engine reads them several times
@@ -131,12 +152,27 @@ class BatchShape:
     num_decodes: int = field(init=False)
     num_prefill_tokens: int = field(init=False)
     """Prompt tokens computed this step, over all prefill chunks."""
+    num_decode_tokens: int = field(init=False)
+    """Tokens the decodes compute: one each, plus the proposals they verify."""
     num_new_tokens: int = field(init=False)
     """Rows of every GEMM in this step (the M dimension)."""
     decode_context_sum: float = field(init=False)
     """Tokens cached by all decoding requests together (what decode attention reads)."""
     num_logits: int = field(init=False)
-    """Sequences that sample a token this step (rows of the LM head)."""
+    """Rows of the LM head: every decode token (a verified proposal needs its logits too) and each
+    prefill chunk that finishes its prompt."""
+
+    @property
+    def verifies(self) -> bool:
+        """Whether some decode verifies speculative proposals this step."""
+        return self.decode_tokens is not None and self.num_decode_tokens > self.num_decodes
+
+    def without_proposals(self) -> BatchShape:
+        """The same step had no request speculated: every decode computes one token."""
+        if self.decode_tokens is None:
+            return self
+        return BatchShape(self.prefill_tokens, self.prefill_context, self.prefill_emits,
+                          self.decode_context)
 
     @property
     def is_empty(self) -> bool:

@@ -59,12 +59,15 @@ IO_BYTES = 2.0
 BOUNDS = ("compute", "memory", "communication", "overhead")
 """What a step can be bound by, in the order :attr:`StepRecord.bound` indexes them."""
 
-OP_CLASSES = ("gemm", "attn_prefill", "attn_decode", "elementwise", "communication", "overhead")
+OP_CLASSES = ("gemm", "attn_prefill", "attn_decode", "elementwise", "communication", "overhead",
+              "proposal")
 """The coarse operator classes the engine records per step (:meth:`CostModel.step_record`), in
 record order: every weight GEMM (QKV/MLA projections, O, MLP, MoE router and experts, LM head),
 the two attention kernels, the memory-bound elementwise kernels (embedding gather, norms, RoPE,
-activation, MoE combine), TP collectives, and the fixed per-step framework overhead. Each class
-holds its kernels' launch floors, so the six sum to the step time."""
+activation, MoE combine), TP collectives, the fixed per-step framework overhead, and the passes of
+a speculative proposer (a draft model, EAGLE head or MTP layer: all its kernels together; zero
+without speculative decoding, see :mod:`servesim.cost.speculative`). Each class holds its kernels'
+launch floors, so the seven sum to the step time."""
 
 OP_CLASS_OF = {"embedding": "elementwise", "qkv_proj": "gemm", "attn_prefill": "attn_prefill",
                "attn_decode": "attn_decode", "o_proj": "gemm", "mlp": "gemm", "moe": "gemm",
@@ -75,9 +78,9 @@ OP_CLASS_OF = {"embedding": "elementwise", "qkv_proj": "gemm", "attn_prefill": "
 
 class StepRecord(NamedTuple):
     """What the engine logs of one step (:meth:`CostModel.step_record`), without the breakdown:
-    the time, what bounds it (an index into :data:`BOUNDS`), the work, and the seconds of each of
-    :data:`OP_CLASSES` (they sum to ``time_s``). The step log's columns are named from these
-    fields (:mod:`servesim.core.step_log`)."""
+    the time, what bounds it (an index into :data:`BOUNDS`), the work, the seconds of each of
+    :data:`OP_CLASSES` (they sum to ``time_s``) and ``verify_extra_s``. The step log's columns are
+    named from these fields (:mod:`servesim.core.step_log`)."""
 
     time_s: float
     bound: int
@@ -89,6 +92,11 @@ class StepRecord(NamedTuple):
     elementwise_s: float
     communication_s: float
     overhead_s: float
+    proposal_s: float = 0.0
+    """Speculative decoding: the proposer's passes (draft model, EAGLE head, MTP layer)."""
+    verify_extra_s: float = 0.0
+    """Speculative decoding: how much longer the target's pass took for verifying proposals than
+    it would have taken decoding one token per request (inside the other classes, not added)."""
 
 
 IDLE_RECORD = StepRecord(0.0, BOUNDS.index("overhead"), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -253,6 +261,11 @@ class CostModel:
         return m.num_heads // self.tp * (m.mla.qk_nope_head_dim + m.mla.v_head_dim)
 
     # ------------------------------------------------------------------ operator helpers
+    def gemm(self, rows: float, k: int, n: int) -> OpCost:
+        """One (rows x k) @ (k x n) GEMM on one GPU in this deployment's precision (for layers the
+        model spec does not hold, such as a speculative head's fusion projection)."""
+        return self._gemm("gemm", rows, k, n, 1)
+
     def _gemm(self, name: str, m: float, k: int, n: int, repeat: float,
               weight_bytes: float | None = None, sixteen_bit: bool = False) -> OpCost:
         """``repeat`` GEMMs of (m x k) @ (k x n): the weights read once, the input read in the

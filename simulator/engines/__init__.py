@@ -18,10 +18,11 @@ from servesim.engines.base import (
     EngineKnobs,
     RuntimeCosts,
     SchedulerDefaults,
+    SpeculationDefaults,
     default_runtime,
     make_engine,
     register_engine,
 )
 
 __all__ = ["DEFAULT_ENGINE", "ENGINES", "Engine", "EngineKnobs", "RuntimeCosts", "SchedulerDefaults",
-           "default_runtime", "make_engine", "register_engine"]
+           "SpeculationDefaults", "default_runtime", "make_engine", "register_engine"]

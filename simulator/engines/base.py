@@ -60,6 +60,25 @@ class SchedulerDefaults:
         return max(max_model_len, self.min_max_num_batched_tokens)
 
 
+@dataclass(frozen=True)
+class SpeculationDefaults:
+    """What an engine does with speculative decoding unless the experiment says otherwise."""
+
+    disable_by_batch_size: int | None = None
+    """No speculation in steps with more running requests than this (None: always speculate)."""
+    max_num_seqs: int | None = None
+    """``max_num_seqs`` while speculating, when the deployment does not set it (None: the usual
+    default). SGLang lowers ``max_running_requests`` to 48 when speculating."""
+    step_overhead_s: float = 0.0
+    """Software time of a step that verifies proposals, beyond the kernels (rejection sampling,
+    proposal bookkeeping), serial with the GPU."""
+    pass_overhead_s: float = 0.0
+    """Software time of each proposer pass beyond its kernels (input preparation, launch,
+    sampling the proposal)."""
+    provenance: str = ""
+    overhead_provenance: str = ""
+
+
 class EngineKnobs(FrozenModel):
     """Knobs every engine takes under ``engine:`` (an engine adds its own by subclassing)."""
 
@@ -68,6 +87,14 @@ class EngineKnobs(FrozenModel):
         None, ge=0, allow_inf_nan=False,
         description="CPU time per iteration the GPU waits for, on every GPU (default: the engine's "
         "estimate for the hardware)")
+    speculative_step_overhead_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="speculative decoding: software time of a step that verifies proposals (default: "
+        "the engine's)")
+    proposal_pass_overhead_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="speculative decoding: software time of each proposer pass (default: the "
+        "engine's)")
 
 
 class Engine(ABC):
@@ -87,6 +114,8 @@ class Engine(ABC):
     """Its steps are priced by the cost model alone (no per-step state outside it), so a run of
     pure-decode steps may be fast-forwarded (``servesim.core.fast_forward``). Off by default: an
     engine that says nothing runs step by step."""
+    speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults()
+    """Its defaults for speculative decoding (``speculative:`` in the experiment)."""
 
     def __init__(self, knobs: EngineKnobs) -> None:
         self.knobs = knobs
@@ -99,6 +128,18 @@ class Engine(ABC):
         table = self.step_overhead_s
         key = max((prefix for prefix in table if hardware_name.startswith(prefix)), key=len)
         return RuntimeCosts(table[key], self.provenance.get("step_overhead_s", ""))
+
+    def speculation_overheads(self) -> tuple[float, float, str]:
+        """(per verifying step, per proposer pass, where they come from) for speculative decoding:
+        the engine's defaults unless the experiment's ``engine`` section overrides them."""
+        defaults, knobs = self.speculation, self.knobs
+        step = defaults.step_overhead_s if knobs.speculative_step_overhead_s is None \
+            else knobs.speculative_step_overhead_s
+        per_pass = defaults.pass_overhead_s if knobs.proposal_pass_overhead_s is None \
+            else knobs.proposal_pass_overhead_s
+        overridden = (knobs.speculative_step_overhead_s, knobs.proposal_pass_overhead_s) != (None, None)
+        source = "engine section of the experiment" if overridden else defaults.overhead_provenance
+        return step, per_pass, source
 
     def knob_values(self) -> dict[str, Any]:
         """The knobs as given (unset ones omitted), with the resolved version."""

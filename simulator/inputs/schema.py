@@ -18,7 +18,14 @@ import typing
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from servesim.errors import ServesimError
@@ -84,6 +91,22 @@ class _InputModel(BaseModel):
 
 class StrictModel(_InputModel):
     """A YAML section: unknown keys are errors, numbers finite and not booleans."""
+
+
+class OmitsUnsetExtensions(StrictModel):
+    """A section that leaves optional keys added after its first release (``EXTENSIONS``) out of
+    its dump while they hold their default, so the resolved configs and sweep run names of
+    configs that do not use them stay as they were."""
+
+    EXTENSIONS: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in self.EXTENSIONS:
+            if key in data and data[key] == type(self).model_fields[key].default:
+                del data[key]
+        return data
 
 
 class FrozenModel(_InputModel):

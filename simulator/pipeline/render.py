@@ -48,7 +48,7 @@ def resolved_config_yaml(result: RunResult) -> str:
     document["engine"] = topology.engine.knob_values()
     document["policy"]["name"] = document["policy"]["name"] or topology.engine.defaults.policy
     header = topology.resolved_deployment(document["deployment"])
-    for key in ("prefill", "decode", "link"):  # the other topology's keys
+    for key in ("prefill", "decode", "link", "groups"):  # the other topologies' keys
         if document["deployment"].get(key) is None:
             document["deployment"].pop(key, None)
     return f"# Resolved by servesim: {header}.\n" + yaml.safe_dump(document, sort_keys=False)
@@ -67,6 +67,8 @@ def result_files(result: RunResult) -> dict[str, bytes]:
         files["requests.parquet"] = _parquet(result.requests)
         files["steps.parquet"] = _parquet(result.steps)
         files["itl.parquet"] = _parquet(result.itl)
+        for name, frame in result.plan.topology.extra_tables(result.built).items():
+            files[name] = _parquet(frame)
     files[SUMMARY_FILE] = (json.dumps(result.summary.to_dict(), indent=2) + "\n").encode()
     return files
 

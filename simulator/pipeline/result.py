@@ -17,10 +17,12 @@ from servesim.core.replica_state import ReplicaState
 from servesim.core.sim import Sim
 from servesim.core.state import RequestState
 from servesim.core.step_log import StepLog
+from servesim.metrics.sessions import session_columns, session_section
 from servesim.metrics.summary import Summary, prefix_cache_stats, run_span, summarise
 from servesim.metrics.tables import itl_frame, request_frame
 from servesim.metrics.usage import batch_usage, kv_usage, swap_usage
 from servesim.pipeline.plan import RunPlan
+from servesim.speculative.metrics import speculative_section
 from servesim.topology.base import Built, GroupRun
 
 
@@ -56,7 +58,8 @@ class RunResult:
     @cached_property
     def requests(self) -> pd.DataFrame:
         """One row per request (:func:`~servesim.metrics.tables.request_frame`)."""
-        return request_frame(self.sim.requests, self.plan.topology.request_columns(self.sim))
+        columns = {**self.plan.topology.request_columns(self.sim), **session_columns(self.plan.workload)}
+        return request_frame(self.sim.requests, columns)
 
     @cached_property
     def steps(self) -> pd.DataFrame:
@@ -81,11 +84,15 @@ class RunResult:
         span = run_span(requests)
         states = self.replica_states
         slo = plan.config.slo
+        sections = topology.summary_sections(self.sim, self.built, requests, steps, span)
+        speculation = kv_run.group.speculation
+        if speculation is not None:
+            sections = {**sections, "speculation": speculative_section(speculation, kv_run.states, kv_steps)}
         return summarise(
             requests, self.itl, slo_limits=slo.limits() if slo else {},
             offered_rate=plan.workload.mean_rate, deployment=plan.describe(),
             kv=kv_usage(kv_run.states, kv_steps), swap=swap_usage(states), batch=batch_usage(steps),
-            sections=topology.summary_sections(self.sim, self.built, requests, steps, span),
+            sections={**sections, **session_section(requests, plan.workload, slo.limits() if slo else {})},
             prefix_cache=prefix_cache_stats(requests, [s.prefix_cache for s in states],
                                             plan.workload.has_prefixes),
             steps=steps, metric_percentiles=tuple(plan.config.metric_percentiles))

@@ -54,7 +54,7 @@ def replica_chart(data: RunData) -> Chart:
     title = "Replicas: router balance"
     b = replica_balance(data)
     if b["replica"].size == 0:
-        return Chart("replicas", title, "No replica ran a step.", None, 0)
+        return Chart("balance", title, "No replica ran a step.", None, 0)
     labels = [f"{r}" + (f" ({p})" if p else "") for r, p in zip(b["replica"], b["pool"], strict=True)]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
                         subplot_titles=("requests routed", "busy (% of the run)", "p99 TTFT (s)"))
@@ -68,7 +68,7 @@ def replica_chart(data: RunData) -> Chart:
     counts = b["requests"][b["requests"] > 0]
     spread = (f" The busiest replica got {counts.max() / counts.min():.2f}x the requests of the least busy."
               if counts.size > 1 else "")
-    return Chart("replicas", title,
+    return Chart("balance", title,
                  "Per replica: the requests the router sent it, how much of the run its engine was busy, and "
                  f"its completed requests' p99 TTFT. Balanced routing gives equal bars.{spread}", fig, 360)
 

@@ -30,6 +30,7 @@ STEPS_FILE = "steps.parquet"
 ITL_FILE = "itl.parquet"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.resolved.yaml"
+REPLICAS_FILE = "replicas.parquet"
 
 REQUIRED_FILES = (REQUESTS_FILE, STEPS_FILE, ITL_FILE, SUMMARY_FILE)
 
@@ -41,7 +42,9 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefills", "num_decodes
                 "decode_tokens", "batch_size", "kv_blocks_used", "kv_blocks_total", "waiting", "running")
 STEP_OPTIONAL: dict[str, str | float] = {
     "bound": "unknown", "preempted": 0, "flops": np.nan, "hbm_bytes": np.nan, "pool": "",
-    **dict.fromkeys(OP_COLUMNS, np.nan)}
+    **dict.fromkeys(OP_COLUMNS, np.nan),
+    # runs written before speculative decoding existed did not speculate
+    "op_proposal_s": 0.0, "proposed_tokens": 0, "accepted_tokens": 0, "verify_extra_s": 0.0}
 ITL_COLUMNS = ("itl_s", "count")
 
 
@@ -58,6 +61,8 @@ class RunData:
     config_text: str | None
     roof: Roof | str | None = None
     """The hardware roof of the steps (None: read from ``config_text``'s hardware)."""
+    replicas: pd.DataFrame | None = None
+    """A fleet's replica timeline (``replicas.parquet``); None for other runs."""
 
     @classmethod
     def from_result(cls, result: RunResult, run_dir: Path, config_text: str) -> RunData:
@@ -70,10 +75,11 @@ class RunData:
         for column, default in STEP_OPTIONAL.items():
             if column not in steps:
                 steps = steps.assign(**{column: default})
+        replicas = result.plan.topology.extra_tables(result.built).get(REPLICAS_FILE)
         return cls(run_dir=run_dir, requests=requests, steps=steps, itl_values=values.astype(float),
                    itl_counts=counts.astype(float), summary=result.summary.to_dict(),
                    config_text=config_text,
-                   roof=roof_of(group.hardware, group.precision, group.tp))
+                   roof=roof_of(group.hardware, group.precision, group.tp), replicas=replicas)
 
     def completed(self) -> pd.DataFrame:
         """The completed requests: the population of the summary's latency statistics."""
@@ -152,6 +158,9 @@ def load_run(run_dir: Path) -> RunData:
     itl = _read_table(run_dir / ITL_FILE, ITL_COLUMNS, {})
     config_path = run_dir / CONFIG_FILE
     config_text = read_text(config_path, "run_dir") if config_path.is_file() else None
+    replicas_path = run_dir / REPLICAS_FILE
+    replicas = _read_table(replicas_path, ("time_s", "group", "ready", "provisioning", "draining"), {}) \
+        if replicas_path.is_file() else None
     return RunData(
         run_dir=run_dir,
         requests=requests,
@@ -160,4 +169,5 @@ def load_run(run_dir: Path) -> RunData:
         itl_counts=itl["count"].to_numpy(dtype=float),
         summary=_read_summary(run_dir / SUMMARY_FILE),
         config_text=config_text,
+        replicas=replicas,
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from servesim.report.balance_figures import replica_chart, ttft_prompt_chart
 from servesim.report.figures import Chart, build_charts
+from servesim.report.fleet_figures import fleet_charts
 from servesim.report.hardware_roof import roof_from_config
 from servesim.report.page import PlotlyJs, render_page, write_page
 from servesim.report.run_data import RunData, load_run
@@ -30,6 +31,7 @@ def _charts(data: RunData, checks: list[SloCheck]) -> list[Chart]:
     charts = build_charts(data, checks)
     charts.insert(1, ttft_prompt_chart(data, checks))
     charts.append(replica_chart(data))
+    charts.extend(fleet_charts(data))
     roof = data.roof if data.roof is not None else roof_from_config(data.config_text, data.run_dir)
     charts.append(roofline_chart(data, roof))
     if has_op_columns(data):

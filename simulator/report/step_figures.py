@@ -20,9 +20,11 @@ STEP_KINDS = ("prefill only", "decode only", "mixed")
 KIND_COLORS = {"prefill only": "#d62728", "decode only": "#1f77b4", "mixed": "#9467bd"}
 OP_LABELS = {"op_gemm_s": "GEMMs (QKV, O, MLP/MoE, LM head)", "op_attn_prefill_s": "attention, prefill",
              "op_attn_decode_s": "attention, decode", "op_elementwise_s": "elementwise and norms",
-             "op_communication_s": "TP communication", "op_overhead_s": "step overhead"}
+             "op_communication_s": "TP communication", "op_overhead_s": "step overhead",
+             "op_proposal_s": "speculative proposals"}
 OP_COLORS = {"op_gemm_s": "#1f77b4", "op_attn_prefill_s": "#d62728", "op_attn_decode_s": "#ff7f0e",
-             "op_elementwise_s": "#2ca02c", "op_communication_s": "#9467bd", "op_overhead_s": "#7f7f7f"}
+             "op_elementwise_s": "#2ca02c", "op_communication_s": "#9467bd", "op_overhead_s": "#7f7f7f",
+             "op_proposal_s": "#bcbd22"}
 
 
 def step_kinds(num_prefills: np.ndarray, num_decodes: np.ndarray) -> np.ndarray:

@@ -141,6 +141,10 @@ class Topology(ABC):
         """Extra summary sections of this topology (after ``batch``)."""
         return {}
 
+    def extra_tables(self, built: Built) -> dict[str, pd.DataFrame]:
+        """Tables of this topology's own, written beside the run's (file name -> table)."""
+        return {}
+
     def summary_lines(self, sections: dict[str, Any]) -> list[str]:
         """Lines for people about this topology's own summary sections (the CLI prints them)."""
         return []
@@ -175,23 +179,27 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
                 wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None,
                 fast_forward: bool = False, sole_group: bool = False) -> GroupRun:
     """The replicas of ``group`` on ``sim``'s clock, indices from ``first_index``, each running its
-    group's policy (wrapped by ``wrap_policy`` if given) and sharing one cost model (its memo
-    serves them all). Pipelined replicas (stages or DP ranks) get one state and policy per
-    scheduling unit, numbered replica by replica, virtual engine by virtual engine, rank by rank.
-    ``fast_forward``: the topology declares it (:attr:`Topology.fast_forward`); a replica then
-    fast-forwards when the run asks for it and its engine and policy declare it too; ``sole_group``:
-    no other group's replicas take arrivals, so a group of one replica routes every arrival to it."""
+    group's policy (wrapped by ``wrap_policy`` if given), with its own speculator when the group
+    speculates, and sharing one cost model (its memo serves them all). Pipelined replicas (stages
+    or DP ranks) get one state and policy per scheduling unit, numbered replica by replica, virtual
+    engine by virtual engine, rank by rank. ``fast_forward``: the topology declares it
+    (:attr:`Topology.fast_forward`); a replica then fast-forwards when the run asks for it, its
+    engine and policy declare it too and its group does not speculate (proposals and their
+    acceptance cannot be priced ahead); ``sole_group``: no other group's replicas take arrivals, so
+    a group of one replica routes every arrival to it."""
     if group.runs_pipeline:
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
-    cost = group.cost_model()
+    cost = group.step_pricer()
     replicas: list[ServingUnit] = []
     for i in range(group.replicas):
         state = make_state(first_index + i)
+        if group.speculation is not None:
+            state.speculation = group.speculation.speculator(sim.seed)
         policy = group.policy.make(state)
         if wrap_policy is not None:
             policy = wrap_policy(state, policy)
         fast = (fast_forward and sim.fast_forward and group.engine.fast_forward
-                and policy.fast_forward_ready())
+                and state.speculation is None and policy.fast_forward_ready())
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
                                 next_arrival=sim.next_arrival if fast else None,
                                 sole_replica=sole_group and group.replicas == 1))

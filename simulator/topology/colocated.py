@@ -81,7 +81,7 @@ class Colocated(Topology):
         model = load_model(config.model, "model")
         hardware = load_hardware(config.hardware, "hardware")
         group = resolve_group("replicas", deployment_keys(config), model, hardware, precision_of(config),
-                              engine, policy)
+                              engine, policy, config.speculative)
         return cls(group, router)
 
     def describe(self) -> dict[str, Any]:

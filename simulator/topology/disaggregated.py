@@ -96,6 +96,10 @@ class Disaggregated(Topology):
     @classmethod
     def resolve(cls, config: ExperimentConfig, engine: Engine) -> Disaggregated:
         d = config.deployment
+        if config.speculative is not None and config.speculative.enabled:
+            raise ServesimError("speculative", f"is not modelled for deployment kind {cls.kind!r} yet "
+                                "(the prefill group would also run the proposer's prefill)",
+                                "remove it or use deployment.kind: colocated")
         if d.enable_prefix_caching:
             raise ServesimError("deployment.enable_prefix_caching", f"is not modelled for deployment kind "
                                 f"{cls.kind!r} ({cls.prefix_caching_note})",

@@ -18,6 +18,7 @@ from servesim.core.swap import SwapPath
 from servesim.cost import BatchShape, CostModel
 from servesim.cost.expert_parallel import zipf_imbalance
 from servesim.cost.parallel_step import ParallelCostModel
+from servesim.cost.speculative import SpeculativeCost
 from servesim.dtypes import Precision
 from servesim.engines import Engine, RuntimeCosts
 from servesim.errors import ServesimError
@@ -26,7 +27,9 @@ from servesim.memory import MemoryPlan
 from servesim.model_spec import ModelSpec
 from servesim.parallel_memory import plan_replica_memory
 from servesim.parallelism import Parallelism, check_parallelism, stages_of
-from servesim.policies.base import Choice, Policy, prefix_caching_policies
+from servesim.policies.base import Choice, Policy, prefix_caching_policies, speculating_policies
+from servesim.speculative.plan import SpeculationPlan, resolve_speculation
+from servesim.speculative.schema import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class ReplicaGroup:
     policy: Choice[Policy]
     settings: GroupKeys
     """The group's deployment keys with the engine's defaults filled in (what it ran with)."""
+    speculation: SpeculationPlan | None = None
+    """Speculative decoding on this group's replicas (None: none)."""
 
     @property
     def tp(self) -> int:
@@ -124,6 +129,12 @@ class ReplicaGroup:
         return ParallelCostModel(self.model, self.hardware, self.parallelism, self.precision,
                                  runtime or self.runtime)
 
+    def step_pricer(self) -> CostModel | SpeculativeCost:
+        """What the replicas price their steps with: the cost model, with the proposer's passes
+        added when the group speculates."""
+        cost = self.cost_model()
+        return cost if self.speculation is None else self.speculation.cost(cost)
+
     def describe(self) -> dict[str, object]:
         p = self.precision
         precision = (f"weights {p.weight.value}, activations {p.activation.value}, "
@@ -153,10 +164,16 @@ class ReplicaGroup:
 
 
 def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: HardwareProfile,
-                  precision: Precision, engine: Engine, policy: Choice[Policy]) -> ReplicaGroup:
+                  precision: Precision, engine: Engine, policy: Choice[Policy],
+                  speculative: SpeculativeConfig | None = None) -> ReplicaGroup:
     """Fill in the engine's defaults and check every limit of one group (errors name the
-    ``deployment`` key; a topology relabels them for its groups)."""
+    ``deployment`` key; a topology relabels them for its groups). ``speculative``: the
+    experiment's speculative decoding, resolved here with the group's model, GPU and tp."""
     defaults = engine.defaults
+    speculation = resolve_speculation(speculative, model, hardware, keys.tp, precision, engine)
+    if speculation is not None and not policy.cls.supports_speculation:
+        raise ServesimError("speculative", f"is not modelled for policy {policy.name!r}",
+                            f"use {', '.join(speculating_policies())}, or remove speculative")
     prefix_caching = defaults.enable_prefix_caching if keys.enable_prefix_caching is None \
         else keys.enable_prefix_caching
     if prefix_caching and not policy.cls.supports_prefix_caching:
@@ -177,13 +194,21 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
             f"scheduled by policy {policy.name!r}",
             f"raise it to {max_model_len}, lower deployment.max_model_len, or use chunked prefill")
     max_num_seqs = keys.max_num_seqs or defaults.max_num_seqs
+    if keys.max_num_seqs is None and speculation is not None and engine.speculation.max_num_seqs:
+        max_num_seqs = engine.speculation.max_num_seqs  # e.g. SGLang: 48 while speculating
     if max_num_seqs > budget:
         raise ServesimError("deployment.max_num_seqs", f"{max_num_seqs} exceeds the step's token "
                             f"budget {budget}", "lower max_num_seqs or raise max_num_batched_tokens")
     utilization = keys.gpu_memory_utilization or defaults.gpu_memory_utilization
     parallelism = parallelism_of(keys, model)
     check_parallelism(model, hardware, parallelism)
+    if speculation is not None and parallelism.pp * parallelism.dp > 1:
+        raise ServesimError("speculative", "is not modelled with pipeline stages or data-parallel "
+                            "attention ranks (deployment.pp or deployment.dp above 1)",
+                            "remove speculative, or use pp: 1 and dp: 1")
     memory = plan_replica_memory(model, hardware, parallelism, precision, utilization, budget, max_num_seqs)
+    if speculation is not None:
+        memory = speculation.memory(memory, max_num_seqs, budget, model.vocab_size)
     block_size = keys.block_size or defaults.block_size
     if block_size > max_model_len:
         raise ServesimError("deployment.block_size", f"{block_size} tokens per KV block exceeds "
@@ -216,7 +241,8 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                          pp_layers=keys.pp_layers, all2all_backend=keys.all2all_backend,
                          expert_routing=keys.expert_routing)
     group = ReplicaGroup(name, model, hardware, parallelism, precision, engine,
-                         engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings)
+                         engine.runtime(hardware.name), memory, limits, keys.replicas, policy, settings,
+                         speculation)
     check_step_time(group)
     return group
 

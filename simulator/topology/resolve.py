@@ -5,7 +5,9 @@ from __future__ import annotations
 from servesim.config import ExperimentConfig
 from servesim.engines import make_engine
 from servesim.errors import ServesimError
-from servesim.topology import colocated, disaggregated  # noqa: F401  (register the built-in topologies)
+from servesim.policies.fleet_routers import FleetRouter
+from servesim.policies.routers import ROUTERS
+from servesim.topology import colocated, disaggregated, fleet  # noqa: F401  (register the built-in topologies)
 from servesim.topology.base import TOPOLOGIES, Topology
 
 
@@ -15,6 +17,10 @@ def resolve_topology(config: ExperimentConfig) -> Topology:
     Errors name the keys as the config spelt them."""
     try:
         engine = make_engine(config.engine.name, config.engine.knobs())
+        router = ROUTERS.get(config.router.name)
+        if router is not None and issubclass(router, FleetRouter) and config.deployment.kind != "fleet":
+            raise ServesimError("router.name", f"{config.router.name} routes between the groups of a fleet",
+                                "set deployment.kind: fleet with deployment.groups, or pick another router")
         cls = TOPOLOGIES[config.deployment.kind]
         return cls.resolve(config, engine)
     except ServesimError as exc:
