@@ -1,7 +1,7 @@
 # Developer shortcuts; CI runs .ci/run.
 PY ?= python
 
-.PHONY: test lint typecheck bench bench-step bench-engine bench-sweep bench-startup
+.PHONY: test lint typecheck bench bench-core bench-step bench-engine bench-sweep bench-startup
 
 test:
 	$(PY) -m pytest -q
@@ -12,7 +12,11 @@ lint:
 typecheck:
 	.ci/typecheck
 
-bench: bench-step bench-engine bench-sweep bench-startup
+bench: bench-core bench-step bench-engine bench-sweep bench-startup
+
+bench-core:
+	@uptime
+	$(PY) benchmarks/bench_core.py --million
 
 bench-step:
 	$(PY) benchmarks/bench_step_cost.py

@@ -20,6 +20,7 @@ COMMANDS = {
     "--help": ["--help"],
     "models": ["models"],
     "hardware": ["hardware"],
+    "validate": ["validate", "quickstart"],
     "step": ["step", "--model", "llama-3-8b", "--hardware", "h100-sxm-80gb", "--decode-batch", "64",
              "--decode-context", "1024"],
 }

@@ -112,6 +112,13 @@ class Policy(Component, ABC):
     """Admits through :meth:`ReplicaState.prefill_need` / ``admit``, so prefix-cache hits count."""
     prefix_caching_note: ClassVar[str] = ""
     """Why not, when it does not (shown in the error)."""
+    fast_forwards_decodes: ClassVar[bool] = False
+    """The policy promises what fast-forward (``servesim.core.fast_forward``) relies on: when it
+    schedules a pure-decode batch (``Batch.decodes``) without preempting, having tried its waiting
+    queue and admitted nobody, it would schedule the same requests again each step until a
+    request finishes, a block shortfall preempts or something arrives; and :meth:`after_run` keeps
+    its own state as that many :meth:`after_step` calls would. Off by default, so a policy that
+    says nothing runs step by step."""
     supports_speculation: ClassVar[bool] = False
     """Lets its decodes verify speculative proposals: asks ``ReplicaState.proposals_for`` for them
     and builds speculative batches (``speculative:`` in the experiment)."""
@@ -119,6 +126,11 @@ class Policy(Component, ABC):
     def __init__(self, replica: ReplicaState, options: Knobs) -> None:
         super().__init__(replica, options)
         self.replica = replica
+
+    def fast_forward_ready(self) -> bool:
+        """Whether this instance keeps the :attr:`fast_forwards_decodes` promise (its knobs may
+        rule it out)."""
+        return self.fast_forwards_decodes
 
     @classmethod
     def check_limits(cls, options: Any, limits: EngineLimits) -> None:
@@ -132,6 +144,11 @@ class Policy(Component, ABC):
 
     def after_step(self, batch: Batch, finished: np.ndarray, now: float) -> None:
         """Hook after a step is credited (``finished`` emitted their last token)."""
+
+    def after_run(self, batch: Batch, steps: int, finished: np.ndarray, now: float) -> None:
+        """Hook after a fast-forwarded run of ``steps`` copies of the pure-decode ``batch`` (only
+        the last can finish requests); a policy that keeps per-step state overrides it."""
+        self.after_step(batch, finished, now)
 
     def wake_at(self, now: float) -> float | None:
         """When idle with work queued, a time to ask again (e.g. a batching timeout)."""

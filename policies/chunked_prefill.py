@@ -32,6 +32,7 @@ class ChunkedPrefill(Policy):
     name = "chunked_prefill"
     supports_speculation = True
     chunks_prefills = True
+    fast_forwards_decodes = True
 
     def schedule(self, now: float) -> Batch | None:
         replica = self.replica
@@ -64,6 +65,13 @@ class ChunkedPrefill(Policy):
             rows = np.flatnonzero(proposed)
             if rows.size:
                 speculation = replica.plan_speculation(ids[rows], proposed[rows], rows)
+        if speculation is None and ids.size == replica.running.size and computed.size \
+                and int(new.sum()) == ids.size and bool((computed + 1 == total).all()) \
+                and bool((r.generated[ids] > 0).all()):
+            # Every running request decodes one token past its first (no chunk, no admission, no
+            # proposals): the shape Batch.of would build, through the decode fast path (and
+            # fast-forward).
+            return Batch.decodes(ids, computed, preempted)
         return Batch.of(ids, new, computed, total, preempted, speculation)
 
     def _plan_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:

@@ -74,11 +74,20 @@ class ContinuousBatching(Policy):
         whom admission serves next; budgets, KV rules and preemption stay the same."""
         return None
 
+    fast_forwards_decodes = True
+
+    def fast_forward_ready(self) -> bool:
+        """``decode_first`` admits by a step count that changes within a run: step by step."""
+        return not self._decode_first
+
     def schedule(self, now: float) -> Batch | None:
         return self._admit_prefills(now) or self._decode_running()
 
     def after_step(self, batch: Batch, finished: np.ndarray, now: float) -> None:
         self._steps_since_prefill = 1 if batch.shape.num_prefills else self._steps_since_prefill + 1
+
+    def after_run(self, batch: Batch, steps: int, finished: np.ndarray, now: float) -> None:
+        self._steps_since_prefill += steps
 
     def _held_back(self, admissible: int) -> bool:
         """decode_first: whether ``admissible`` prompts wait so that the running requests decode."""

@@ -57,6 +57,8 @@ class PriorityOptions(PolicyOptions):
 @register_policy
 class PriorityScheduling(ContinuousBatching):
     name = "priority"
+    fast_forwards_decodes = False
+    """A waiting request may preempt lower-priority running ones at any step: step by step."""
     Options = PriorityOptions
     options: PriorityOptions
 

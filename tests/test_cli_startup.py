@@ -36,3 +36,10 @@ def test_commands_that_need_no_tables_import_no_table_library(args: tuple[str, .
 def test_help_imports_neither_numpy_nor_pydantic() -> None:
     modules = imported("--help")
     assert not modules & {"numpy", "pydantic", "yaml"}, sorted(modules & {"numpy", "pydantic", "yaml"})
+
+
+def test_validate_builds_the_plan_without_pandas_plotly_or_pyarrow() -> None:
+    """``validate`` resolves the deployment (the replica loop's modules, so SimPy, are loaded) and
+    builds the workload, but makes no table."""
+    modules = imported("validate", "quickstart")
+    assert not modules & {"pandas", "plotly", "pyarrow"}, sorted(modules & {"pandas", "plotly", "pyarrow"})

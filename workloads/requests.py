@@ -21,13 +21,15 @@ Conventions (the engine and every reader rely on them):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import numpy as np
-import pandas as pd
 
 from servesim.errors import ServesimError
 from servesim.workloads.links import RequestLinks
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class PrefixBlocks(TypedDict, total=False):
@@ -189,6 +191,7 @@ class RequestTable:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per request (prefix blocks as a count, not the ids)."""
+        import pandas as pd  # here, not at import: config validation loads this module
         frame = pd.DataFrame({"request_id": np.arange(len(self), dtype=np.int64),
                               "arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                               "output_tokens": self.output_tokens, "priority": self.priority})

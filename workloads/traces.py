@@ -55,15 +55,18 @@ import math
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 from servesim.inputs.limits import BYTES_PER_REQUEST, MAX_TRACE_BYTES, check_memory
 from servesim.workloads.requests import RequestTable
 from servesim.workloads.sharegpt import first_turns
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +227,7 @@ def _parse_csv(path: Path, text: str, fmt: str, model: str | None) -> _Rows:
 
 def _read_csv(path: Path, text: str, fmt: str, required: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
     """The file's text as a frame (blank lines skipped) and the file line of each kept row."""
+    import pandas as pd  # here: validating a config that names no CSV trace needs no pandas
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", pd.errors.ParserWarning)
@@ -274,6 +278,7 @@ def _is_bool(value: object) -> bool:
 def _whole(column: pd.Series, name: str, lines: np.ndarray, path: Path, *,
            negative_ok: bool = False) -> np.ndarray:
     """A column of whole numbers (>= 0 unless ``negative_ok``), or an error at its first bad row."""
+    import pandas as pd  # here: validating a config that names no CSV trace needs no pandas
     is_bool = (np.ones(len(column), bool) if pd.api.types.is_bool_dtype(column.dtype)
                else column.map(_is_bool).to_numpy(dtype=bool) if column.dtype == object
                else np.zeros(len(column), bool))
@@ -299,6 +304,7 @@ def _whole(column: pd.Series, name: str, lines: np.ndarray, path: Path, *,
 
 
 def _seconds(column: pd.Series, name: str, lines: np.ndarray, path: Path) -> np.ndarray:
+    import pandas as pd  # here: validating a config that names no CSV trace needs no pandas
     numbers = pd.to_numeric(column, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     bad = ~np.isfinite(numbers) | (numbers < 0)
     if bad.any():
@@ -309,6 +315,7 @@ def _seconds(column: pd.Series, name: str, lines: np.ndarray, path: Path) -> np.
 
 
 def _azure_seconds(column: pd.Series, lines: np.ndarray, path: Path) -> np.ndarray:
+    import pandas as pd  # here: validating a config that names no CSV trace needs no pandas
     try:
         stamps = pd.to_datetime(column, format="ISO8601", errors="coerce")
     except (ValueError, TypeError) as exc:  # e.g. a mix of zoned and naive stamps
@@ -370,6 +377,7 @@ def _parse_mooncake(path: Path, text: str) -> _Rows:
 def _series(values: list[object]) -> pd.Series:
     """A list from JSON as a Series: a fast numeric one when every value is a number, else object
     (so that ``_whole`` can point at the bad value)."""
+    import pandas as pd  # here: validating a config that names no CSV trace needs no pandas
     try:
         array = np.array(values)
     except ValueError:  # ragged nesting

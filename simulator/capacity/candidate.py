@@ -177,7 +177,8 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
     record["decode_batch_limits"] = decode_batch_limits(group, context, config.slo.tpot_s)
 
     def evaluate(rate: float) -> dict[str, Any]:
-        runs = [run_once(experiment, sample.at_rate(k, rate), config) for k in range(len(sample.tables))]
+        runs = [run_once(experiment, sample.at_rate(k, rate), config, topology)
+                for k in range(len(sample.tables))]
         return judge(config, runs, rate)
 
     guess = topology_saturation_rate(topology, sample.mean_prompt_tokens, sample.mean_output_tokens)

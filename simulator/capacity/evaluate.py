@@ -35,6 +35,7 @@ from servesim.cost import BOUNDS
 from servesim.errors import ServesimError
 from servesim.metrics.tables import request_latencies
 from servesim.pipeline import prepare, simulate
+from servesim.topology.base import Topology
 from servesim.workloads import build_workload
 from servesim.workloads.requests import RequestTable
 
@@ -114,8 +115,11 @@ class RunMetrics:
     """Per limit: the fraction of judged requests over it (or not completed)."""
 
 
-def run_once(experiment: ExperimentConfig, table: RequestTable, config: CapacityConfig) -> RunMetrics:
-    result = simulate(prepare(experiment, workload=table))
+def run_once(experiment: ExperimentConfig, table: RequestTable, config: CapacityConfig,
+             topology: Topology | None = None) -> RunMetrics:
+    """One simulation of ``experiment`` on ``table``, measured; ``topology``: ``experiment``'s,
+    already resolved (reused across the rates of a search)."""
+    result = simulate(prepare(experiment, workload=table, topology=topology))
     r = result.request_state
     n = len(r)
     judged = np.arange(n) >= math.floor(config.search.warmup_fraction * n)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import simpy
 
+from servesim.core.fast_forward import apply_decode_run, delay_to, plan_decode_run
 from servesim.core.progress import MAX_IDLE_WAKES, describe, stalled
 from servesim.core.replica_state import ReplicaState
 from servesim.core.step_log import StepLog
@@ -48,16 +49,30 @@ class StepPricer(Protocol):
 
 class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
-                 cost: CostModel | StepPricer, steps: StepLog,
-                 prompts_done: PromptsDone | None = None) -> None:
+                 cost: CostModel | StepPricer, steps: StepLog, prompts_done: PromptsDone | None = None,
+                 next_arrival: Callable[[], float] | None = None, sole_replica: bool = False) -> None:
         """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
-        emits nothing here and goes to ``prompts_done`` instead."""
+        emits nothing here and goes to ``prompts_done`` instead. ``next_arrival`` (when the next
+        request enters the deployment) turns fast-forward on: runs of pure-decode steps become one
+        event (``servesim.core.fast_forward``); its caller checked that the topology, engine and
+        policy declare it. ``sole_replica``: the deployment has no other replica, so its runs may
+        go through an arrival (``plan_decode_run``'s ``through_arrival``). A replica that speculates
+        (``state.speculation``, priced by a :class:`StepPricer` that adds the proposer's passes)
+        runs step by step whatever ``next_arrival`` says: its accepted tokens are drawn per step."""
         self.env = env
         self.state = state
         self.policy = policy
         self.cost = cost
         self.steps = steps
         self.prompts_done = prompts_done
+        plain_pool = state.prefix_cache is None and state.swap is None
+        plain_cost = cost if isinstance(cost, CostModel) and state.speculation is None else None
+        self.run_cost = plain_cost if prompts_done is None and plain_pool else None
+        """The cost model that prices fast-forwarded runs (None: this replica never fast-forwards)."""
+        self.next_arrival = next_arrival if self.run_cost is not None else None
+        self.sole_replica = sole_replica
+        self.fast_forwarded_steps = 0
+        """Steps credited in fast-forwarded runs (the rest were taken one by one)."""
         self._idle: simpy.Event | None = None
         self.process = env.process(self._run())
 
@@ -75,7 +90,7 @@ class Replica:
         env, state, policy, steps = self.env, self.state, self.policy, self.steps
         requests, pool = state.requests, state.pool
         step_record, append, index = self.cost.step_record, steps.append, state.index
-        prompts_done = self.prompts_done
+        prompts_done, next_arrival = self.prompts_done, self.next_arrival
         idle_wakes, steps_seen = 0, -1  # the livelock guard: counted on the idle path only
         while True:
             now = env.now
@@ -98,6 +113,21 @@ class Replica:
             shape = batch.shape
             record = step_record(shape)
             extra = batch.extra_s  # time beyond the priced model pass (KV swap copies)
+            if next_arrival is not None and batch.decode_only and not batch.preempted and not extra \
+                    and batch.speculation is None and state.swap is None:
+                assert self.run_cost is not None  # set with next_arrival
+                run = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, record, now,
+                                      next_arrival(), self.sole_replica)
+                delay = None if run is None else delay_to(now, float(run.times[-1]))
+                if run is not None and delay is not None:
+                    waiting = len(state.waiting)
+                    yield env.timeout(delay)
+                    finished = apply_decode_run(state, run, steps, waiting, batch.preempted)
+                    if finished.size:
+                        state.drop_finished()
+                    policy.after_run(batch, run.steps, finished, env.now)
+                    self.fast_forwarded_steps += run.steps
+                    continue
             if extra:
                 record = record._replace(time_s=record.time_s + extra)
             proposals = batch.speculation

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +32,20 @@ Entry = Callable[[int, float], None]
 """Where an arriving request enters the deployment: ``entry(request, now)``."""
 
 
+class NextArrival:
+    """When the next request enters the deployment (the clock value of its arrival event; 0 before
+    the arrivals start, infinity after the last). A fast-forwarding replica ends its runs strictly
+    before it, since a router may read the replica's state then."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self) -> float:
+        return self.at
+
+
 @dataclass
 class Sim:
     """One simulation's clock, request state and step log, shared by every replica."""
@@ -41,15 +55,26 @@ class Sim:
     steps: StepLog
     workload: RequestTable
     seed: int
+    fast_forward: bool = False
+    """Replicas whose topology, engine and policy declare it may run pure-decode iterations in
+    bulk (``servesim.core.fast_forward``); False is the step-by-step reference mode."""
+    next_arrival: NextArrival = field(default_factory=NextArrival)
 
     @classmethod
-    def start(cls, workload: RequestTable, seed: int) -> Sim:
-        return cls(simpy.Environment(), RequestState(workload), StepLog(), workload, seed)
+    def start(cls, workload: RequestTable, seed: int, fast_forward: bool = False) -> Sim:
+        """``fast_forward`` is off whatever is asked when the workload links requests (sessions,
+        workflows): a finishing request may release another into the deployment at a time that
+        the arrival table does not hold (:class:`~servesim.core.release.Releases`), so
+        :class:`NextArrival` could not bound a run."""
+        fast_forward = fast_forward and workload.links is None
+        return cls(simpy.Environment(), RequestState(workload), StepLog(), workload, seed, fast_forward)
 
 
-def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry
-             ) -> Generator[simpy.Event, object, None]:
-    """Hand each request to ``entry`` at its arrival time, in table order."""
+def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry,
+             next_arrival: NextArrival | None = None) -> Generator[simpy.Event, object, None]:
+    """Hand each request to ``entry`` at its arrival time, in table order (keeping
+    ``next_arrival`` at the next one's event time)."""
+    upcoming = NextArrival() if next_arrival is None else next_arrival
     for request, at in enumerate(workload.arrival_s.tolist()):
         if at > env.now:
             # now + (at - now) can round one ulp below ``at``; step up so that the clock never
@@ -57,8 +82,10 @@ def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry
             delay = at - env.now
             if env.now + delay < at:
                 delay = math.nextafter(delay, math.inf)
+            upcoming.at = env.now + delay
             yield env.timeout(delay)
         entry(request, env.now)
+    upcoming.at = math.inf
 
 
 def run_until_done(sim: Sim, entry: Entry, progress: Progress | None,
@@ -77,7 +104,7 @@ def run_until_done(sim: Sim, entry: Entry, progress: Progress | None,
             from servesim.core.release import Releases
 
             entry = Releases(sim.env, sim.requests, sim.workload, links, entry).entry
-        sim.env.process(arrivals(sim.env, sim.workload, entry))
+        sim.env.process(arrivals(sim.env, sim.workload, entry, sim.next_arrival))
     if progress is not None:
         sim.env.process(_monitor(sim.env, sim.requests, progress,
                                  every_s=max(1.0, sim.workload.duration_s / 200)))

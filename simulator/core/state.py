@@ -38,30 +38,50 @@ class ItlLog:
 
     In a decode step every request that also ran the previous step sees the same gap, so one pair
     covers them all; only requests stalled by a prefill or a preemption add their own values. The
-    full distribution over all tokens is kept exactly, without an entry per token.
+    full distribution over all tokens is kept exactly, without an entry per token. Each pair also
+    keeps when it was emitted: a fast-forwarded run (``servesim.core.fast_forward``) writes its
+    pairs when it ends, after other replicas' pairs from inside it, and :meth:`arrays` puts them
+    back in the order the step-by-step loop writes them (by time).
     """
 
-    __slots__ = ("counts", "values")
+    __slots__ = ("at", "counts", "out_of_order", "values")
 
     def __init__(self) -> None:
         self.values = array("d")
         self.counts = array("q")
+        self.at = array("d")
+        self.out_of_order = False
 
-    def add(self, gaps: np.ndarray) -> None:
+    def add(self, gaps: np.ndarray, now: float) -> None:
         if gaps.size == 0:
             return
         low, high = gaps.min(), gaps.max()
         if low == high:
             self.values.append(float(low))
             self.counts.append(int(gaps.size))
+            self.at.append(now)
             return
         values, counts = np.unique(gaps, return_counts=True)
         self.values.extend(values.tolist())
         self.counts.extend(counts.tolist())
+        self.at.extend([now] * int(values.size))
+
+    def add_runs(self, gaps: np.ndarray, count: int, at: np.ndarray) -> None:
+        """``count`` requests each saw every gap of ``gaps``, the one ending at ``at[i]`` (a
+        fast-forwarded run of decode steps: one pair per step, as :meth:`add` stores each of
+        those steps)."""
+        self.values.extend(gaps.tolist())
+        self.counts.extend([count] * int(gaps.size))
+        self.at.extend(at.tolist())
+        self.out_of_order = True
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return (np.frombuffer(self.values, dtype=np.float64).copy(),
-                np.frombuffer(self.counts, dtype=np.int64).copy())
+        values = np.frombuffer(self.values, dtype=np.float64).copy()
+        counts = np.frombuffer(self.counts, dtype=np.int64).copy()
+        if self.out_of_order:  # step by step the pairs are written in time order: a stable sort
+            order = np.argsort(np.frombuffer(self.at, dtype=np.float64), kind="stable")
+            values, counts = values[order], counts[order]
+        return values, counts
 
 
 class RequestState:
@@ -164,9 +184,9 @@ class RequestState:
         if first is not None and first.any():
             self.first_token[emitted[first]] = now
             later = ~first
-            self._note_gaps(emitted[later], now - last[later])
+            self._note_gaps(emitted[later], now - last[later], now)
         else:
-            self._note_gaps(emitted, now - last)
+            self._note_gaps(emitted, now - last, now)
         self.last_token[emitted] = now
         done = generated >= self.output[emitted]
         if not done.any():
@@ -178,9 +198,9 @@ class RequestState:
             listen(finished, now)
         return finished
 
-    def _note_gaps(self, ids: np.ndarray, gaps: np.ndarray) -> None:
+    def _note_gaps(self, ids: np.ndarray, gaps: np.ndarray, now: float) -> None:
         if gaps.size == 0:
             return
-        self.itl.add(gaps)
+        self.itl.add(gaps, now)
         previous = self.max_itl[ids]
         self.max_itl[ids] = np.fmax(previous, gaps)

@@ -9,10 +9,14 @@ its name), then ``extra_s``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from servesim.cost import BOUNDS, OP_CLASSES, StepRecord
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BATCH_FIELDS = ("replica", "start_s", "num_prefills", "num_decodes", "prefill_tokens", "decode_tokens",
                 "kv_blocks_used", "waiting", "running", "preempted", "proposed_tokens", "accepted_tokens")
@@ -52,9 +56,12 @@ class StepLog:
         self._chunks: list[np.ndarray] = []
         self._current = np.empty(_CHUNK, dtype=ROW)
         self._fill = 0
+        self._runs: list[tuple[int, np.ndarray, int, np.ndarray, int, int, np.ndarray]] = []
+        self._run_steps = 0
+        self._cached: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return len(self._chunks) * _CHUNK + self._fill
+        return len(self._chunks) * _CHUNK + self._fill + self._run_steps
 
     def append(self, *values: float) -> None:
         """One step's values, in the order of :data:`ROW`'s fields."""
@@ -65,8 +72,56 @@ class StepLog:
         self._current[self._fill] = values
         self._fill += 1
 
+    def extend_decode_run(self, replica: int, starts: np.ndarray, decodes: int, used_blocks: np.ndarray,
+                          waiting: int, preempted: int, records: np.ndarray) -> None:
+        """The steps of a fast-forwarded run of pure-decode steps (``servesim.core.fast_forward``):
+        each step's start, KV blocks in use and record (one row per step, the
+        :class:`~servesim.cost.StepRecord` fields); the rest is the same for every step (only the
+        first may count preempted requests). Kept as one entry per run and written out as the rows
+        :meth:`append` would have got when :meth:`records` is asked for."""
+        self._runs.append((replica, starts, decodes, used_blocks, waiting, preempted, records))
+        self._run_steps += int(records.shape[0])
+
+    def _run_rows(self) -> np.ndarray:
+        """The fast-forwarded runs' rows, in the order the runs were written."""
+        runs = self._runs
+        lengths = np.fromiter((run[1].size for run in runs), dtype=np.int64, count=len(runs))
+        rows = np.empty(int(lengths.sum()), dtype=ROW)
+
+        def per_step(k: int) -> np.ndarray:
+            return np.repeat(np.fromiter((run[k] for run in runs), dtype=np.int64, count=len(runs)), lengths)
+
+        rows["replica"] = per_step(0)
+        rows["start_s"] = np.concatenate([run[1] for run in runs])
+        rows["num_prefills"] = 0
+        rows["num_decodes"] = rows["decode_tokens"] = rows["running"] = per_step(2)
+        rows["prefill_tokens"] = 0
+        rows["kv_blocks_used"] = np.concatenate([run[3] for run in runs])
+        rows["waiting"] = per_step(4)
+        rows["preempted"] = 0
+        firsts = np.cumsum(lengths) - lengths
+        rows["preempted"][firsts] = np.fromiter((run[5] for run in runs), dtype=np.int64, count=len(runs))
+        rows["proposed_tokens"] = rows["accepted_tokens"] = 0  # runs never speculate
+        priced = np.concatenate([run[6] for run in runs])
+        for k, column in enumerate(RECORD_COLUMNS):  # the StepRecord fields, in order
+            rows[column] = priced[:, k]
+        rows["extra_s"] = 0.0
+        return rows
+
     def records(self) -> np.ndarray:
-        return np.concatenate([*self._chunks, self._current[:self._fill]])
+        """Every step's row, in the order the step-by-step loop appends them (read-only: the
+        array is kept until another step is logged, so the run's end and its tables share it)."""
+        if self._cached is not None and self._cached[0] == len(self):
+            return self._cached[1]
+        rows = np.concatenate([*self._chunks, self._current[:self._fill], *(
+            (self._run_rows(),) if self._runs else ())])
+        if self._runs:
+            # Step by step the rows are appended in clock order (start times never decrease), so a
+            # stable sort by start time puts the runs' rows where the reference mode has them.
+            rows = rows[np.argsort(rows["start_s"], kind="stable")]
+        rows.flags.writeable = False
+        self._cached = (len(self), rows)
+        return rows
 
     def end_s(self) -> float:
         """When the last step ended (0 without steps)."""
@@ -76,6 +131,8 @@ class StepLog:
     def to_frame(self, blocks_total: list[int], groups: list[str] | None = None) -> pd.DataFrame:
         """``blocks_total`` and (runs with several replica groups) ``groups`` are per replica
         index; the group names go into the ``pool`` column (its name in the files)."""
+        import pandas as pd  # here: a run that writes no steps table needs no pandas
+
         rows = self.records()
         assert ROW.names is not None  # a structured dtype
         frame = pd.DataFrame({name: rows[name] for name in ROW.names if name != "bound"})

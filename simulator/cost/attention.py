@@ -154,9 +154,8 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
     if batch.decode_tokens is not None:
         return _verify_attention(batch, shape, hardware, peak_flops, kv_bytes, layers)
-    eff = hardware.efficiency.attention_decode
     n = float(batch.num_decodes)
-    tile = eff.key_tile
+    tile = hardware.efficiency.attention_decode.key_tile
     if shape.chunk is not None and tile == 1:
         keys = float((batch.decode_context % shape.chunk).sum()) + n
     elif shape.window is None and shape.chunk is None and tile == 1:
@@ -169,6 +168,15 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
         if tile > 1:
             seen = -(-seen // tile) * tile
         keys = float(seen.sum())
+    return decode_attention_of(n, keys, shape, hardware, peak_flops, kv_bytes, layers)
+
+
+def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: HardwareProfile,
+                        peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
+    """The decode kernel of ``n`` requests whose queries see ``keys`` keys in all: the one
+    formula :func:`decode_attention` and a fast-forwarded run of decode steps
+    (:meth:`~servesim.cost.CostModel.decode_run_records`) both price with."""
+    eff = hardware.efficiency.attention_decode
     flops = keys * shape.decode_flops_per_key
     nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
               + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)

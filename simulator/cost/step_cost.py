@@ -31,13 +31,16 @@ checkpoints leave them; attention math is 16-bit (FP8 attention kernels are not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from servesim.cost.attention import AttentionShape, decode_attention, prefill_attention
+import numpy as np
+
+from servesim.cost.attention import AttentionShape, decode_attention, decode_attention_of, prefill_attention
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
-from servesim.cost.engine_runtime import EngineRuntime
+from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.roofline import OpCost, roofline
 from servesim.dtypes import DType, Precision
@@ -427,13 +430,19 @@ class CostModel:
         engine = self._engine
         if engine is None:
             part = self._token_part(batch.num_new_tokens, batch.num_logits)
-        else:
-            priced, mode = engine.plan(batch)
-            part = self._token_part(priced, batch.num_logits)
+            return self._record(part, self._batch_ops(batch))
+        priced, mode = engine.plan(batch)
+        return self._record(self._token_part(priced, batch.num_logits), self._batch_ops(batch),
+                            lambda kernels_s: engine.time(batch, kernels_s, mode))
+
+    def _record(self, part: _TokenPart, batch_ops: list[OpCost],
+                timing: Callable[[float], StepTiming] | None = None) -> StepRecord:
+        """A step's record from its memoised token part and its context-dependent operators;
+        ``timing`` folds the engine's runtime around the kernels (None: the flat runtime)."""
         total, compute_s, memory_s = part.total_s, part.compute_s, part.memory_s
         overhead_s, flops, nbytes = part.overhead_s, part.flops, part.hbm_bytes
         gemm_s, prefill_s, decode_s = part.gemm_s, 0.0, 0.0
-        for op in self._batch_ops(batch):
+        for op in batch_ops:
             time_s = op.time_s
             total += time_s
             if op.compute_s >= op.memory_s:
@@ -450,13 +459,37 @@ class CostModel:
             else:  # MLA's re-expansion of cached latents is a GEMM
                 gemm_s += time_s
         step_overhead = self._step_overhead_s
-        if engine is not None:
-            timing = engine.time(batch, total, mode)
-            total, step_overhead = timing.time_s, timing.exposed_s
+        if timing is not None:
+            timed = timing(total)
+            total, step_overhead = timed.time_s, timed.exposed_s
             overhead_s += step_overhead
         sums = (compute_s, memory_s, part.comm_s, overhead_s)
         return StepRecord(total, sums.index(max(sums)), flops, nbytes, gemm_s, prefill_s, decode_s,
                           part.elementwise_s, part.comm_s, step_overhead)
+
+    def decode_run_records(self, decode_context: np.ndarray, steps: int, first_step: int = 0
+                           ) -> list[StepRecord] | None:
+        """:meth:`step_record` of ``steps`` pure-decode steps in which the same requests decode
+        over ``decode_context + j`` cached tokens (step ``j``, from ``first_step``), without
+        building each step's batch: the same token part, the same decode-attention formula
+        (:func:`~servesim.cost.attention.decode_attention_of`, fed the same key count) and the same
+        :meth:`_record`, so each record is the very one :meth:`step_record` gives. None where the
+        keys need every context (windowed or chunked attention): the caller then calls
+        :meth:`step_record` per step. Fast-forward (``servesim.core.fast_forward``) prices its runs
+        with it."""
+        n = int(decode_context.size)
+        if n == 0 or steps <= 0 or any(shape.chunk is not None or shape.window is not None
+                                       for shape, _ in self._attention_groups):
+            return None
+        if self._engine is not None or self.hardware.efficiency.attention_decode.key_tile > 1:
+            return None  # an engine runtime (graph padding, host time) or KV tiles: per step
+        part = self._token_part(n, n)
+        groups = [(shape, self.hardware, self.bf16_peak, self._kv_bytes, count)
+                  for shape, count in self._attention_groups]
+        record, decodes, first_sum = self._record, float(n), int(decode_context.sum())
+        return [record(part, [decode_attention_of(decodes, float(first_sum + n * j) + decodes, *args)
+                              for args in groups])
+                for j in range(first_step, first_step + steps)]
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage

@@ -248,6 +248,10 @@ class Engine(ABC):
     gives a constant. A fitted file ``configs/engines/<name>.yaml`` (``servesim calibrate
     fit-serving``) replaces these entries."""
     provenance: ClassVar[dict[str, str]] = {}
+    fast_forward: ClassVar[bool] = False
+    """Its steps are priced by the cost model alone (no per-step state outside it), so a run of
+    pure-decode steps may be fast-forwarded (``servesim.core.fast_forward``). Off by default: an
+    engine that says nothing runs step by step."""
     speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults()
     """Its defaults for speculative decoding (``speculative:`` in the experiment)."""
 

@@ -59,6 +59,7 @@ class VllmV0(Engine):
                                  gpu_memory_utilization=0.9, watermark=0.01, enable_prefix_caching=False,
                                  chunked_max_num_batched_tokens=2048, min_max_num_batched_tokens=2048)
     step_overhead_s: ClassVar[dict[str, float]] = {"": 6.0e-4, "a100": 8.0e-4, "mi300x": 8.0e-4}
+    fast_forward = True
     speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults(
         disable_by_batch_size=None, max_num_seqs=None, step_overhead_s=0.93e-3, pass_overhead_s=0.40e-3,
         provenance="vLLM's speculative_disable_by_batch_size (0.6; speculative_config's "

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from servesim.core.replica_state import ReplicaState
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def kv_usage(states: list[ReplicaState], steps: pd.DataFrame) -> dict[str, Any]:

@@ -70,9 +70,12 @@ class RunPlan:
 
 
 def prepare(config: ExperimentConfig, *, workload: RequestTable | None = None,
-            base_dir: Path | None = None) -> RunPlan:
-    """Resolve ``config`` (and build its workload, unless ``workload`` is given)."""
-    topology = resolve_topology(config)
+            base_dir: Path | None = None, topology: Topology | None = None) -> RunPlan:
+    """Resolve ``config`` (and build its workload, unless ``workload`` is given). ``topology``:
+    one already resolved from this very config, reused (the capacity planner probes many rates of
+    one deployment: its model, profile, memory plan and priced steps are the same for all)."""
+    if topology is None:
+        topology = resolve_topology(config)
     check_run_size(config, topology)
     if workload is None:
         workload = build_workload(config.workload, config.seed, base_dir)

@@ -16,13 +16,17 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 
 from servesim.atomic_io import atomic_write_bytes, make_output_dir, write_error
 from servesim.config import absolute_trace_paths
-from servesim.pipeline.result import RunResult
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from servesim.pipeline.result import RunResult
 
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.resolved.yaml"

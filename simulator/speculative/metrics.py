@@ -18,13 +18,15 @@ so with speculation mean ITL exceeds mean TPOT by about the mean acceptance leng
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from servesim.core.replica_state import ReplicaState
 from servesim.speculative.plan import SpeculationPlan
+
+if TYPE_CHECKING:
+    import pandas as pd  # validate's plan line loads no table library
 
 
 def speculative_section(plan: SpeculationPlan, states: list[ReplicaState],

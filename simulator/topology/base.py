@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from servesim.core.kv_link import KvLink
 from servesim.core.parallel_replica import ParallelReplica
@@ -33,6 +32,8 @@ from servesim.policies.base import Policy
 from servesim.topology.group import ReplicaGroup
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from servesim.config import ExperimentConfig
 
 
@@ -67,6 +68,11 @@ class Topology(ABC):
     kind: ClassVar[str]
     supports_prefix_caching: ClassVar[bool] = True
     prefix_caching_note: ClassVar[str] = ""
+    fast_forward: ClassVar[bool] = False
+    """Nothing but arrivals reaches a replica from outside between its steps (no KV landing from a
+    link, no replica coming or going), so its replicas may fast-forward runs of pure-decode steps
+    (``servesim.core.fast_forward``). Off by default: a topology that says nothing runs step by
+    step."""
 
     def __init__(self, groups: tuple[ReplicaGroup, ...]) -> None:
         self.groups = groups
@@ -170,12 +176,17 @@ def register_topology(cls: type[Topology]) -> type[Topology]:
 
 def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
                 make_state: Callable[[int], ReplicaState],
-                wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None) -> GroupRun:
+                wrap_policy: Callable[[ReplicaState, Policy], Policy] | None = None,
+                fast_forward: bool = False, sole_group: bool = False) -> GroupRun:
     """The replicas of ``group`` on ``sim``'s clock, indices from ``first_index``, each running its
     group's policy (wrapped by ``wrap_policy`` if given), with its own speculator when the group
     speculates, and sharing one cost model (its memo serves them all). Pipelined replicas (stages
     or DP ranks) get one state and policy per scheduling unit, numbered replica by replica, virtual
-    engine by virtual engine, rank by rank."""
+    engine by virtual engine, rank by rank. ``fast_forward``: the topology declares it
+    (:attr:`Topology.fast_forward`); a replica then fast-forwards when the run asks for it, its
+    engine and policy declare it too and its group does not speculate (proposals and their
+    acceptance cannot be priced ahead); ``sole_group``: no other group's replicas take arrivals, so
+    a group of one replica routes every arrival to it."""
     if group.runs_pipeline:
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
     cost = group.step_pricer()
@@ -187,7 +198,11 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
         policy = group.policy.make(state)
         if wrap_policy is not None:
             policy = wrap_policy(state, policy)
-        replicas.append(Replica(sim.env, state, policy, cost, sim.steps))
+        fast = (fast_forward and sim.fast_forward and group.engine.fast_forward
+                and state.speculation is None and policy.fast_forward_ready())
+        replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
+                                next_arrival=sim.next_arrival if fast else None,
+                                sole_replica=sole_group and group.replicas == 1))
     return GroupRun(group, replicas, first_index)
 
 

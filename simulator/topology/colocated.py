@@ -55,6 +55,7 @@ def precision_of(config: ExperimentConfig) -> Precision:
 @register_topology
 class Colocated(Topology):
     kind = "colocated"
+    fast_forward = True
 
     def __init__(self, group: ReplicaGroup, router: RouterChoice) -> None:
         super().__init__((group,))
@@ -93,7 +94,7 @@ class Colocated(Topology):
         limits = self.group.limits
         prefixes = PrefixIndex(sim.workload, limits.block_size) if limits.enable_prefix_caching else None
         make_state = partial(_state, sim, limits, prefixes, reject_codes)
-        run = build_group(sim, self.group, 0, make_state)
+        run = build_group(sim, self.group, 0, make_state, fast_forward=self.fast_forward, sole_group=True)
         router = self.router.make(run.states)
         replicas = run.replicas
 

@@ -41,7 +41,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from servesim.core.kv_cache import blocks_for
@@ -66,6 +65,8 @@ from servesim.topology.group import ReplicaGroup, resolve_group
 from servesim.topology.keys import GROUP_ENGINE_KEYS, DecodeGroupKeys, GroupKeys, LinkKeys
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from servesim.config import ExperimentConfig
 
 GROUPS = ("prefill", "decode")

@@ -36,7 +36,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from servesim.core.prefix_index import PrefixIndex
 from servesim.core.replica_state import ReplicaState, rejection_codes
@@ -45,7 +44,6 @@ from servesim.engines import Engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.metrics.stats import describe, fmt_seconds
-from servesim.metrics.summary import slo_met
 from servesim.model_config import load_model
 from servesim.policies.base import choose_policy
 from servesim.policies.fleet_routers import PromptLength
@@ -59,6 +57,8 @@ from servesim.topology.group import ReplicaGroup, resolve_group
 from servesim.topology.keys import GROUP_ENGINE_KEYS
 
 if TYPE_CHECKING:
+    import pandas as pd  # the summary's tables; a plan (validate) loads no table library
+
     from servesim.config import ExperimentConfig
 
 HOUR_S = 3600.0
@@ -249,6 +249,8 @@ class Fleet(Topology):
     def _hourly(self, requests: pd.DataFrame, timeline: pd.DataFrame, horizon: float) -> list[dict[str, Any]]:
         """Per hour of the run (by arrival): requests, SLO attainment, TTFT p99, mean replicas
         and cost of the hour."""
+        from servesim.metrics.summary import slo_met  # with pandas: a plan (validate) needs neither
+
         hour_of = np.floor(requests["arrival_s"].to_numpy() / HOUR_S).astype(np.int64)
         met = slo_met(requests, self.slo_limits) if self.slo_limits else None
         prices = {m.group.name: m.price for m in self.members}

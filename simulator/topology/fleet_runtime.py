@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from servesim.core.replica import Replica, ServingUnit
@@ -42,6 +42,9 @@ from servesim.policies.fleet_routers import FleetRouter
 from servesim.policies.routers import Router, RouterChoice
 from servesim.topology.base import GroupRun
 from servesim.topology.group import ReplicaGroup
+
+if TYPE_CHECKING:
+    import pandas as pd  # a plan (validate) loads no table library
 
 INACTIVE, PROVISIONING, READY, DRAINING = "inactive", "provisioning", "ready", "draining"
 TIMELINE_COLUMNS = ("time_s", "group", "ready", "provisioning", "draining", "gpus")
@@ -285,6 +288,8 @@ class FleetRuntime:
             self.timeline.append(row)
 
     def timeline_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame(self.timeline, columns=list(TIMELINE_COLUMNS))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from servesim.core.replica_state import EngineLimits
 from servesim.core.swap import SwapPath
@@ -103,7 +104,20 @@ class ReplicaGroup:
     def cost_model(self, runtime: RuntimeCosts | None = None) -> CostModel:
         """Prices this group's steps: the model on its GPUs, as its engine runs them (``runtime``
         replaces the engine's step cost). With pipeline stages or DP ranks this prices one rank
-        on the first stage's GPUs; :meth:`parallel_cost_model` prices whole micro-batches."""
+        on the first stage's GPUs; :meth:`parallel_cost_model` prices whole micro-batches.
+
+        Without ``runtime`` the group keeps one cost model for every simulation built from it, so
+        its memo of priced token parts (pure functions of the step's token counts) carries over:
+        the capacity planner reuses one resolved topology for every rate it probes."""
+        if runtime is None:
+            return self._cost_model
+        return self._new_cost_model(runtime)
+
+    @cached_property
+    def _cost_model(self) -> CostModel:
+        return self._new_cost_model(None)
+
+    def _new_cost_model(self, runtime: RuntimeCosts | None) -> CostModel:
         if self.parallelism.is_single_group:
             return CostModel(self.model, self.hardware, self.tp, self.precision, runtime or self.runtime)
         stage = stages_of(self.model, self.parallelism)[0]

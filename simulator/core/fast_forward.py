@@ -1,0 +1,201 @@
+"""Fast-forward: run many identical pure-decode iterations as one SimPy event, exactly.
+
+Between two events that change a replica's batch (an arrival routed to it, a request finishing,
+a KV-block shortfall, a policy timer) the same requests decode one token per step, every context
+one token longer. The replica asks :func:`plan_decode_run` how many of those steps are certain
+before anything could change the batch, prices each of them through the *same* cost-model entry
+point the step-by-step loop calls (``CostModel.step_record``, so a cost-model change stays exact
+here automatically), and :func:`apply_decode_run` credits them all at once. The clock advances by
+one timeout that lands on the very float the step-by-step clock would reach (the same additions,
+in the same order), so every timestamp, inter-token gap and step row is the step-by-step one, bit
+for bit (``tests/test_fast_forward.py`` holds it).
+
+What is certain, given the batch ``B0`` the policy just scheduled at ``t0`` (pure decodes, nobody
+preempted, the policy declared :attr:`~servesim.policies.base.Policy.fast_forwards_decodes`):
+
+- **finishing**: request ``i`` emits its last token in step ``output[i] - generated[i] - 1``;
+  the run ends with the first such step (its finish is credited as the step-by-step loop does).
+- **KV blocks**: step ``j`` needs the blocks of ``context + j + 1`` tokens per request; a request
+  crosses a block boundary at steps ``f_i, f_i + bs, ...``; the run ends before the step whose
+  cumulative growth exceeds the free blocks (that step would preempt).
+- **arrivals**: every step of the run ends strictly before the next arrival anywhere (a router may
+  read this replica's state then), so no event interleaves differently; a deployment's only
+  replica may also take the step the arrival falls strictly inside (routing has one answer, and
+  the queue it joins is read at that step's end).
+- **admission**: the policy tried its waiting queue at ``t0`` and admitted nobody; with the same
+  seats, the same budget, fewer free blocks and the same queue, it admits nobody at any later step
+  of the run either (that is what a policy promises by declaring the capability).
+
+Anything else (prefix caches, host swap, pipelined or disaggregated replicas, policies and engines
+that do not declare it) keeps the step-by-step loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from servesim.core.kv_cache import blocks_for
+from servesim.core.state import DONE
+from servesim.cost import BatchShape, StepRecord
+
+if TYPE_CHECKING:
+    from servesim.core.replica_state import ReplicaState
+    from servesim.core.step_log import StepLog
+    from servesim.cost import CostModel
+
+MIN_RUN_STEPS = 2
+"""Fewer steps than this are not worth a run: the replica takes its ordinary step."""
+
+
+@dataclass(slots=True)
+class DecodeRun:
+    """``steps`` pure-decode iterations of ``ids``, from ``times[0]`` to ``times[-1]``."""
+
+    ids: np.ndarray
+    context: np.ndarray
+    """Each request's cached tokens at the first step."""
+    times: np.ndarray
+    """``steps + 1`` clock values: each step's start, then the run's end."""
+    records: np.ndarray
+    """Each step's :class:`~servesim.cost.StepRecord`, one row per step."""
+    used_blocks: np.ndarray
+    """KV blocks in use during each step (after its growth), as the step log records them."""
+    grown: int
+    """Blocks the steps after the first take in all."""
+    finished_at_end: bool
+
+    @property
+    def steps(self) -> int:
+        return int(self.records.shape[0])
+
+
+def price_steps(cost: CostModel, context: np.ndarray, first: StepRecord, start: int,
+                count: int) -> np.ndarray:
+    """Records of decode steps ``start .. start + count - 1`` of a run over ``context`` whose step
+    0 the replica priced as ``first`` (through :meth:`~servesim.cost.CostModel.step_record`), one
+    row per step: from the cost model's decode-run pricing (the same formulas, without building
+    each step's batch) when it has one and gives ``first`` for step 0 to the last bit, else through
+    ``step_record`` step by step. The check catches a cost model whose ``step_record`` gained a
+    term its decode-run pricing lacks."""
+    records = cost.decode_run_records(context, count, start)
+    if records is None or (start == 0 and records[0] != first):
+        step_record = cost.step_record
+        records = [step_record(BatchShape.decodes_only(context + j)) for j in range(start, start + count)]
+    return np.array(records, dtype=np.float64)
+
+
+def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, ids: np.ndarray,
+                    first: StepRecord, now: float, next_arrival_s: float,
+                    through_arrival: bool = False) -> DecodeRun | None:
+    """The run of pure-decode steps that starts with the batch ``ids`` (contexts ``context``,
+    priced ``first``) scheduled at ``now``, or None when fewer than :data:`MIN_RUN_STEPS` are
+    certain. Called after the policy has grown the first step's blocks.
+
+    ``through_arrival``: nothing reads this replica's state when a request arrives (it is the
+    deployment's only replica, so routing has one answer), so the run may include the step during
+    which the next request arrives (strictly inside it): the arrival only joins the waiting queue,
+    which the replica reads at the step's end, as step by step."""
+    r, pool = state.requests, state.pool
+    n = int(ids.size)
+    left = r.output[ids] - r.generated[ids]
+    finishing = int(left.min())  # the step in which the first request finishes is the last
+    if finishing < MIN_RUN_STEPS:
+        return None
+    if not through_arrival and not now + first.time_s < next_arrival_s:
+        return None
+    bs = pool.block_size
+    if not np.array_equal(pool.held[ids], blocks_for(context, bs, plus=1)):
+        return None  # a request holds more than its slots: the policies' growth rules differ
+    # Block-boundary crossings: request i grows at steps f_i, f_i + bs, ... (f_i in [1, bs]); the
+    # (free + 1)-th crossing is the first step that would preempt.
+    offsets = np.sort(bs - context % bs)
+    q, rest = divmod(pool.free, n)
+    limit = min(finishing, int(offsets[rest]) + q * bs)
+    if limit < MIN_RUN_STEPS:
+        return None
+    # Price the steps in growing batches (an arrival may cut the run short); the clock is the
+    # step-by-step clock: start + each duration in turn, summed sequentially. Decode steps only
+    # lengthen as contexts grow, so at most (distance to the arrival / first step) + 1 steps end
+    # before it; where they shorten the run is still exact, only priced in more batches.
+    fit = (next_arrival_s - now) / first.time_s if first.time_s > 0 else math.inf
+    count = int(min(limit, fit + 1.0)) if fit < limit else limit
+    start, t = 0, now
+    priced: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    while True:
+        rows = price_steps(cost, context, first, start, count - start)
+        clock = np.add.accumulate(np.concatenate(([t], rows[:, 0])))[1:]
+        inside = int(np.searchsorted(clock >= next_arrival_s, True))  # ending before the arrival
+        arrived = inside < clock.size
+        if arrived and through_arrival and clock[inside] > next_arrival_s:
+            inside += 1  # and the step it arrives in (not one ending at that very instant)
+        if inside:
+            priced.append(rows[:inside])
+            ends.append(clock[:inside])
+            t = float(clock[inside - 1])
+        if arrived or count == limit:
+            break
+        start, count = count, min(2 * count, limit)
+    steps = sum(part.shape[0] for part in priced)
+    if steps < MIN_RUN_STEPS:
+        return None
+    records = np.concatenate(priced)
+    times = np.concatenate(([now], *ends))
+    js = np.arange(steps, dtype=np.int64)
+    grown_by = n * (js // bs) + np.searchsorted(offsets, js % bs, side="right")
+    used = pool.total - pool.free + grown_by
+    return DecodeRun(ids, context, times, records, used, int(grown_by[-1]),
+                     finished_at_end=steps == finishing)
+
+
+def apply_decode_run(state: ReplicaState, run: DecodeRun, steps_log: StepLog, waiting: int,
+                     preempted: int) -> np.ndarray:
+    """Credit ``run`` to its requests, the KV pool and the step log, as its steps one by one
+    would; returns the requests that finished in its last step."""
+    r, pool = state.requests, state.pool
+    ids, steps, times = run.ids, run.steps, run.times
+    n = int(ids.size)
+    # The step log: one row per step, as the step-by-step loop appends them.
+    steps_log.extend_decode_run(state.index, times[:-1], n, run.used_blocks, waiting, preempted,
+                                run.records)
+    # KV blocks: the steps after the first grow every request to its slots' blocks.
+    if run.grown:
+        pool.grow_many(ids, blocks_for(run.context + steps, pool.block_size) - pool.held[ids],
+                       run.grown)
+    # Tokens: every request computes and emits one per step.
+    r.computed[ids] += steps
+    generated = r.generated[ids] + steps
+    r.generated[ids] = generated
+    last = r.last_token[ids]
+    first_gaps = times[1] - last
+    later = times[2:] - times[1:-1]  # the same subtraction each step-by-step gap is
+    r.itl.add(first_gaps, float(times[1]))
+    r.itl.add_runs(later, n, times[2:])
+    r.max_itl[ids] = np.fmax(np.fmax(r.max_itl[ids], first_gaps), later.max())
+    end = float(times[-1])
+    r.last_token[ids] = end
+    if not run.finished_at_end:
+        return ids[:0]
+    done = generated >= r.output[ids]
+    finished = ids[done]
+    r.finish[finished] = end
+    r.status[finished] = DONE
+    for listen in r.done_listeners:  # as RequestState._emit tells them
+        listen(finished, end)
+    return finished
+
+
+def delay_to(now: float, end: float) -> float | None:
+    """A timeout delay that lands the clock (``now + delay``) exactly on ``end``, or None if no
+    float does (the run then falls back to steps)."""
+    delay = end - now
+    for _ in range(4):
+        landed = now + delay
+        if landed == end:
+            return delay
+        delay = math.nextafter(delay, math.inf if landed < end else -math.inf)
+    return None
