@@ -170,6 +170,26 @@ class SpeculationDefaults:
     overhead_provenance: str = ""
 
 
+VLLM_V1_SPECULATION_FIT = (0.93e-3, 0.40e-3)
+"""Software time per verifying step and per proposer pass (seconds), fitted by
+``servesim.calibration.speculation`` (least squares over 12 rows) to vLLM V1 step times of
+Llama-3.1-8B with EAGLE-1 and EAGLE-3 heads, k = 2..7, batch 1, H100 (vLLM issue #20780); RMS
+residual 1.6 ms per step."""
+
+
+def vllm_fitted_speculation(provenance: str, *, max_num_seqs: int | None = None,
+                            estimate_for: str | None = None) -> SpeculationDefaults:
+    """Speculation defaults with :data:`VLLM_V1_SPECULATION_FIT`'s overheads: measured for vLLM
+    V1; for another engine (``estimate_for``) they are an estimate and say so."""
+    step_s, pass_s = VLLM_V1_SPECULATION_FIT
+    source = ("fitted (servesim.calibration.speculation) to vLLM V1's published step times (vLLM issue "
+              "#20780)")
+    if estimate_for is not None:
+        source = f"estimate: {source}, not measured for {estimate_for}"
+    return SpeculationDefaults(disable_by_batch_size=None, max_num_seqs=max_num_seqs, step_overhead_s=step_s,
+                               pass_overhead_s=pass_s, provenance=provenance, overhead_provenance=source)
+
+
 class EngineKnobs(FrozenModel):
     """Knobs every engine takes under ``engine:`` (an engine adds its own by subclassing)."""
 

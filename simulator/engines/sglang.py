@@ -42,6 +42,7 @@ from servesim.engines.base import (
     SpeculationDefaults,
     capture_sizes,
     register_engine,
+    vllm_fitted_speculation,
 )
 from servesim.engines.vllm import LAUNCH_S
 
@@ -83,13 +84,9 @@ class Sglang(Engine):
     defaults = SchedulerDefaults(policy="prefill_first", max_num_seqs=4096, block_size=1,
                                  gpu_memory_utilization=0.88, watermark=0.0, enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)
-    speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults(
-        disable_by_batch_size=None, max_num_seqs=48, step_overhead_s=0.93e-3, pass_overhead_s=0.40e-3,
-        provenance="SGLang keeps speculating at every batch size but lowers max_running_requests to 48 "
-                   "when speculative decoding is on (its speculative_hook)",
-        overhead_provenance="estimate: vLLM V1's fitted software times (0.93 ms per verifying step, "
-                            "0.40 ms per proposer pass; servesim.calibration.speculation), not measured "
-                            "for SGLang")
+    speculation: ClassVar[SpeculationDefaults] = vllm_fitted_speculation(
+        "SGLang keeps speculating at every batch size but lowers max_running_requests to 48 when "
+        "speculative decoding is on (its speculative_hook)", max_num_seqs=48, estimate_for="SGLang")
     cpu_costs: ClassVar[dict[str, CpuCosts]] = {
         "": CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
                      "sequence; not measured"),

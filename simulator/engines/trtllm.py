@@ -37,6 +37,7 @@ from servesim.engines.base import (
     SpeculationDefaults,
     capture_sizes,
     register_engine,
+    vllm_fitted_speculation,
 )
 from servesim.engines.vllm import LAUNCH_S
 
@@ -77,12 +78,9 @@ class Trtllm(Engine):
     defaults = SchedulerDefaults(policy="no_evict", max_num_seqs=2048, block_size=32,
                                  gpu_memory_utilization=0.9, watermark=0.0, enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)
-    speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults(
-        disable_by_batch_size=None, max_num_seqs=None, step_overhead_s=0.93e-3, pass_overhead_s=0.40e-3,
-        provenance="TensorRT-LLM has no batch-size cut-off by default (max_concurrency unset)",
-        overhead_provenance="estimate: vLLM V1's fitted software times (0.93 ms per verifying step, "
-                            "0.40 ms per proposer pass; servesim.calibration.speculation), not measured "
-                            "for TensorRT-LLM")
+    speculation: ClassVar[SpeculationDefaults] = vllm_fitted_speculation(
+        "TensorRT-LLM has no batch-size cut-off by default (max_concurrency unset)",
+        estimate_for="TensorRT-LLM")
     cpu_costs: ClassVar[dict[str, CpuCosts]] = {
         "": CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
                      "sequence; not measured"),

@@ -41,6 +41,7 @@ from servesim.engines.base import (
     SpeculationDefaults,
     capture_sizes,
     register_engine,
+    vllm_fitted_speculation,
 )
 
 GIB = 2**30
@@ -78,13 +79,9 @@ class Vllm(Engine):
     defaults = SchedulerDefaults(policy="chunked_prefill", max_num_seqs=1024, block_size=16,
                                  gpu_memory_utilization=0.9, watermark=0.0, enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)
-    speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults(
-        disable_by_batch_size=None, max_num_seqs=None, step_overhead_s=0.93e-3, pass_overhead_s=0.40e-3,
-        provenance="vLLM V1's speculative_config has no batch-size cut-off by default (speculation on "
-                   "at every batch size); max_num_seqs is unchanged",
-        overhead_provenance="fitted (servesim.calibration.speculation, least squares over 12 rows) to "
-                            "vLLM V1 step times of Llama-3.1-8B with EAGLE-1 and EAGLE-3 heads, k = 2..7, "
-                            "batch 1, H100 (vLLM issue #20780); RMS residual 1.6 ms per step")
+    speculation: ClassVar[SpeculationDefaults] = vllm_fitted_speculation(
+        "vLLM V1's speculative_config has no batch-size cut-off by default (speculation on at every "
+        "batch size); max_num_seqs is unchanged")
     small_gpu_defaults = SchedulerDefaults(
         policy="chunked_prefill", max_num_seqs=256, block_size=16, gpu_memory_utilization=0.9,
         watermark=0.0, enable_prefix_caching=True, chunked_max_num_batched_tokens=2048,
