@@ -172,12 +172,14 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
 
 
 def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: HardwareProfile,
-                        peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
-    """The decode kernel of ``n`` requests whose queries see ``keys`` keys in all: the one
-    formula :func:`decode_attention` and a fast-forwarded run of decode steps
-    (:meth:`~servesim.cost.CostModel.decode_run_records`) both price with."""
+                        peak_flops: float, kv_bytes: float, layers: int,
+                        pairs: float | None = None) -> OpCost:
+    """The decode kernel of ``n`` query rows whose requests read ``keys`` keys in all: the one
+    formula :func:`decode_attention`, speculative verification (``pairs``: the query-key pairs
+    scored, when a request's several queries share one read) and a fast-forwarded run of decode
+    steps (:meth:`~servesim.cost.CostModel.decode_run_records`) all price with."""
     eff = hardware.efficiency.attention_decode
-    flops = keys * shape.decode_flops_per_key
+    flops = (keys if pairs is None else pairs) * shape.decode_flops_per_key
     nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
               + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
     compute_s = flops / (peak_flops * eff.compute.at(n))
@@ -203,12 +205,5 @@ def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwa
         tiled = -(-read // tile) * tile
         pairs_each = pairs_each + (tiled - read) * queries
         read = tiled
-    pairs = float(pairs_each.sum())
-    keys = float(read.sum())
-    flops = pairs * shape.decode_flops_per_key
-    nbytes = ((keys + rows) * shape.cache_elements_per_token * kv_bytes
-              + rows * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
-    compute_s = flops / (peak_flops * eff.compute.at(rows))
-    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, rows))
-    return OpCost("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
-                  memory_s * layers, eff.fixed_s * layers)
+    return decode_attention_of(rows, float(read.sum()), shape, hardware, peak_flops, kv_bytes, layers,
+                               pairs=float(pairs_each.sum()))

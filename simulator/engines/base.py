@@ -229,6 +229,12 @@ class CpuCosts:
     per_sample_s: float = 0.0
     provenance: str = ""
 
+    def runtime(self, **engine: Any) -> RuntimeCosts:
+        """These host costs with the rest of an engine's runtime (overlap, graphs, all-reduce)."""
+        return RuntimeCosts(step_overhead_s=self.fixed_s, provenance=self.provenance,
+                            cpu_per_seq_s=self.per_seq_s, cpu_per_token_s=self.per_token_s,
+                            cpu_per_sample_s=self.per_sample_s, **engine)
+
     def replace_from(self, knobs: EngineKnobs) -> CpuCosts:
         """These costs with every coefficient the experiment sets replaced."""
         values = {"fixed_s": knobs.step_overhead_s, "per_seq_s": knobs.cpu_per_seq_s,
@@ -238,6 +244,11 @@ class CpuCosts:
             return self
         note = ", ".join(f"engine.{_KNOB_OF[k]}" for k in given) + " in the experiment"
         return replace(self, **given, provenance=f"{note}; others: {self.provenance}")
+
+
+UNFITTED_CPU = CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
+                        "sequence (scheduler, input preparation, sampler, output processing); not measured")
+"""The host costs an overlapping engine starts from until ``configs/engines/<name>.yaml`` fits them."""
 
 
 _KNOB_OF = {"fixed_s": "step_overhead_s", "per_seq_s": "cpu_per_seq_s", "per_token_s": "cpu_per_token_s",

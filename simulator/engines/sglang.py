@@ -34,6 +34,7 @@ from typing import ClassVar
 from pydantic import Field, PositiveInt
 
 from servesim.engines.base import (
+    UNFITTED_CPU,
     CpuCosts,
     Engine,
     EngineKnobs,
@@ -87,10 +88,7 @@ class Sglang(Engine):
     speculation: ClassVar[SpeculationDefaults] = vllm_fitted_speculation(
         "SGLang keeps speculating at every batch size but lowers max_running_requests to 48 when "
         "speculative decoding is on (its speculative_hook)", max_num_seqs=48, estimate_for="SGLang")
-    cpu_costs: ClassVar[dict[str, CpuCosts]] = {
-        "": CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
-                     "sequence; not measured"),
-    }
+    cpu_costs: ClassVar[dict[str, CpuCosts]] = {"": UNFITTED_CPU}
     provenance: ClassVar[dict[str, str]] = {
         "defaults": "SGLang server_args._handle_gpu_memory_settings (chunked_prefill_size, "
                     "cuda_graph_max_bs) and mem_fraction_static's reserved memory by GPU size",
@@ -116,9 +114,7 @@ class Sglang(Engine):
                 large = hbm_bytes is not None and hbm_bytes >= 160 * GB
                 default_max = 512 if large or tp >= 4 else 256
                 sizes = sglang_capture_sizes(knobs.cuda_graph_max_bs or default_max)
-        return RuntimeCosts(
-            step_overhead_s=cpu.fixed_s, provenance=cpu.provenance, cpu_per_seq_s=cpu.per_seq_s,
-            cpu_per_token_s=cpu.per_token_s, cpu_per_sample_s=cpu.per_sample_s,
+        return cpu.runtime(
             overlap=not knobs.disable_overlap_schedule, cuda_graph_sizes=sizes, graph_mixed=False,
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s,
             allreduce="nccl" if knobs.disable_custom_all_reduce else "custom")

@@ -29,6 +29,7 @@ from typing import ClassVar
 from pydantic import Field, PositiveInt
 
 from servesim.engines.base import (
+    UNFITTED_CPU,
     CpuCosts,
     Engine,
     EngineKnobs,
@@ -81,10 +82,7 @@ class Trtllm(Engine):
     speculation: ClassVar[SpeculationDefaults] = vllm_fitted_speculation(
         "TensorRT-LLM has no batch-size cut-off by default (max_concurrency unset)",
         estimate_for="TensorRT-LLM")
-    cpu_costs: ClassVar[dict[str, CpuCosts]] = {
-        "": CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
-                     "sequence; not measured"),
-    }
+    cpu_costs: ClassVar[dict[str, CpuCosts]] = {"": UNFITTED_CPU}
     provenance: ClassVar[dict[str, str]] = {
         "defaults": "TensorRT-LLM LlmArgs/BuildConfig: max_batch_size 2048, max_num_tokens 8192, "
                     "tokens_per_block 32, GUARANTEED_NO_EVICT, CudaGraphConfig max_batch_size 128",
@@ -100,9 +98,7 @@ class Trtllm(Engine):
             sizes = (tuple(sorted(set(knobs.cuda_graph_batch_sizes))) if knobs.cuda_graph_batch_sizes
                      else trtllm_capture_sizes(knobs.cuda_graph_max_batch_size or 128,
                                                knobs.cuda_graph_padding))
-        return RuntimeCosts(
-            step_overhead_s=cpu.fixed_s, provenance=cpu.provenance, cpu_per_seq_s=cpu.per_seq_s,
-            cpu_per_token_s=cpu.per_token_s, cpu_per_sample_s=cpu.per_sample_s,
+        return cpu.runtime(
             overlap=not knobs.disable_overlap_scheduler, cuda_graph_sizes=sizes, graph_mixed=False,
             graph_padding=knobs.cuda_graph_padding,
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s, allreduce="custom")

@@ -33,6 +33,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, PositiveInt
 
 from servesim.engines.base import (
+    UNFITTED_CPU,
     CpuCosts,
     Engine,
     EngineKnobs,
@@ -86,10 +87,7 @@ class Vllm(Engine):
         policy="chunked_prefill", max_num_seqs=256, block_size=16, gpu_memory_utilization=0.9,
         watermark=0.0, enable_prefix_caching=True, chunked_max_num_batched_tokens=2048,
         min_max_num_batched_tokens=2048)
-    cpu_costs: ClassVar[dict[str, CpuCosts]] = {
-        "": CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
-                     "sequence (scheduler, input preparation, sampler, output processing); not measured"),
-    }
+    cpu_costs: ClassVar[dict[str, CpuCosts]] = {"": UNFITTED_CPU}
     provenance: ClassVar[dict[str, str]] = {
         "defaults": "vLLM EngineArgs.get_batch_defaults (OpenAI server usage context): >= 70 GiB and "
                     "not A100: max_num_batched_tokens 8192, max_num_seqs 1024; else 2048 / 256",
@@ -115,9 +113,7 @@ class Vllm(Engine):
             largest = knobs.max_cudagraph_capture_size or min(2 * seqs, 512)
             sizes = (tuple(sorted(set(knobs.cudagraph_capture_sizes))) if knobs.cudagraph_capture_sizes
                      else vllm_capture_sizes(largest))
-        return RuntimeCosts(
-            step_overhead_s=cpu.fixed_s, provenance=cpu.provenance, cpu_per_seq_s=cpu.per_seq_s,
-            cpu_per_token_s=cpu.per_token_s, cpu_per_sample_s=cpu.per_sample_s,
+        return cpu.runtime(
             overlap=knobs.async_scheduling, cuda_graph_sizes=sizes,
             graph_mixed=mode in ("FULL_AND_PIECEWISE", "PIECEWISE"),
             graph_decode_full=mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"),

@@ -10,6 +10,7 @@ assumed that no flag expresses; :class:`LaunchConfig` is a whole fleet for one e
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,18 @@ def served_model(model: ModelSpec, model_arg: str | None) -> str:
             return str(path.parent)
         return model_arg
     return model.name
+
+
+def parallelism_argv(degrees: Mapping[str, int], flags: Mapping[str, Callable[[int], list[str]]],
+                     where: str) -> tuple[list[str], list[str]]:
+    """A layout's degrees (``Parallelism.describe()``) as one engine family's flags, and a note for
+    each degree the family has no flag for (``where``: the module that would hold it)."""
+    argv: list[str] = []
+    notes: list[str] = []
+    for key, degree in degrees.items():
+        flag = flags.get(key)
+        if flag is None:
+            notes.append(f"parallelism {key}={degree} has no flag in {where}")
+        else:
+            argv += flag(degree)
+    return argv, notes

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from servesim.dtypes import DType
-from servesim.launch.command import LaunchConfig, ServerCommand
+from servesim.launch.command import LaunchConfig, ServerCommand, parallelism_argv
 from servesim.launch.routing import SGLANG_ROUTER_POLICY, routing_text
 from servesim.topology.base import Topology
 from servesim.topology.group import ReplicaGroup
@@ -45,14 +45,7 @@ def mem_fraction_static(group: ReplicaGroup) -> float:
 
 def _group_argv(group: ReplicaGroup) -> tuple[list[str], list[str]]:
     s, policy, p = group.settings, group.policy, group.precision
-    argv: list[str] = []
-    notes: list[str] = []
-    for key, degree in group.parallelism.describe().items():
-        flag = PARALLELISM_FLAGS.get(key)
-        if flag is None:
-            notes.append(f"parallelism {key}={degree} has no SGLang flag in servesim.launch.sglang")
-        else:
-            argv += flag(degree)
+    argv, notes = parallelism_argv(group.parallelism.describe(), PARALLELISM_FLAGS, "servesim.launch.sglang")
     if p.activation in DTYPE_FLAG:
         argv += ["--dtype", DTYPE_FLAG[p.activation]]
     if p.weight is DType.FP8 or p.activation is DType.FP8:

@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable
 
 from servesim.dtypes import DType
-from servesim.launch.command import LaunchConfig, ServerCommand
+from servesim.launch.command import LaunchConfig, ServerCommand, parallelism_argv
 from servesim.launch.routing import routing_text
 from servesim.topology.base import Topology
 from servesim.topology.group import ReplicaGroup
@@ -40,15 +40,7 @@ ENGINE_ENV = {"vllm-v0": (("VLLM_USE_V1", "0"),)}
 
 
 def _parallelism(group: ReplicaGroup) -> tuple[list[str], list[str]]:
-    argv: list[str] = []
-    notes: list[str] = []
-    for key, degree in group.parallelism.describe().items():
-        flag = PARALLELISM_FLAGS.get(key)
-        if flag is None:
-            notes.append(f"parallelism {key}={degree} has no vLLM flag in servesim.launch.vllm")
-        else:
-            argv += flag(degree)
-    return argv, notes
+    return parallelism_argv(group.parallelism.describe(), PARALLELISM_FLAGS, "servesim.launch.vllm")
 
 
 def _precision(group: ReplicaGroup) -> tuple[list[str], list[str]]:

@@ -47,6 +47,18 @@ def experiment_policy(config: ExperimentConfig, engine: Engine) -> tuple[str, di
     return config.policy.name or engine.defaults.policy, config.policy.knobs()
 
 
+def router_of(config: ExperimentConfig, engine: Engine) -> RouterChoice:
+    """The experiment's router, refused in one line when it routes by prefix caches that are off."""
+    router = choose_router(config.router.name, config.router.knobs())
+    requested = config.deployment.enable_prefix_caching
+    caching = engine.defaults.enable_prefix_caching if requested is None else requested
+    if router.cls.needs_prefix_cache and not caching:
+        raise ServesimError("router.name", f"{router.name} routes by what the replicas' prefix "
+                            "caches hold, and prefix caching is off",
+                            "set deployment.enable_prefix_caching: true or pick another router")
+    return router
+
+
 def precision_of(config: ExperimentConfig) -> Precision:
     p = config.precision
     return Precision.from_names(p.weights, p.activations, p.kv_cache, p.group_size, p.expert_weights)
@@ -71,13 +83,7 @@ class Colocated(Topology):
                                     "set deployment.kind: disaggregated or remove it")
         name, knobs = experiment_policy(config, engine)
         policy = choose_policy(name, knobs)
-        router = choose_router(config.router.name, config.router.knobs())
-        caching = engine.defaults.enable_prefix_caching if d.enable_prefix_caching is None \
-            else d.enable_prefix_caching
-        if router.cls.needs_prefix_cache and not caching:
-            raise ServesimError("router.name", f"{router.name} routes by what the replicas' prefix "
-                                "caches hold, and prefix caching is off",
-                                "set deployment.enable_prefix_caching: true or pick another router")
+        router = router_of(config, engine)
         model = load_model(config.model, "model")
         hardware = load_hardware(config.hardware, "hardware")
         group = resolve_group("replicas", deployment_keys(config), model, hardware, precision_of(config),

@@ -47,10 +47,10 @@ from servesim.metrics.stats import describe, fmt_seconds
 from servesim.model_config import load_model
 from servesim.policies.base import choose_policy
 from servesim.policies.fleet_routers import PromptLength
-from servesim.policies.routers import RouterChoice, choose_router
+from servesim.policies.routers import RouterChoice
 from servesim.topology.autoscaler import Autoscaler, GroupScaler
 from servesim.topology.base import Built, Topology, register_topology
-from servesim.topology.colocated import deployment_keys, experiment_policy, precision_of
+from servesim.topology.colocated import deployment_keys, experiment_policy, precision_of, router_of
 from servesim.topology.fleet_keys import AutoscalingKeys, FleetGroupKeys, cold_start_s
 from servesim.topology.fleet_runtime import FleetRuntime, GroupPlan, gpu_hours, relative_speeds
 from servesim.topology.group import ReplicaGroup, resolve_group
@@ -119,13 +119,7 @@ class Fleet(Topology):
         if d.replicas != 1:
             raise ServesimError("deployment.replicas", "a fleet sizes its groups itself",
                                 "set deployment.groups.NAME.replicas instead")
-        router = choose_router(config.router.name, config.router.knobs())
-        caching = engine.defaults.enable_prefix_caching if d.enable_prefix_caching is None \
-            else d.enable_prefix_caching
-        if router.cls.needs_prefix_cache and not caching:
-            raise ServesimError("router.name", f"{router.name} routes by what the replicas' prefix "
-                                "caches hold, and prefix caching is off",
-                                "set deployment.enable_prefix_caching: true or pick another router")
+        router = router_of(config, engine)
         if issubclass(router.cls, PromptLength):
             for knob in ("long", "short"):
                 name = router.knobs.get(knob)
