@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.calibration.fit import MIN_ROWS_FULL_FIT, FitResult, fit_link, fit_operator, log_error
+from servesim.calibration.quantise_fit import fit_gemm_fp8
 from servesim.calibration.schema import holdout_mask
 from servesim.calibration.work import OPERATOR_OF, ape, fast_predict, predict, usable, work
 from servesim.hardware import HardwareProfile, OperatorEfficiency
@@ -113,7 +114,11 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         op = OPERATOR_OF[family]
         prior = efficiency[op] or efficiency["gemm"]
         assert prior is not None
-        result = fit_with_tile(family, fit_rows, profile, prior, memory_tail)
+        if family == "gemm_fp8":  # fitted net of the input quantisation its times include
+            bf16 = usable_tables.get("gemm")
+            result, efficiency["quantise"] = fit_gemm_fp8(fit_rows, bf16, profile, prior, memory_tail)
+        else:
+            result = fit_with_tile(family, fit_rows, profile, prior, memory_tail)
         efficiency[op] = result.efficiency
     data = profile.model_dump(mode="json", exclude_none=True)
     data["efficiency"] = {k: v.model_dump(mode="json") for k, v in efficiency.items() if v is not None}
@@ -145,6 +150,14 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
             f"in-sample {_fmt(error_stats(errors['fit'][~held]))}, held-out "
             f"{_fmt(error_stats(errors['fit'][held]))} (spec-sheet roofline on the held-out rows: "
             f"{_fmt(error_stats(errors['spec'][held]))})")
+        quantise = fitted.efficiency.quantise
+        if family == "gemm_fp8" and quantise is not None:
+            provenance["efficiency.quantise"] = (
+                f"fitted {date} by servesim calibrate from {source} jointly with efficiency.gemm_fp8 "
+                f"(whose measured times include the dynamic activation quantisation): "
+                f"{quantise.fixed_s * 1e6:g} us per kernel (half the median FP8-over-bf16 excess of the "
+                "linears of <= 16 tokens and <= 1,024 features, servesim.calibration.quantise_fit); "
+                "memory curve: the elementwise class's (hand-set)")
     fitted_families = ", ".join(usable_tables)
     provenance["calibration"] = (
         f"calibrated {date}: {fitted_families} fitted to {source}; classes not listed keep the "

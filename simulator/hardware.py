@@ -146,6 +146,14 @@ class Efficiency(FrozenModel):
     gemm_fp8: OperatorEfficiency | None = Field(
         None, description="GEMMs whose math runs in fp8 (W8A8), when measured apart: fp8 kernels reach "
         "a different share of their peak than bf16 ones; absent, they use the gemm curves")
+    quantise: OperatorEfficiency | None = Field(
+        None, description="the dynamic activation quantisation an 8-bit GEMM runs first (two "
+        "memory-bound kernels, servesim.cost.quantise), when fitted apart; absent, the elementwise class")
+
+    @property
+    def quantisation(self) -> OperatorEfficiency:
+        """What prices an 8-bit GEMM's input quantisation (:mod:`servesim.cost.quantise`)."""
+        return self.quantise if self.quantise is not None else self.elementwise
 
     def gemm_for(self, math: DType) -> OperatorEfficiency:
         """The GEMM efficiency of kernels whose math runs in ``math``. FP4 (W4A4) kernels take the

@@ -116,14 +116,19 @@ def test_fp8_w8a8_doubles_gemm_throughput_and_leaves_attention_alone(llama3_8b: 
     bf16 = CostModel(llama3_8b, ideal, runtime=KERNELS).step(prefill)
     fp8 = Precision.from_names("fp8", "fp8", "fp8")
     w8a8 = CostModel(llama3_8b, ideal, precision=fp8, runtime=KERNELS).step(prefill)
-    # Compute-bound GEMMs run on the 2x FP8 peak; attention math and the 16-bit residual stream
-    # (norms, activations) are unchanged.
+    # Compute-bound GEMMs run on the 2x FP8 peak, after quantising their 16-bit input (read twice,
+    # written once in 8 bits: 5 bytes per element at the full bandwidth of the ideal profile);
+    # attention math and the 16-bit residual stream (norms, activations) are unchanged.
     peak_ratio = 1978.9 / 989.4  # the spec sheet's FP8 and BF16 dense peaks
-    assert bf16.breakdown["mlp"] / w8a8.breakdown["mlp"] == pytest.approx(peak_ratio, rel=1e-9)
-    assert bf16.breakdown["qkv_proj"] / w8a8.breakdown["qkv_proj"] == pytest.approx(peak_ratio, rel=1e-9)
+    tokens, h, layers = 16 * 512, llama3_8b.hidden_size, llama3_8b.num_layers
+    quantise = lambda k: layers * tokens * k * 5 / ideal.memory.bandwidth_Bps  # noqa: E731
+    mlp_inputs = quantise(h) + quantise(llama3_8b.intermediate_size)
+    assert w8a8.breakdown["mlp"] == pytest.approx(bf16.breakdown["mlp"] / peak_ratio + mlp_inputs, rel=1e-9)
+    assert w8a8.breakdown["qkv_proj"] == pytest.approx(bf16.breakdown["qkv_proj"] / peak_ratio + quantise(h),
+                                                       rel=1e-9)
     assert w8a8.breakdown["attn_prefill"] < bf16.breakdown["attn_prefill"]  # half the KV bytes
     assert w8a8.breakdown["elementwise"] == bf16.breakdown["elementwise"]
-    assert 1.6 < bf16.time_s / w8a8.time_s < 2.0
+    assert 1.5 < bf16.time_s / w8a8.time_s < 1.6  # 1.57: the quantisation passes eat a quarter of the gain
 
 
 def test_steps_that_sample_nothing_skip_the_lm_head(textbook_a100: HardwareProfile,

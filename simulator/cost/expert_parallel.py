@@ -33,9 +33,11 @@ slowest-rank rule in :mod:`servesim.cost.parallel_step`).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
+from servesim.cost.quantise import input_quantisation_s
 from servesim.cost.roofline import OpCost, roofline
 from servesim.dtypes import DType, Precision
 from servesim.hardware import HardwareProfile, Link, OperatorEfficiency
@@ -139,8 +141,11 @@ class ExpertLayer:
         pick = min(1.0, self.parallelism.expert_imbalance * self.moe.top_k / self.moe.num_experts)
         return self.local_experts * (1.0 - (1.0 - pick) ** tokens)
 
-    def gemms(self, tokens: float, layers: int, gemm: OperatorEfficiency) -> OpCost:
-        """The fused expert GEMMs (up and down) of ``layers`` MoE layers on the busiest rank."""
+    def gemms(self, tokens: float, layers: int, gemm: OperatorEfficiency,
+              quantise: OperatorEfficiency | None = None) -> OpCost:
+        """The fused expert GEMMs (up and down) of ``layers`` MoE layers on the busiest rank; with
+        8-bit activations and ``quantise`` given, the dynamic quantisation of the rows they
+        receive and of their intermediate (:mod:`servesim.cost.quantise`)."""
         h, local = self.hidden, self.local_intermediate
         up = 2 * local if self.gated else local
         rows = self.assignments(tokens)
@@ -149,9 +154,14 @@ class ExpertLayer:
         act = self.precision.act_bytes
         io = rows * ((h + local) * act + (up + h) * IO_BYTES)
         nbytes = hit * weights * self.expert_weight_bytes + io
-        return roofline("moe", 2.0 * rows * weights, nbytes, peak_flops=self.peak,
-                        bandwidth=self.bandwidth, eff=gemm, compute_axis=rows / hit,
-                        repeat=layers, kernels=2)
+        op = roofline("moe", 2.0 * rows * weights, nbytes, peak_flops=self.peak,
+                      bandwidth=self.bandwidth, eff=gemm, compute_axis=rows / hit,
+                      repeat=layers, kernels=2)
+        if quantise is None or act >= IO_BYTES:
+            return op
+        side = sum(input_quantisation_s(rows, width, act, quantise, self.bandwidth)
+                   for width in (h, local))
+        return replace(op, side_s=layers * side)
 
     def activation(self, tokens: float, layers: int, elementwise: OperatorEfficiency) -> OpCost:
         """The activation of the rank's assignments (read gate and up, write their product)."""
@@ -207,11 +217,12 @@ class ExpertLayer:
         return layers * (self.exchange_s(dispatch) + self.exchange_s(combine))
 
     def cost(self, tokens: float, layers: int, gemm: OperatorEfficiency,
-             elementwise: OperatorEfficiency) -> tuple[list[OpCost], float]:
+             elementwise: OperatorEfficiency,
+             quantise: OperatorEfficiency | None = None) -> tuple[list[OpCost], float]:
         """(operators, communication seconds) of ``layers`` MoE layers for ``tokens`` tokens."""
         if tokens <= 0 or layers == 0:
             return [], 0.0
-        ops = [self.gemms(tokens, layers, gemm), self.activation(tokens, layers, elementwise)]
+        ops = [self.gemms(tokens, layers, gemm, quantise), self.activation(tokens, layers, elementwise)]
         return ops, self.communication_s(tokens, layers)
 
 

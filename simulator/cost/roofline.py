@@ -24,6 +24,9 @@ class OpCost:
     compute_s: float
     memory_s: float
     fixed_s: float
+    side_s: float = 0.0
+    """Serial memory-bound kernels launched with this operator and priced apart (an FP8 GEMM's
+    input quantisation, :mod:`servesim.cost.quantise`): they add to its time."""
 
     @property
     def roofline_s(self) -> float:
@@ -31,7 +34,7 @@ class OpCost:
 
     @property
     def time_s(self) -> float:
-        return self.roofline_s + self.fixed_s
+        return self.roofline_s + self.fixed_s + self.side_s
 
     @property
     def bound(self) -> str:

@@ -42,6 +42,7 @@ from servesim.cost.batch import BatchShape
 from servesim.cost.communication import allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
+from servesim.cost.quantise import input_quantisation_s
 from servesim.cost.roofline import OpCost, roofline
 from servesim.dtypes import DType, Precision
 from servesim.engines.base import RuntimeCosts, default_runtime
@@ -183,6 +184,7 @@ class CostModel:
         self._gemm_eff = hardware.efficiency.gemm_for(self.precision.math)
         self._gemm16_eff = hardware.efficiency.gemm
         self._elem_eff = hardware.efficiency.elementwise
+        self._quant_eff = hardware.efficiency.quantisation
         self._act_bytes = self.precision.act_bytes
         self._kv_bytes = self.precision.kv_bytes
         self._weight_bytes = self.precision.weight_bytes
@@ -285,11 +287,19 @@ class CostModel:
         if weight_bytes is None:
             weight_bytes = k * n * (IO_BYTES if sixteen_bit else self._weight_bytes)
         nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
-        return roofline(name, 2.0 * m * k * n, nbytes,
-                        peak_flops=self.bf16_peak if sixteen_bit else self.peak_flops,
-                        bandwidth=self.bandwidth, eff=self._gemm16_eff if sixteen_bit else self._gemm_eff,
-                        compute_axis=m,
-                        repeat=repeat)
+        op = roofline(name, 2.0 * m * k * n, nbytes,
+                      peak_flops=self.bf16_peak if sixteen_bit else self.peak_flops,
+                      bandwidth=self.bandwidth, eff=self._gemm16_eff if sixteen_bit else self._gemm_eff,
+                      compute_axis=m,
+                      repeat=repeat)
+        if in_bytes >= IO_BYTES:
+            return op
+        return replace(op, side_s=repeat * self._quantise_s(m, k))
+
+    def _quantise_s(self, rows: float, k: int) -> float:
+        """The dynamic quantisation of a (rows x k) 16-bit input to the activation format that an
+        8-bit GEMM runs first (:mod:`servesim.cost.quantise`)."""
+        return input_quantisation_s(rows, k, self._act_bytes, self._quant_eff, self.bandwidth)
 
     def _elementwise(self, name: str, elements: float, tokens: float, kernels: float,
                      repeat: float) -> OpCost:
@@ -329,6 +339,9 @@ class CostModel:
         experts_cost = roofline("moe", flops, nbytes, peak_flops=self.peak_flops,
                                 bandwidth=self.bandwidth, eff=self._gemm_eff,
                                 compute_axis=rows_per_expert, repeat=repeat, kernels=2)
+        if self._act_bytes < IO_BYTES:  # the fused kernel quantises its input and intermediate
+            side = self._quantise_s(tokens, h) + self._quantise_s(assignments, local)
+            experts_cost = replace(experts_cost, side_s=repeat * side)
         router = self._gemm("moe", tokens, h, experts, repeat, sixteen_bit=True)
         return [router, experts_cost]
 
@@ -408,7 +421,8 @@ class CostModel:
             total = sum(op.time_s for op in ops) + comm_s + step_s
             cached = _TokenPart(ops, comm_s, total,
                                 compute_s=sum(op.roofline_s for op in ops if op.bound == "compute"),
-                                memory_s=sum(op.roofline_s for op in ops if op.bound == "memory"),
+                                memory_s=sum(op.roofline_s for op in ops if op.bound == "memory")
+                                + sum(op.side_s for op in ops),
                                 overhead_s=sum(op.fixed_s for op in ops) + step_s,
                                 flops=sum(op.flops for op in ops), hbm_bytes=sum(op.bytes for op in ops),
                                 gemm_s=sum(op.time_s for op in ops if OP_CLASS_OF[op.name] == "gemm"),
@@ -449,6 +463,7 @@ class CostModel:
                 compute_s += op.compute_s
             else:
                 memory_s += op.memory_s
+            memory_s += op.side_s
             overhead_s += op.fixed_s
             flops += op.flops
             nbytes += op.bytes
@@ -564,7 +579,8 @@ class CostModel:
         cached = self._moe_cache.get(tokens)
         if cached is None:
             assert self._experts is not None
-            ops, comm = self._experts.cost(float(tokens), self._sparse, self._gemm_eff, self._elem_eff)
+            ops, comm = self._experts.cost(float(tokens), self._sparse, self._gemm_eff, self._elem_eff,
+                                          self._quant_eff)
             cached = (tuple(ops), comm)
             if len(self._moe_cache) < 1 << 16:
                 self._moe_cache[tokens] = cached
@@ -599,6 +615,7 @@ class CostModel:
         for op in ops:
             breakdown[op.name] += op.time_s
             bound_s[op.bound] += op.roofline_s
+            bound_s["memory"] += op.side_s
             bound_s["overhead"] += op.fixed_s
             flops += op.flops
             hbm += op.bytes

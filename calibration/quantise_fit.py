@@ -1,0 +1,58 @@
+"""Fit the FP8 GEMM curve together with the input quantisation its measured times include.
+
+AIConfigurator's FP8 linears are timed with their dynamic activation quantisation inside
+(:mod:`servesim.cost.quantise`): two memory-bound kernels whose time depends on the input
+(tokens x input features) only, in front of a GEMM whose time depends on all three sizes. The
+quantisation is priced by the profile's ``efficiency.quantise`` class, identified apart from the
+GEMM where the data separates them: its fixed cost per kernel from the tiny linears, where both
+formats are launch-bound and FP8 is slower only by the two kernels (on H100 about 2 us in all:
+bf16 3.3 us, FP8 5.3 us at 1-16 tokens and 512-1,024 features, replayed in a CUDA graph; half
+the hand-set elementwise launch cost); its bandwidth is the elementwise class's memory curve (the
+hand-set curve every memory-bound kernel uses: 60% of HBM at 100 MB, where the largest narrow FP8
+linears on H100 imply about 70%). Fitting the bandwidth share too was tried: the best share on a
+grid sat at the grid's lowest value (40%), absorbing what the GEMM's one tokens axis misses (its
+dependence on the output width at 128-1,024 tokens), for 0.4 points of held-out median error, so
+it is not fitted.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from servesim.calibration.fit import FitResult, fit_operator
+from servesim.calibration.work import work
+from servesim.cost.quantise import KERNELS
+from servesim.hardware import HardwareProfile, OperatorEfficiency
+
+TINY = {"m": 16, "n": 1024, "k": 1024}
+"""Linears this small are launch-bound in both formats: their FP8 excess is the two kernels'
+fixed cost."""
+
+
+def with_quantise(profile: HardwareProfile, quantise: OperatorEfficiency) -> HardwareProfile:
+    efficiency = profile.efficiency.model_copy(update={"quantise": quantise})
+    return profile.model_copy(update={"efficiency": efficiency})
+
+
+def fixed_per_kernel_s(fp8: pd.DataFrame, bf16: pd.DataFrame) -> float:
+    """Half the median excess of an FP8 linear over its bf16 twin (same m, n, k) among the tiny
+    ones, where both GEMMs are launch-bound and the excess is the two quantisation kernels."""
+    keys = ["m", "n", "k"]
+    tiny = lambda t: t[(t["m"] <= TINY["m"]) & (t["n"] <= TINY["n"]) & (t["k"] <= TINY["k"])]  # noqa: E731
+    pairs = tiny(fp8)[[*keys, "time_s"]].merge(tiny(bf16)[[*keys, "time_s"]], on=keys,
+                                                suffixes=("_fp8", "_bf16"))
+    if pairs.empty:
+        return 0.0
+    excess = (pairs["time_s_fp8"] - pairs["time_s_bf16"]).median()
+    return max(float(excess), 0.0) / KERNELS
+
+
+def fit_gemm_fp8(rows: pd.DataFrame, bf16: pd.DataFrame | None, profile: HardwareProfile,
+                 prior: OperatorEfficiency, memory_tail: bool) -> tuple[FitResult, OperatorEfficiency]:
+    """(the FP8 GEMM fit, the quantisation class): the elementwise class's memory curve with the
+    fixed cost per kernel measured on the tiny linears of ``rows`` and ``bf16`` (the bf16 GEMM
+    table), and the FP8 GEMM curve fitted to ``rows`` net of it."""
+    fixed_s = fixed_per_kernel_s(rows, bf16) if bf16 is not None else profile.efficiency.quantisation.fixed_s
+    quantise = profile.efficiency.elementwise.model_copy(update={"fixed_s": float(f"{fixed_s:.3g}")})
+    w = work("gemm_fp8", rows, with_quantise(profile, quantise))
+    return fit_operator(w, profile.memory.bandwidth_Bps, prior, memory_tail), quantise
