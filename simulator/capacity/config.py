@@ -216,6 +216,8 @@ class SearchConfig(StrictModel):
                                    description="earliest arrivals left out of the SLO metrics")
     max_doublings: int = Field(8, ge=1, le=20, description="bracketing steps above the first guess")
     max_halvings: int = Field(7, ge=1, le=20, description="bracketing steps below the first guess")
+    early_stop: bool = Field(True, description="stop a probe once its failure is certain (the same "
+                             "answer; its figures in capacity.json are then bounds)")
 
 
 class CapacityConfig(StrictModel):
