@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ from servesim.capacity.bounds import certainly_missed, lower_bounds, settled_fai
 from servesim.capacity.evaluate import latency_values
 from servesim.capacity.fleet import fleet_replication, splits_by_replica
 from servesim.capacity.output import candidate_row, json_safe
+from servesim.capacity.probe import Part, Replication, run_together
+from servesim.capacity.saturation import FALSE_POSITIVE_BOUND, RUN, BacklogTrend
 from servesim.config import validate_document
 from servesim.pipeline import prepare, simulate
 from servesim.pipeline.slices import SlicedSimulation
@@ -187,3 +190,35 @@ def test_only_round_robin_colocated_fleets_are_split() -> None:
                           (experiment(3, enable_prefix_caching=True), False),
                           (experiment(3, pp=2), False)):
         assert splits_by_replica(config, resolve_topology(config), table) == split
+
+
+def test_a_queue_rising_seven_times_in_a_row_is_saturation_by_hand() -> None:
+    """Seven window-end queue lengths each above the last (six rises) declare it; a tie or a fall
+    restarts the count; an empty queue (all ties) never does."""
+    trend = BacklogTrend()
+    assert not any(trend.add(v) for v in [0, 0, 0, 0, 0, 0, 0, 0])
+    assert [trend.add(v) for v in [1, 2, 3, 3, 4, 5, 6, 7, 8, 9]] == [False] * 9 + [True]
+    assert RUN == 7 and pytest.approx(1 / 5040) == FALSE_POSITIVE_BOUND
+
+
+@pytest.mark.parametrize(("load", "saturated"), [(2.0, True), (0.5, False)])
+def test_saturation_stop_fires_on_a_growing_queue_only(load: float, saturated: bool) -> None:
+    """D/D/1 (one request per D-second step, constant gaps): at twice the service rate the queue
+    grows by one request every 2D, so every window ends with a longer queue and the opt-in test
+    declares the probe saturated, before any bound is past the (loose, 1,000 D) TTFT limit; at half
+    the service rate nobody ever waits and the probe runs to its end."""
+    config = validate_capacity({**one_at_a_time("constant", 1000 * SERVICE_S, 99, 2000, 1),
+                                "search": {"replications": 1, "saturation_stop": True}})
+    workload = one_at_a_time("constant", 1000 * SERVICE_S, 99, 2000, 1)["workload"]
+    experiment = validate_document({
+        "name": "dd1", "seed": 0, "model": "llama-3-8b", "hardware": "h100-sxm-80gb", "engine": "vllm-v0",
+        "deployment": {"max_num_seqs": 1}, "output": "summary", "workload": workload}, "test")
+    base = prepare(experiment).workload  # constant gaps of 1 s (rate 1)
+    table = replace(base, arrival_s=base.arrival_s * SERVICE_S / load)
+    replication = Replication(table, [Part(SlicedSimulation(prepare(experiment, workload=table)))])
+    stopped = run_together([replication], config, early_stop=True, saturation_stop=True)
+    if saturated:
+        assert stopped is not None and not stopped.certain and "queue grew" in stopped.reason
+        assert stopped.at_s < table.arrival_s[-1] / 2
+    else:
+        assert stopped is None and replication.done

@@ -196,7 +196,7 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
         replications = [Replication(table, [Part(SlicedSimulation(prepare(experiment, workload=table,
                                                                           topology=topology)))])
                         for table in (sample.at_rate(k, rate) for k in range(len(sample.tables)))]
-        stopped = run_together(replications, config, config.search.early_stop)
+        stopped = run_together(replications, config, config.search.early_stop, config.search.saturation_stop)
         if stopped is not None:
             paused.clear()
             paused[rate] = replications
@@ -219,7 +219,11 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
     if knee is not None and "stopped_early" in knee:
         # the knee's failing rate is diagnosed (which SLO breaks first, KV, queue): its stopped
         # simulations run on to the end, as if never stopped
-        result.evaluations[result.evaluations.index(knee)] = finish(paused.pop(knee["rate"]), knee["rate"])
+        full = finish(paused.pop(knee["rate"]), knee["rate"])
+        if not knee["stopped_early"]["certain"]:  # the search went on as if it failed: say why
+            full["passed"] = False
+            full["saturated"] = knee["stopped_early"]["reason"]
+        result.evaluations[result.evaluations.index(knee)] = full
         stopped -= 1
     paused.clear()
     record["search"] = {"status": result.status, "max_rate": result.rate,

@@ -218,6 +218,8 @@ class SearchConfig(StrictModel):
     max_halvings: int = Field(7, ge=1, le=20, description="bracketing steps below the first guess")
     early_stop: bool = Field(True, description="stop a probe once its failure is certain (the same "
                              "answer; its figures in capacity.json are then bounds)")
+    saturation_stop: bool = Field(False, description="also stop a probe, as failed, when its queue "
+                                  "grew in 6 windows in a row (a statistical test: it can change an answer)")
 
 
 class CapacityConfig(StrictModel):

@@ -29,6 +29,7 @@ import numpy as np
 from servesim.capacity.bounds import certainly_missed, lower_bounds, settled_failure
 from servesim.capacity.config import CapacityConfig
 from servesim.capacity.evaluate import LatencyMetrics, latency_metrics, latency_values, verdict
+from servesim.capacity.saturation import RUN, WINDOW_SLICES, BacklogTrend, waiting
 from servesim.core.state import DONE, REJECTED
 from servesim.pipeline.slices import SlicedSimulation
 from servesim.workloads.requests import RequestTable
@@ -100,7 +101,7 @@ class Replication:
 
 @dataclass
 class Stopped:
-    """A probe stopped because its failure was certain."""
+    """A probe stopped because its failure was certain (or, opted in, its queue kept growing)."""
 
     reason: str
     at_s: float
@@ -108,28 +109,44 @@ class Stopped:
     finished: int
     """Requests completed or refused by then, over all replications."""
     requests: int
+    certain: bool = True
+    """False: stopped by the statistical saturation test (``saturation.py``), not by bounds."""
 
 
-def run_together(replications: list[Replication], config: CapacityConfig, early_stop: bool
-                 ) -> Stopped | None:
+def run_together(replications: list[Replication], config: CapacityConfig, early_stop: bool,
+                 saturation_stop: bool = False) -> Stopped | None:
     """Advance the replications side by side until all ended (None) or, with ``early_stop``,
-    until their verdict is certainly a failure (:class:`Stopped`)."""
-    if not early_stop:
+    until their verdict is certainly a failure, or with ``saturation_stop`` until a queue
+    keeps growing (:class:`Stopped`)."""
+    if not (early_stop or saturation_stop):
         for replication in replications:
             replication.advance(math.inf)
         return None
     last_arrival = max(float(rep.table.arrival_s[-1]) for rep in replications if len(rep.table))
     slice_s = max(last_arrival / SLICES, 1e-3)
+    trends = [BacklogTrend() for _ in replications]
     now = 0.0
+    slices = 0
     while not all(rep.done for rep in replications):
         now += slice_s
+        slices += 1
         for rep in replications:
             rep.advance(now)
-        reason = settled_failure(config, [rep.bounds(config) for rep in replications])
+        reason = settled_failure(config, [rep.bounds(config) for rep in replications]) if early_stop else None
+        certain = True
+        if (reason is None and saturation_stop and slices % WINDOW_SLICES == 0 and now <= last_arrival
+                and slices >= config.search.warmup_fraction * SLICES):
+            for k, (rep, trend) in enumerate(zip(replications, trends, strict=True)):
+                if trend.add(sum(waiting(part.sim.requests, now) for part in rep.parts)):
+                    reason = (f"saturated: replication {k}'s queue grew in {RUN - 1} windows in a row "
+                              f"({', '.join(map(str, trend.samples[-RUN:]))} requests; a stable queue does "
+                              f"that with probability <= 1/{math.factorial(RUN)} per test)")
+                    certain = False
+                    break
         if reason is not None:
             finished = sum(int(np.count_nonzero(np.isin(part.sim.requests.status, (DONE, REJECTED))))
                            for rep in replications for part in rep.parts)
-            return Stopped(reason, now, finished, sum(len(rep.table) for rep in replications))
+            return Stopped(reason, now, finished, sum(len(rep.table) for rep in replications), certain)
     return None
 
 
@@ -142,9 +159,10 @@ def stopped_record(config: CapacityConfig, replications: list[Replication], stop
         bounds, _ = rep.bounds(config)
         bounded.append(latency_metrics(bounds, ~rep.refused(), config))
     record = verdict(config, bounded, rate)
-    assert not record["passed"], "a probe stopped early must fail on its bounds"
+    assert not stopped.certain or not record["passed"], "a probe stopped early must fail on its bounds"
+    record["passed"] = False
     record["replications"] = len(replications)
-    record["stopped_early"] = {"reason": stopped.reason, "at_s": stopped.at_s,
+    record["stopped_early"] = {"reason": stopped.reason, "certain": stopped.certain, "at_s": stopped.at_s,
                                "requests_finished": stopped.finished, "requests": stopped.requests,
                                "bounds": "metrics are lower bounds, attainment and margins upper bounds"}
     return record
