@@ -40,6 +40,7 @@ from servesim.errors import ServesimError
 from servesim.inputs.flag_names import relabel
 from servesim.pipeline import prepare
 from servesim.pipeline.slices import SlicedSimulation
+from servesim.topology.base import Topology
 from servesim.topology.group import ReplicaGroup
 from servesim.topology.resolve import resolve_topology
 from servesim.workloads import build_workload
@@ -188,6 +189,33 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
     context = config.decode_context or sample.decode_context()
     record["decode_batch_limits"] = decode_batch_limits(group, context, config.slo.tpot_s)
 
+    guess = topology_saturation_rate(topology, sample.mean_prompt_tokens, sample.mean_output_tokens)
+    result, stopped = search_with_stops(config, experiment, topology, sample, guess)
+    record["search"] = {"status": result.status, "max_rate": result.rate,
+                        "max_rate_per_replica": result.rate / candidate.replicas,
+                        "failing_rate": result.failing_rate, "first_guess": guess,
+                        "simulations": sum(e["replications"] for e in result.evaluations),
+                        "evaluations": result.evaluations}
+    if config.search.early_stop or config.search.saturation_stop:
+        record["search"]["stopped_early"] = stopped
+    record["knee"] = diagnose(config, result, group)
+    warning = short_run_warning(config, result.rate, len(sample.tables[0]))
+    if warning:
+        record["warnings"] = [warning]
+    record["mean_output_tokens"] = sample.mean_output_tokens
+    if config.target_rate is not None:
+        record["target"] = size_for_target(config, candidate, result, sample, base_dir)
+    if config.gpu_budget is not None:
+        record["budget"] = size_for_budget(config, candidate, result, sample, base_dir)
+    return record
+
+
+def search_with_stops(config: CapacityConfig, experiment: ExperimentConfig, topology: Topology,
+                      sample: WorkloadSample, guess: float) -> tuple[SearchResult, int]:
+    """:func:`search_rate` over probes that stop once their failure is certain (``probe.py``);
+    returns the result and how many of its probes stopped early. The knee's own failing probe,
+    which :func:`diagnose` reads, is always run to its end: its stopped simulations are kept
+    and resumed, so its record is the one a full run gives."""
     paused: dict[float, list[Replication]] = {}
     """The simulations of the latest failing rate, if stopped early: each failure of the search
     is below every earlier one, so it is the knee unless a lower rate fails too."""
@@ -201,48 +229,28 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
             paused.clear()
             paused[rate] = replications
             return stopped_record(config, replications, stopped, rate)
-        record = finish(replications, rate)
-        if not record["passed"]:
+        evaluation = finish(replications, rate)
+        if not evaluation["passed"]:
             paused.clear()
-        return record
+        return evaluation
 
     def finish(replications: list[Replication], rate: float) -> dict[str, Any]:
         run_together(replications, config, early_stop=False)
         runs = [measure(rep.parts[0].sim.result(), rep.table, config) for rep in replications]
         return judge(config, runs, rate)
 
-    guess = topology_saturation_rate(topology, sample.mean_prompt_tokens, sample.mean_output_tokens)
     s = config.search
     result = search_rate(evaluate, guess, s.precision, s.max_doublings, s.max_halvings)
     stopped = sum(1 for e in result.evaluations if "stopped_early" in e)
     knee = result.failing
     if knee is not None and "stopped_early" in knee:
-        # the knee's failing rate is diagnosed (which SLO breaks first, KV, queue): its stopped
-        # simulations run on to the end, as if never stopped
         full = finish(paused.pop(knee["rate"]), knee["rate"])
         if not knee["stopped_early"]["certain"]:  # the search went on as if it failed: say why
             full["passed"] = False
             full["saturated"] = knee["stopped_early"]["reason"]
         result.evaluations[result.evaluations.index(knee)] = full
         stopped -= 1
-    paused.clear()
-    record["search"] = {"status": result.status, "max_rate": result.rate,
-                        "max_rate_per_replica": result.rate / candidate.replicas,
-                        "failing_rate": result.failing_rate, "first_guess": guess,
-                        "simulations": sum(e["replications"] for e in result.evaluations),
-                        "evaluations": result.evaluations}
-    if s.early_stop:
-        record["search"]["stopped_early"] = stopped
-    record["knee"] = diagnose(config, result, group)
-    warning = short_run_warning(config, result.rate, len(sample.tables[0]))
-    if warning:
-        record["warnings"] = [warning]
-    record["mean_output_tokens"] = sample.mean_output_tokens
-    if config.target_rate is not None:
-        record["target"] = size_for_target(config, candidate, result, sample, base_dir)
-    if config.gpu_budget is not None:
-        record["budget"] = size_for_budget(config, candidate, result, sample, base_dir)
-    return record
+    return result, stopped
 
 
 def short_run_warning(config: CapacityConfig, rate: float, requests: int) -> str | None:
