@@ -30,7 +30,8 @@ both become a :class:`CapacityConfig`.
     deployment: {max_num_seqs: 256}   # engine limits shared by every candidate (not tp/replicas)
     precision: {weights: bf16, activations: bf16, kv_cache: bf16}
     router: {name: round_robin}
-    search: {replications: 3, precision: 0.05, requests_per_run: null, warmup_fraction: 0.1}
+    search: {replications: 3, precision: 0.05, requests_per_run: null, warmup_fraction: 0.1,
+             early_stop: true, saturation_stop: false}   # see capacity.probe and capacity.saturation
     target_rate: 40                 # optional: size every candidate for 40 requests/s, or ...
     gpu_budget: null                # ... optional: the best deployment on exactly this many GPUs
     prices: {h100-sxm-80gb: 2.5}    # optional USD per GPU-hour, beats the profile's
