@@ -1,7 +1,7 @@
 # Developer shortcuts; CI runs .ci/run.
 PY ?= python
 
-.PHONY: test lint typecheck bench bench-core bench-step bench-engine bench-sweep bench-startup
+.PHONY: test lint typecheck bench bench-core bench-step bench-engine bench-sweep bench-startup bench-capacity
 
 test:
 	$(PY) -m pytest -q
@@ -12,7 +12,7 @@ lint:
 typecheck:
 	.ci/typecheck
 
-bench: bench-core bench-step bench-engine bench-sweep bench-startup
+bench: bench-core bench-step bench-engine bench-sweep bench-startup bench-capacity
 
 bench-core:
 	@uptime
@@ -29,3 +29,6 @@ bench-sweep:
 
 bench-startup:
 	$(PY) benchmarks/bench_startup.py
+
+bench-capacity:
+	$(PY) benchmarks/bench_capacity.py

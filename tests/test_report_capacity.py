@@ -73,6 +73,10 @@ def test_search_chart_holds_every_simulated_rate_and_the_slo(capacity_dir: Path)
         passed = [e for e in record["search"]["evaluations"] if e["passed"]]
         assert max(e["rate"] for e in passed) == record["search"]["max_rate"]
         assert all(e["metrics"]["p99_ttft_s"] <= limit for e in passed)
+        # a probe stopped once its failure was certain shows its bound as a bound
+        stopped = sorted(e["rate"] for e in record["search"]["evaluations"] if "stopped_early" in e)
+        bounded = [x for x, row in zip(ttft[0].x, ttft[0].customdata, strict=True) if row[3].startswith("≥")]
+        assert bounded == stopped and (stopped or k > 0)
     hline = [s for s in chart.figure.layout.shapes if s.yref == "y"]
     assert hline and hline[0].y0 == pytest.approx(2 * SERVICE_S)
     labels = [b["label"] for b in chart.figure.layout.updatemenus[0].buttons]

@@ -22,16 +22,29 @@ from pathlib import Path
 from typing import Any
 
 from servesim.capacity.config import CapacityConfig, Split
-from servesim.capacity.evaluate import WorkloadSample, judge, run_once, sample_workload
+from servesim.capacity.evaluate import (
+    WorkloadSample,
+    judge,
+    latency_metrics,
+    measure,
+    sample_workload,
+    verdict,
+)
+from servesim.capacity.fleet import fleet_replication
 from servesim.capacity.limits import decode_batch_limits
+from servesim.capacity.probe import Part, Replication, run_together, stopped_record
 from servesim.capacity.search import SearchResult, search_rate, topology_saturation_rate
 from servesim.config import ExperimentConfig, PolicyConfig, validate_document
 from servesim.engines import make_engine
 from servesim.errors import ServesimError
 from servesim.inputs.flag_names import relabel
+from servesim.pipeline import prepare
+from servesim.pipeline.slices import SlicedSimulation
+from servesim.topology.base import Topology
 from servesim.topology.group import ReplicaGroup
 from servesim.topology.resolve import resolve_topology
 from servesim.workloads import build_workload
+from servesim.workloads.requests import RequestTable
 
 VERIFY_ATTEMPTS = 3
 """Fleet sizes tried at the target rate: the computed one, then one and two more replica sets."""
@@ -176,19 +189,15 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
     context = config.decode_context or sample.decode_context()
     record["decode_batch_limits"] = decode_batch_limits(group, context, config.slo.tpot_s)
 
-    def evaluate(rate: float) -> dict[str, Any]:
-        runs = [run_once(experiment, sample.at_rate(k, rate), config, topology)
-                for k in range(len(sample.tables))]
-        return judge(config, runs, rate)
-
     guess = topology_saturation_rate(topology, sample.mean_prompt_tokens, sample.mean_output_tokens)
-    s = config.search
-    result = search_rate(evaluate, guess, s.precision, s.max_doublings, s.max_halvings)
+    result, stopped = search_with_stops(config, experiment, topology, sample, guess)
     record["search"] = {"status": result.status, "max_rate": result.rate,
                         "max_rate_per_replica": result.rate / candidate.replicas,
                         "failing_rate": result.failing_rate, "first_guess": guess,
                         "simulations": sum(e["replications"] for e in result.evaluations),
                         "evaluations": result.evaluations}
+    if config.search.early_stop or config.search.saturation_stop:
+        record["search"]["stopped_early"] = stopped
     record["knee"] = diagnose(config, result, group)
     warning = short_run_warning(config, result.rate, len(sample.tables[0]))
     if warning:
@@ -199,6 +208,49 @@ def analyse_candidate(config: CapacityConfig, candidate: Candidate, base_dir: Pa
     if config.gpu_budget is not None:
         record["budget"] = size_for_budget(config, candidate, result, sample, base_dir)
     return record
+
+
+def search_with_stops(config: CapacityConfig, experiment: ExperimentConfig, topology: Topology,
+                      sample: WorkloadSample, guess: float) -> tuple[SearchResult, int]:
+    """:func:`search_rate` over probes that stop once their failure is certain (``probe.py``);
+    returns the result and how many of its probes stopped early. The knee's own failing probe,
+    which :func:`diagnose` reads, is always run to its end: its stopped simulations are kept
+    and resumed, so its record is the one a full run gives."""
+    paused: dict[float, list[Replication]] = {}
+    """The simulations of the latest failing rate, if stopped early: each failure of the search
+    is below every earlier one, so it is the knee unless a lower rate fails too."""
+
+    def evaluate(rate: float) -> dict[str, Any]:
+        replications = [Replication(table, [Part(SlicedSimulation(prepare(experiment, workload=table,
+                                                                          topology=topology)))])
+                        for table in (sample.at_rate(k, rate) for k in range(len(sample.tables)))]
+        stopped = run_together(replications, config, config.search.early_stop, config.search.saturation_stop)
+        if stopped is not None:
+            paused.clear()
+            paused[rate] = replications
+            return stopped_record(config, replications, stopped, rate)
+        evaluation = finish(replications, rate)
+        if not evaluation["passed"]:
+            paused.clear()
+        return evaluation
+
+    def finish(replications: list[Replication], rate: float) -> dict[str, Any]:
+        run_together(replications, config, early_stop=False)
+        runs = [measure(rep.parts[0].sim.result(), rep.table, config) for rep in replications]
+        return judge(config, runs, rate)
+
+    s = config.search
+    result = search_rate(evaluate, guess, s.precision, s.max_doublings, s.max_halvings)
+    stopped = sum(1 for e in result.evaluations if "stopped_early" in e)
+    knee = result.failing
+    if knee is not None and "stopped_early" in knee:
+        full = finish(paused.pop(knee["rate"]), knee["rate"])
+        if not knee["stopped_early"]["certain"]:  # the search went on as if it failed: say why
+            full["passed"] = False
+            full["saturated"] = knee["stopped_early"]["reason"]
+        result.evaluations[result.evaluations.index(knee)] = full
+        stopped -= 1
+    return result, stopped
 
 
 def short_run_warning(config: CapacityConfig, rate: float, requests: int) -> str | None:
@@ -305,7 +357,7 @@ def size_for_target(config: CapacityConfig, candidate: Candidate, result: Search
         replicas = sets * candidate.replicas
         experiment = experiment_for(config, candidate, sets)
         table = _fleet_table(config, sample, sets, target, base_dir)
-        evaluation = judge(config, [run_once(experiment, table, config)], target)
+        evaluation = fleet_verdict(config, experiment, table, target)
         attempts.append({"sets": sets, "replicas": replicas, "passed": evaluation["passed"],
                          "margins": evaluation["margins"], "metrics": evaluation["metrics"],
                          "attainment": evaluation["attainment"]})
@@ -345,7 +397,7 @@ def size_for_budget(config: CapacityConfig, candidate: Candidate, result: Search
     attempts = []
     for _ in range(VERIFY_ATTEMPTS):
         table = _fleet_table(config, sample, sets, rate, base_dir)
-        evaluation = judge(config, [run_once(experiment, table, config)], rate)
+        evaluation = fleet_verdict(config, experiment, table, rate)
         attempts.append({"rate": rate, "passed": evaluation["passed"], "margins": evaluation["margins"],
                          "metrics": evaluation["metrics"], "attainment": evaluation["attainment"]})
         if evaluation["passed"]:
@@ -355,6 +407,16 @@ def size_for_budget(config: CapacityConfig, candidate: Candidate, result: Search
     return {**base, "replicas": sets * candidate.replicas, "estimated_rate": estimate,
             "rate": final["rate"], "verified": bool(final["passed"]), "router": config.router.name,
             "attempts": attempts, "margins": final["margins"]}
+
+
+def fleet_verdict(config: CapacityConfig, experiment: ExperimentConfig, table: RequestTable,
+                  rate: float) -> dict[str, Any]:
+    """The verdict on a whole fleet serving ``table`` (one replication; a round-robin fleet is
+    simulated replica by replica, with the same latencies: ``fleet.py``)."""
+    replication = fleet_replication(experiment, table)
+    run_together([replication], config, early_stop=False)
+    values, done = replication.values()
+    return verdict(config, [latency_metrics(values, done, config)], rate)
 
 
 def _fleet_table(config: CapacityConfig, sample: WorkloadSample, sets: int, rate: float,

@@ -30,7 +30,8 @@ both become a :class:`CapacityConfig`.
     deployment: {max_num_seqs: 256}   # engine limits shared by every candidate (not tp/replicas)
     precision: {weights: bf16, activations: bf16, kv_cache: bf16}
     router: {name: round_robin}
-    search: {replications: 3, precision: 0.05, requests_per_run: null, warmup_fraction: 0.1}
+    search: {replications: 3, precision: 0.05, requests_per_run: null, warmup_fraction: 0.1,
+             early_stop: true, saturation_stop: false}   # see capacity.probe and capacity.saturation
     target_rate: 40                 # optional: size every candidate for 40 requests/s, or ...
     gpu_budget: null                # ... optional: the best deployment on exactly this many GPUs
     prices: {h100-sxm-80gb: 2.5}    # optional USD per GPU-hour, beats the profile's
@@ -216,6 +217,10 @@ class SearchConfig(StrictModel):
                                    description="earliest arrivals left out of the SLO metrics")
     max_doublings: int = Field(8, ge=1, le=20, description="bracketing steps above the first guess")
     max_halvings: int = Field(7, ge=1, le=20, description="bracketing steps below the first guess")
+    early_stop: bool = Field(True, description="stop a probe once its failure is certain (the same "
+                             "answer; its figures in capacity.json are then bounds)")
+    saturation_stop: bool = Field(False, description="also stop a probe, as failed, when its queue "
+                                  "grew in 6 windows in a row (a statistical test: it can change an answer)")
 
 
 class CapacityConfig(StrictModel):

@@ -24,13 +24,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servesim.capacity.config import CapacityConfig
 from servesim.config import ExperimentConfig
-from servesim.core.state import DONE
+from servesim.core.state import DONE, RequestState
 from servesim.cost import BOUNDS
 from servesim.errors import ServesimError
 from servesim.metrics.tables import request_latencies
@@ -38,6 +38,9 @@ from servesim.pipeline import prepare, simulate
 from servesim.topology.base import Topology
 from servesim.workloads import build_workload
 from servesim.workloads.requests import RequestTable
+
+if TYPE_CHECKING:
+    from servesim.pipeline.result import RunResult
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 _BIG = 1e300
@@ -119,10 +122,12 @@ def run_once(experiment: ExperimentConfig, table: RequestTable, config: Capacity
              topology: Topology | None = None) -> RunMetrics:
     """One simulation of ``experiment`` on ``table``, measured; ``topology``: ``experiment``'s,
     already resolved (reused across the rates of a search)."""
-    result = simulate(prepare(experiment, workload=table, topology=topology))
-    r = result.request_state
-    n = len(r)
-    judged = np.arange(n) >= math.floor(config.search.warmup_fraction * n)
+    return measure(simulate(prepare(experiment, workload=table, topology=topology)), table, config)
+
+
+def latency_values(r: RequestState) -> dict[str, np.ndarray]:
+    """Each request's TTFT, TPOT and E2E as the verdict reads them: infinite for a request that
+    did not complete, NaN TPOT for a completed one-token output."""
     done = r.status == DONE
     latency = request_latencies(r)
     values: dict[str, np.ndarray] = {}
@@ -131,6 +136,28 @@ def run_once(experiment: ExperimentConfig, table: RequestTable, config: Capacity
     tpot = latency["tpot_s"]
     tpot[~done] = np.inf
     values["tpot_s"] = tpot
+    return values
+
+
+@dataclass
+class LatencyMetrics:
+    """What the verdict reads of one replication: its percentiles, attainment and misses."""
+
+    percentiles: dict[str, float]
+    attainment: float
+    misses: dict[str, float]
+
+
+def judged_mask(n: int, config: CapacityConfig) -> np.ndarray:
+    """The requests the verdict reads: all but the first ``warmup_fraction`` (by arrival)."""
+    return np.arange(n) >= math.floor(config.search.warmup_fraction * n)
+
+
+def latency_metrics(values: dict[str, np.ndarray], done: np.ndarray, config: CapacityConfig
+                    ) -> LatencyMetrics:
+    """The percentiles, attainment and miss fractions of ``values`` (:func:`latency_values`, or
+    the same for a fleet's replicas put together), over the judged requests."""
+    judged = judged_mask(done.size, config)
     limits = config.slo.limits()
     percentiles = {key: _percentile(values[key][judged], config.slo.percentile) for key in METRICS}
     met = done[judged].copy()
@@ -140,6 +167,14 @@ def run_once(experiment: ExperimentConfig, table: RequestTable, config: Capacity
         within = (v <= limit) | np.isnan(v)
         misses[key] = float(np.mean(~within)) if v.size else 0.0
         met &= within
+    return LatencyMetrics(percentiles, float(met.mean()) if met.size else 0.0, misses)
+
+
+def measure(result: RunResult, table: RequestTable, config: CapacityConfig) -> RunMetrics:
+    """One finished simulation of ``table``, measured (see the module docstring)."""
+    r = result.request_state
+    done = r.status == DONE
+    latency = latency_metrics(latency_values(r), done, config)
     records = result.step_log.records()
     bound_seconds = {name: float(records["duration_s"][records["bound"] == i].sum())
                      for i, name in enumerate(BOUNDS)}
@@ -157,13 +192,13 @@ def run_once(experiment: ExperimentConfig, table: RequestTable, config: Capacity
                                       weights=records["duration_s"]))
     else:
         mean_kv = mean_batch = 0.0
-    return RunMetrics(percentiles=percentiles, attainment=float(met.mean()) if met.size else 0.0,
+    return RunMetrics(percentiles=latency.percentiles, attainment=latency.attainment,
                       bound_seconds=bound_seconds, preemptions=int(r.preemptions.sum()),
                       peak_kv=float(peak), mean_kv=mean_kv,
                       queue_growth_per_s=queue_growth,
                       mean_batch=mean_batch,
                       max_running=int(records["running"].max()) if records.size else 0,
-                      rejected=int(np.count_nonzero(~done)), misses=misses)
+                      rejected=int(np.count_nonzero(~done)), misses=latency.misses)
 
 
 def _percentile(values: np.ndarray, q: float) -> float:
@@ -187,8 +222,10 @@ def _queue_growth(records: np.ndarray, table: RequestTable) -> float:
     return float(np.polyfit(t, waiting, 1)[0])
 
 
-def judge(config: CapacityConfig, runs: list[RunMetrics], rate: float) -> dict[str, Any]:
-    """Mean over replications, margins against each target, and the verdict, as one record."""
+def verdict(config: CapacityConfig, runs: list[LatencyMetrics] | list[RunMetrics], rate: float
+            ) -> dict[str, Any]:
+    """The verdict at ``rate``: the mean over replications of each metric, the margins against
+    each target, and whether every margin is >= 0."""
     slo = config.slo
     limits = slo.limits()
     metrics = {key: float(np.mean([run.percentiles[key] for run in runs])) for key in METRICS}
@@ -200,16 +237,22 @@ def judge(config: CapacityConfig, runs: list[RunMetrics], rate: float) -> dict[s
             margins[key] = 0.0 if math.isnan(value) else 1.0 - value / limit
     else:
         margins["attainment"] = attainment - slo.attainment
-    passed = all(m >= 0 for m in margins.values())
-    busy = {name: float(np.sum([run.bound_seconds[name] for run in runs])) for name in BOUNDS}
-    total = sum(busy.values())
     return {
         "rate": rate,
-        "passed": passed,
+        "passed": all(m >= 0 for m in margins.values()),
         "metrics": {f"p{slo.percentile:g}_{key}": value for key, value in metrics.items()},
         "attainment": attainment,
         "miss_fractions": {key: float(np.mean([run.misses[key] for run in runs])) for key in limits},
         "margins": margins,
+    }
+
+
+def judge(config: CapacityConfig, runs: list[RunMetrics], rate: float) -> dict[str, Any]:
+    """:func:`verdict`, then what the steps say (bound shares, KV, queue, batch), as one record."""
+    busy = {name: float(np.sum([run.bound_seconds[name] for run in runs])) for name in BOUNDS}
+    total = sum(busy.values())
+    return {
+        **verdict(config, runs, rate),
         "bound_shares": {name: (s / total if total else 0.0) for name, s in busy.items()},
         "preemptions": float(np.mean([run.preemptions for run in runs])),
         "peak_kv_use": max(run.peak_kv for run in runs),

@@ -96,6 +96,16 @@ def run_until_done(sim: Sim, entry: Entry, progress: Progress | None,
     ``closed_loop``: clients send the requests, each its next one when its previous one is done
     (:mod:`servesim.core.clients`), instead of at the table's times (the workload schema refuses
     closed loops of sessions or workflows, which are closed loops already)."""
+    start_run(sim, entry, progress, closed_loop)
+    sim.env.run()
+
+
+def start_run(sim: Sim, entry: Entry, progress: Progress | None,
+              closed_loop: ClosedLoop | None = None) -> None:
+    """Everything :func:`run_until_done` does before it runs the clock: start the arrivals (or
+    the clients) and the progress monitor. A caller that runs the clock in slices
+    (``env.run(until=...)``, e.g. the capacity planner stopping a probe whose verdict is settled)
+    starts the run with this; slicing only reads state between events, so it changes nothing."""
     links = sim.workload.links
     if closed_loop is not None:
         Clients(sim.env, sim.requests, entry, closed_loop).start()
@@ -108,7 +118,6 @@ def run_until_done(sim: Sim, entry: Entry, progress: Progress | None,
     if progress is not None:
         sim.env.process(_monitor(sim.env, sim.requests, progress,
                                  every_s=max(1.0, sim.workload.duration_s / 200)))
-    sim.env.run()
 
 
 def _monitor(env: simpy.Environment, requests: RequestState, progress: Progress,

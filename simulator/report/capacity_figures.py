@@ -65,7 +65,8 @@ def _candidate_traces(data: CapacityData, record: dict[str, Any], panels: list[s
         shown = np.where(np.isfinite(raw), np.minimum(raw, cap), cap)
         marker_symbols = np.where(np.isfinite(raw) & (raw <= cap), symbols, "triangle-up")
         text = [f"{'∞ (a request never served)' if not math.isfinite(v) else _fmt(v, metric.unit)}"
-                for v in raw]
+                if "stopped_early" not in e else f"≥ {_fmt(v, metric.unit)} (stopped once certain to fail)"
+                for v, e in zip(raw, evaluations, strict=True)]
         custom = np.column_stack([step, phase, np.where(passed, "passed", "failed"), text])
         out.append((go.Scatter(
             x=rates, y=shown * metric.scale, mode="lines+markers", name=record["candidate"],
