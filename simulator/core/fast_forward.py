@@ -77,15 +77,16 @@ def price_steps(cost: CostModel, context: np.ndarray, first: StepRecord, start: 
                 count: int) -> np.ndarray:
     """Records of decode steps ``start .. start + count - 1`` of a run over ``context`` whose step
     0 the replica priced as ``first`` (through :meth:`~servesim.cost.CostModel.step_record`), one
-    row per step: from the cost model's decode-run pricing (the same formulas, without building
-    each step's batch) when it has one and gives ``first`` for step 0 to the last bit, else through
-    ``step_record`` step by step. The check catches a cost model whose ``step_record`` gained a
-    term its decode-run pricing lacks."""
+    row per step, from the cost model's vectorised run pricing (the same formulas element by
+    element); step 0 must give ``first`` to the last bit, else (a cost model whose
+    ``step_record`` gained a term its run pricing lacks) every step is priced through
+    ``step_record`` one by one, which stays exact."""
     records = cost.decode_run_records(context, count, start)
-    if records is None or (start == 0 and records[0] != first):
+    if records is None or (start == 0 and tuple(records[0].tolist()) != tuple(first)):
         step_record = cost.step_record
-        records = [step_record(BatchShape.decodes_only(context + j)) for j in range(start, start + count)]
-    return np.array(records, dtype=np.float64)
+        return np.array([step_record(BatchShape.decodes_only(context + j))
+                         for j in range(start, start + count)], dtype=np.float64)
+    return records
 
 
 def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, ids: np.ndarray,

@@ -37,12 +37,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from servesim.cost.attention import AttentionShape, decode_attention, decode_attention_of, prefill_attention
+from servesim.cost.attention import (
+    AttentionShape,
+    decode_attention,
+    decode_attention_run,
+    decode_run_keys,
+    prefill_attention,
+)
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
-from servesim.cost.roofline import OpCost, roofline
+from servesim.cost.roofline import OpCost, OpCosts, roofline
 from servesim.dtypes import DType, Precision
 from servesim.engines.base import RuntimeCosts, default_runtime
 from servesim.hardware import HardwareProfile
@@ -468,28 +474,82 @@ class CostModel:
                           part.elementwise_s, part.comm_s, step_overhead)
 
     def decode_run_records(self, decode_context: np.ndarray, steps: int, first_step: int = 0
-                           ) -> list[StepRecord] | None:
+                           ) -> np.ndarray | None:
         """:meth:`step_record` of ``steps`` pure-decode steps in which the same requests decode
-        over ``decode_context + j`` cached tokens (step ``j``, from ``first_step``), without
-        building each step's batch: the same token part, the same decode-attention formula
-        (:func:`~servesim.cost.attention.decode_attention_of`, fed the same key count) and the same
-        :meth:`_record`, so each record is the very one :meth:`step_record` gives. None where the
-        keys need every context (windowed or chunked attention): the caller then calls
-        :meth:`step_record` per step. Fast-forward (``servesim.core.fast_forward``) prices its runs
-        with it."""
+        over ``decode_context + j`` cached tokens (step ``j``, from ``first_step``), in one
+        vectorised computation, as rows of the :class:`StepRecord` fields (``steps x 12``): the
+        batch's counts (so its token part, CUDA-graph size and mode, host time and collectives)
+        are the same in every step; only the attention keys grow, counted exactly per step
+        (:func:`~servesim.cost.attention.decode_run_keys`: KV tiles, windows, chunks) and priced by
+        :func:`~servesim.cost.attention.decode_attention_run`, then assembled by
+        :meth:`_record_run` and timed by :meth:`EngineRuntime.time_run`, each the element-wise
+        twin of the per-step formula beside it, so every row is the record :meth:`step_record`
+        gives that step, bit for bit. Fast-forward (``servesim.core.fast_forward``) prices its runs
+        with it; None for an empty run."""
         n = int(decode_context.size)
-        if n == 0 or steps <= 0 or any(shape.chunk is not None or shape.window is not None
-                                       for shape, _ in self._attention_groups):
+        if n == 0 or steps <= 0:
             return None
-        if self._engine is not None or self.hardware.efficiency.attention_decode.key_tile > 1:
-            return None  # an engine runtime (graph padding, host time) or KV tiles: per step
-        part = self._token_part(n, n)
-        groups = [(shape, self.hardware, self.bf16_peak, self._kv_bytes, count)
-                  for shape, count in self._attention_groups]
-        record, decodes, first_sum = self._record, float(n), int(decode_context.sum())
-        return [record(part, [decode_attention_of(decodes, float(first_sum + n * j) + decodes, *args)
-                              for args in groups])
-                for j in range(first_step, first_step + steps)]
+        batch = BatchShape.decodes_only(decode_context + first_step)  # its counts hold for the run
+        engine = self._engine
+        timing: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+        if engine is None:
+            part = self._token_part(n, n)
+        else:
+            priced, mode = engine.plan(batch)
+            part = self._token_part(priced, batch.num_logits)
+
+            def timing(kernels_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                return engine.time_run(batch, kernels_s, mode)
+
+        tile = self.hardware.efficiency.attention_decode.key_tile
+        ops = [decode_attention_run(float(n), decode_run_keys(decode_context, first_step, steps, shape, tile),
+                                    shape, self.hardware, self.bf16_peak, self._kv_bytes, count)
+               for shape, count in self._attention_groups]
+        return self._record_run(part, ops, steps, timing)
+
+    def _record_run(self, part: _TokenPart, batch_ops: list[OpCosts], steps: int,
+                    timing: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None) -> np.ndarray:
+        """:meth:`_record` of every step of a run at once (``batch_ops`` hold one value per step),
+        the same sums in the same order, element by element; rows of the :class:`StepRecord`
+        fields."""
+        total = np.full(steps, part.total_s)
+        compute_s = np.full(steps, part.compute_s)
+        memory_s = np.full(steps, part.memory_s)
+        overhead_s: np.ndarray | float = part.overhead_s
+        flops: np.ndarray | float = part.flops
+        nbytes: np.ndarray | float = part.hbm_bytes
+        gemm_s: np.ndarray | float = part.gemm_s
+        decode_s: np.ndarray | float = 0.0
+        for op in batch_ops:
+            time_s = op.time_s
+            total = total + time_s
+            compute_bound = op.compute_bound
+            compute_s = compute_s + np.where(compute_bound, op.compute_s, 0.0)
+            memory_s = memory_s + np.where(compute_bound, 0.0, op.memory_s)
+            overhead_s = overhead_s + op.fixed_s
+            flops = flops + op.flops
+            nbytes = nbytes + op.bytes
+            if op.name == "attn_decode":
+                decode_s = decode_s + time_s
+            else:  # a run holds decodes only; other classes would be GEMMs, as in _record
+                gemm_s = gemm_s + time_s
+        step_overhead: np.ndarray | float = self._step_overhead_s
+        if timing is not None:
+            total, step_overhead = timing(total)
+            overhead_s = overhead_s + step_overhead
+        rows = np.zeros((steps, len(StepRecord._fields)))
+        sums = np.empty((4, steps))
+        sums[0], sums[1], sums[2], sums[3] = compute_s, memory_s, part.comm_s, overhead_s
+        rows[:, 0] = total
+        rows[:, 1] = np.argmax(sums, axis=0)  # the first largest, as sums.index(max(sums))
+        rows[:, 2] = flops
+        rows[:, 3] = nbytes
+        rows[:, 4] = gemm_s
+        rows[:, 6] = decode_s
+        rows[:, 7] = part.elementwise_s
+        rows[:, 8] = part.comm_s
+        rows[:, 9] = step_overhead
+        return rows
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage
