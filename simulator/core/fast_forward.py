@@ -33,6 +33,7 @@ that do not declare it) keeps the step-by-step loop.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -89,9 +90,14 @@ def price_steps(cost: CostModel, context: np.ndarray, first: StepRecord, start: 
     return records
 
 
+RunLimit = Callable[[int, np.ndarray], int]
+"""A policy's own bound on a run (``Policy.decode_run_limit`` of the batch): given the steps
+certain so far and the free KV blocks when each step is scheduled, how many of them it promises."""
+
+
 def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, ids: np.ndarray,
                     first: StepRecord, now: float, next_arrival_s: float,
-                    through_arrival: bool = False) -> DecodeRun | None:
+                    through_arrival: bool = False, policy_limit: RunLimit | None = None) -> DecodeRun | None:
     """The run of pure-decode steps that starts with the batch ``ids`` (contexts ``context``,
     priced ``first``) scheduled at ``now``, or None when fewer than :data:`MIN_RUN_STEPS` are
     certain. Called after the policy has grown the first step's blocks.
@@ -99,7 +105,9 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     ``through_arrival``: nothing reads this replica's state when a request arrives (it is the
     deployment's only replica, so routing has one answer), so the run may include the step during
     which the next request arrives (strictly inside it): the arrival only joins the waiting queue,
-    which the replica reads at the step's end, as step by step."""
+    which the replica reads at the step's end, as step by step. ``policy_limit``: the policy's own
+    bound (a decision that may change within the run, such as SGLang's admission as its
+    ``new_token_ratio`` decays)."""
     r, pool = state.requests, state.pool
     n = int(ids.size)
     left = r.output[ids] - r.generated[ids]
@@ -118,6 +126,15 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     limit = min(finishing, int(offsets[rest]) + q * bs)
     if limit < MIN_RUN_STEPS:
         return None
+    js = np.arange(limit, dtype=np.int64)
+    grown_by = n * (js // bs) + np.searchsorted(offsets, js % bs, side="right")  # in steps 1..j
+    if policy_limit is not None:
+        free_before = np.empty(limit, dtype=np.int64)  # when step j >= 1 is scheduled
+        free_before[0] = pool.free
+        free_before[1:] = pool.free - grown_by[:-1]
+        limit = min(limit, policy_limit(limit, free_before))
+        if limit < MIN_RUN_STEPS:
+            return None
     # Price the steps in growing batches (an arrival may cut the run short); the clock is the
     # step-by-step clock: start + each duration in turn, summed sequentially. Decode steps only
     # lengthen as contexts grow, so at most (distance to the arrival / first step) + 1 steps end
@@ -144,12 +161,10 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     steps = sum(part.shape[0] for part in priced)
     if steps < MIN_RUN_STEPS:
         return None
-    records = np.concatenate(priced)
+    records = priced[0] if len(priced) == 1 else np.concatenate(priced)
     times = np.concatenate(([now], *ends))
-    js = np.arange(steps, dtype=np.int64)
-    grown_by = n * (js // bs) + np.searchsorted(offsets, js % bs, side="right")
-    used = pool.total - pool.free + grown_by
-    return DecodeRun(ids, context, times, records, used, int(grown_by[-1]),
+    used = pool.total - pool.free + grown_by[:steps]
+    return DecodeRun(ids, context, times, records, used, int(grown_by[steps - 1]),
                      finished_at_end=steps == finishing)
 
 

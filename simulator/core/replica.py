@@ -65,7 +65,7 @@ class Replica:
         self.cost = cost
         self.steps = steps
         self.prompts_done = prompts_done
-        plain_pool = state.prefix_cache is None and state.swap is None
+        plain_pool = state.swap is None  # prefix caches are fine: decodes grow past the hashed prompt
         plain_cost = cost if isinstance(cost, CostModel) and state.speculation is None else None
         self.run_cost = plain_cost if prompts_done is None and plain_pool else None
         """The cost model that prices fast-forwarded runs (None: this replica never fast-forwards)."""
@@ -117,7 +117,7 @@ class Replica:
                     and batch.speculation is None and state.swap is None:
                 assert self.run_cost is not None  # set with next_arrival
                 run = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, record, now,
-                                      next_arrival(), self.sole_replica)
+                                      next_arrival(), self.sole_replica, policy.run_limit(batch))
                 delay = None if run is None else delay_to(now, float(run.times[-1]))
                 if run is not None and delay is not None:
                     waiting = len(state.waiting)
