@@ -125,8 +125,8 @@ def test_fast_forward_matches_step_by_step(seed: int, policy: dict[str, Any], ra
         document["workload"]["shared_prefix"] = {"tokens": 64, "groups": 3}
         if document.get("policy", {}).get("name") == "static":
             document["policy"] = {"name": "continuous"}
-    elif policy["name"] == "static":
-        deployment["enable_prefix_caching"] = False  # vLLM V1 caches prefixes by default
+    if document.get("policy", {}).get("name") == "static":
+        deployment["enable_prefix_caching"] = False  # vLLM V1 and SGLang cache prefixes by default
     reference, fast = both_ways(document)
     assert fast_forwarded_steps(reference) == 0
     if variant in ("speculative", "sessions"):
