@@ -32,6 +32,11 @@ from servesim.inputs.schema import FrozenModel
 Axis = Literal["tokens", "bytes"]
 
 
+SMALL_RUN = 24
+"""Below this many values, :meth:`Curve.at_many` calls :meth:`Curve.at` per value (NumPy's
+per-call overhead costs more than the loop)."""
+
+
 class Curve(FrozenModel):
     """An efficiency in (0, 1] as a function of one shape axis (log-linear, clamped ends).
 
@@ -102,11 +107,18 @@ class Curve(FrozenModel):
         ys = self._y
         if ys.size == 1:
             return np.full(values.shape, self.y[0])
-        flat = np.asarray(values, dtype=np.float64)
-        logged = np.full(flat.shape, -math.inf)
-        positive = flat > 0
-        logged[positive] = np.fromiter(map(math.log, flat[positive].tolist()), dtype=np.float64,
-                                       count=int(np.count_nonzero(positive)))
+        listed = values.tolist()
+        if len(listed) <= SMALL_RUN:
+            at = self.at
+            return np.array([at(v) for v in listed], dtype=np.float64)
+        try:
+            logged = np.fromiter(map(math.log, listed), dtype=np.float64, count=len(listed))
+        except ValueError:  # a value <= 0: at() reads it as log 0 = -inf
+            flat = np.asarray(values, dtype=np.float64)
+            logged = np.full(flat.shape, -math.inf)
+            positive = flat > 0
+            logged[positive] = np.fromiter(map(math.log, flat[positive].tolist()), dtype=np.float64,
+                                           count=int(np.count_nonzero(positive)))
         xs = self._log_x_array
         i = np.clip(np.searchsorted(xs, logged, side="right"), 1, xs.size - 1)
         low_x, low_y = xs[i - 1], ys[i - 1]

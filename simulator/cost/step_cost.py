@@ -512,9 +512,9 @@ class CostModel:
         """:meth:`_record` of every step of a run at once (``batch_ops`` hold one value per step),
         the same sums in the same order, element by element; rows of the :class:`StepRecord`
         fields."""
-        total = np.full(steps, part.total_s)
-        compute_s = np.full(steps, part.compute_s)
-        memory_s = np.full(steps, part.memory_s)
+        total: np.ndarray | float = part.total_s
+        compute_s: np.ndarray | float = part.compute_s
+        memory_s: np.ndarray | float = part.memory_s
         overhead_s: np.ndarray | float = part.overhead_s
         flops: np.ndarray | float = part.flops
         nbytes: np.ndarray | float = part.hbm_bytes
@@ -524,8 +524,13 @@ class CostModel:
             time_s = op.time_s
             total = total + time_s
             compute_bound = op.compute_bound
-            compute_s = compute_s + np.where(compute_bound, op.compute_s, 0.0)
-            memory_s = memory_s + np.where(compute_bound, 0.0, op.memory_s)
+            if compute_bound.all():
+                compute_s = compute_s + op.compute_s
+            elif not compute_bound.any():
+                memory_s = memory_s + op.memory_s
+            else:  # adding 0.0 leaves a sum as it is, as _record's skipped branch does
+                compute_s = compute_s + np.where(compute_bound, op.compute_s, 0.0)
+                memory_s = memory_s + np.where(compute_bound, 0.0, op.memory_s)
             overhead_s = overhead_s + op.fixed_s
             flops = flops + op.flops
             nbytes = nbytes + op.bytes
@@ -535,21 +540,23 @@ class CostModel:
                 gemm_s = gemm_s + time_s
         step_overhead: np.ndarray | float = self._step_overhead_s
         if timing is not None:
-            total, step_overhead = timing(total)
+            total, step_overhead = timing(np.broadcast_to(total, (steps,)))
             overhead_s = overhead_s + step_overhead
-        rows = np.zeros((steps, len(StepRecord._fields)))
-        sums = np.empty((4, steps))
+        columns = np.zeros((len(StepRecord._fields), steps))  # one row per field, then transposed
+        sums = columns[:4]  # (compute, memory, communication, overhead) before the fields overwrite it
         sums[0], sums[1], sums[2], sums[3] = compute_s, memory_s, part.comm_s, overhead_s
-        rows[:, 0] = total
-        rows[:, 1] = np.argmax(sums, axis=0)  # the first largest, as sums.index(max(sums))
-        rows[:, 2] = flops
-        rows[:, 3] = nbytes
-        rows[:, 4] = gemm_s
-        rows[:, 6] = decode_s
-        rows[:, 7] = part.elementwise_s
-        rows[:, 8] = part.comm_s
-        rows[:, 9] = step_overhead
-        return rows
+        bound = np.argmax(sums, axis=0)  # the first largest, as sums.index(max(sums))
+        columns[0] = total
+        columns[1] = bound
+        columns[2] = flops
+        columns[3] = nbytes
+        columns[4] = gemm_s
+        columns[5] = 0.0
+        columns[6] = decode_s
+        columns[7] = part.elementwise_s
+        columns[8] = part.comm_s
+        columns[9] = step_overhead
+        return columns.T
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage
