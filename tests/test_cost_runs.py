@@ -34,6 +34,7 @@ DEPLOYMENTS = [
     ("gemma-3-27b", "a100-sxm-80gb", 2, "vllm"),  # sliding and full layers, tiles
     ("qwen3-30b-a3b", "h200-sxm-141gb", 2, "sglang"),  # MoE
     ("llama-4-scout", "h100-sxm-80gb", 4, "vllm"),  # chunked attention, MoE
+    ("deepseek-v3", "h200-sxm-141gb", 8, "sglang"),  # MLA (absorbed decode), MoE, TP 8
 ]
 
 

@@ -3,9 +3,10 @@
 Between two events that change a replica's batch (an arrival routed to it, a request finishing,
 a KV-block shortfall, a policy timer) the same requests decode one token per step, every context
 one token longer. The replica asks :func:`plan_decode_run` how many of those steps are certain
-before anything could change the batch, prices each of them through the *same* cost-model entry
-point the step-by-step loop calls (``CostModel.step_record``, so a cost-model change stays exact
-here automatically), and :func:`apply_decode_run` credits them all at once. The clock advances by
+before anything could change the batch, prices them all in one NumPy computation
+(``CostModel.decode_run_records``: each per-step formula's vectorised twin, beside it, the same
+arithmetic element by element, so each row is ``CostModel.step_record``'s record of that step,
+bit for bit), and :func:`apply_decode_run` credits them all at once. The clock advances by
 one timeout that lands on the very float the step-by-step clock would reach (the same additions,
 in the same order), so every timestamp, inter-token gap and step row is the step-by-step one, bit
 for bit (``tests/test_fast_forward.py`` holds it).
@@ -24,10 +25,12 @@ preempted, the policy declared :attr:`~servesim.policies.base.Policy.fast_forwar
   the queue it joins is read at that step's end).
 - **admission**: the policy tried its waiting queue at ``t0`` and admitted nobody; with the same
   seats, the same budget, fewer free blocks and the same queue, it admits nobody at any later step
-  of the run either (that is what a policy promises by declaring the capability).
+  of the run either (that is what a policy promises by declaring the capability); a policy whose
+  admission rule itself changes from step to step (SGLang's decaying ``new_token_ratio``) bounds
+  the run through ``Policy.run_limit``.
 
-Anything else (prefix caches, host swap, pipelined or disaggregated replicas, policies and engines
-that do not declare it) keeps the step-by-step loop.
+Anything else (host swap, pipelined or disaggregated replicas, policies and engines that do not
+declare it) keeps the step-by-step loop.
 """
 
 from __future__ import annotations
