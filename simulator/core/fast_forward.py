@@ -126,7 +126,7 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     if not through_arrival and fit < 1.0:
         return None, None  # the next arrival most likely falls inside the first step
     bs = pool.block_size
-    if not np.array_equal(pool.held[ids], blocks_for(context, bs, plus=1)):
+    if not (pool.held[ids] == blocks_for(context, bs, plus=1)).all():
         return None, None  # a request holds more than its slots: the policies' growth rules differ
     # Block-boundary crossings: request i grows at steps f_i, f_i + bs, ... (f_i in [1, bs]); the
     # (free + 1)-th crossing is the first step that would preempt.
@@ -135,9 +135,8 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     limit = min(finishing, int(offsets[rest]) + q * bs)
     if limit < MIN_RUN_STEPS:
         return None, None
-    js = np.arange(limit, dtype=np.int64)
-    grown_by = n * (js // bs) + np.searchsorted(offsets, js % bs, side="right")  # in steps 1..j
     if policy_limit is not None:
+        grown_by = grown_in(offsets, bs, limit)
         free_before = np.empty(limit, dtype=np.int64)  # when step j >= 1 is scheduled
         free_before[0] = pool.free
         free_before[1:] = pool.free - grown_by[:-1]
@@ -178,9 +177,18 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
         return None, first_row
     records = priced[0] if len(priced) == 1 else np.concatenate(priced)
     times = np.concatenate(([now], *ends))
-    used = pool.total - pool.free + grown_by[:steps]
+    grown_by = grown_in(offsets, bs, steps)
+    used = pool.total - pool.free + grown_by
     return DecodeRun(ids, context, times, records, used, int(grown_by[steps - 1]),
                      finished_at_end=steps == finishing), first_row
+
+
+def grown_in(offsets: np.ndarray, block_size: int, steps: int) -> np.ndarray:
+    """Blocks the requests take in steps ``1 .. j`` of a run, for each ``j < steps``: request ``i``
+    grows at steps ``f_i, f_i + block_size, ...`` (``offsets``: the sorted ``f_i``, each in
+    ``[1, block_size]``)."""
+    js = np.arange(steps, dtype=np.int64)
+    return offsets.size * (js // block_size) + np.searchsorted(offsets, js % block_size, side="right")
 
 
 def apply_decode_run(state: ReplicaState, run: DecodeRun, steps_log: StepLog, waiting: int,

@@ -190,6 +190,9 @@ def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: 
 
 RUN_BLOCK_ELEMENTS = 1 << 20
 """Requests x steps per block when a run's key counts need every context (windows, chunks)."""
+SMALL_GRID = 4096
+"""Up to this many (request, step) pairs, whole KV tiles are counted pair by pair (fewer NumPy
+calls than the per-residue count)."""
 
 
 def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: AttentionShape,
@@ -205,6 +208,9 @@ def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: Att
     if shape.window is None and shape.chunk is None:
         if tile == 1:
             return (int(context.sum()) + n * js).astype(np.float64) + float(n)
+        if n * steps <= SMALL_GRID:  # a few NumPy calls over every (request, step) pair
+            seen = context[:, None] + (js + 1)[None, :]
+            return ((-(-seen // tile) * tile).sum(axis=0)).astype(np.float64)
         first = context + first_step + 1
         keys0 = int((-(-first // tile) * tile).sum())
         # seen_i(j) = tile * ceil((c_i + j + 1) / tile) grows by tile from step j - 1 to j exactly

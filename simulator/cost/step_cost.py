@@ -198,6 +198,8 @@ class CostModel:
         self._experts = self._expert_layer()
         self._token_cache: dict[tuple[int, int], _TokenPart] = {}
         self._moe_cache: dict[int, tuple[tuple[OpCost, ...], float]] = {}
+        self._run_batches: dict[int, BatchShape] = {}
+        """A batch of ``n`` decodes per size, for the counts of a run (:meth:`decode_run_records`)."""
         self._engine = None if self._flat else EngineRuntime(self.runtime, model, hardware, tp,
                                                               self._attn_gemms)
 
@@ -489,7 +491,9 @@ class CostModel:
         n = int(decode_context.size)
         if n == 0 or steps <= 0:
             return None
-        batch = BatchShape.decodes_only(decode_context + first_step)  # its counts hold for the run
+        batch = self._run_batches.get(n)  # only its counts are read: the same in every step
+        if batch is None:
+            batch = self._run_batches[n] = BatchShape.decode(n, 0)
         engine = self._engine
         timing: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
         if engine is None:
@@ -540,7 +544,7 @@ class CostModel:
                 gemm_s = gemm_s + time_s
         step_overhead: np.ndarray | float = self._step_overhead_s
         if timing is not None:
-            total, step_overhead = timing(np.broadcast_to(total, (steps,)))
+            total, step_overhead = timing(total if isinstance(total, np.ndarray) else np.full(steps, total))
             overhead_s = overhead_s + step_overhead
         columns = np.zeros((len(StepRecord._fields), steps))  # one row per field, then transposed
         sums = columns[:4]  # (compute, memory, communication, overhead) before the fields overwrite it
