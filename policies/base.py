@@ -16,6 +16,7 @@ so the rest of servesim asks the class instead of keeping lists of names.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -144,6 +145,14 @@ class Policy(Component, ABC):
 
     def after_step(self, batch: Batch, finished: np.ndarray, now: float) -> None:
         """Hook after a step is credited (``finished`` emitted their last token)."""
+
+    def run_limit(self, batch: Batch) -> Callable[[int, np.ndarray], int] | None:
+        """A bound on the fast-forwarded run that continues ``batch`` beyond the core's (finishes,
+        block shortfalls, arrivals), for a policy whose decisions may change within a run: called
+        with the steps certain so far and the free KV blocks when each step ``j >= 1`` is scheduled
+        (before its growth), it returns how many steps from the start it promises. None (the
+        default): the :attr:`fast_forwards_decodes` promise holds for the whole run."""
+        return None
 
     def after_run(self, batch: Batch, steps: int, finished: np.ndarray, now: float) -> None:
         """Hook after a fast-forwarded run of ``steps`` copies of the pure-decode ``batch`` (only

@@ -23,6 +23,7 @@ fixed-length benchmarks this engine is measured with set to the output length (`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import ClassVar
 
@@ -49,6 +50,10 @@ class PrefillFirst(Policy):
     name = "prefill_first"
     Options: ClassVar[type[PolicyOptions]] = PrefillFirstOptions
     chunks_prefills = True
+    fast_forwards_decodes = True
+    """A pure-decode step that admitted nobody repeats while no prompt is in progress and the
+    first waiting request does not fit; as ``new_token_ratio`` decays, the reservation shrinks
+    and it may fit later, so :meth:`run_limit` ends the run before the step where it could."""
 
     def __init__(self, replica: ReplicaState, options: PolicyOptions) -> None:
         super().__init__(replica, options)
@@ -76,6 +81,52 @@ class PrefillFirst(Policy):
     def after_step(self, batch: Batch, finished: np.ndarray, now: float) -> None:
         if batch.shape.num_prefills == 0:
             self.new_token_ratio = max(self._min_ratio, self.new_token_ratio - self._decay)
+
+    def after_run(self, batch: Batch, steps: int, finished: np.ndarray, now: float) -> None:
+        """``steps`` decode steps: the ratio decays once per step, as after each of them."""
+        self.new_token_ratio = self._decayed(steps)[-1]
+
+    def _decayed(self, steps: int) -> list[float]:
+        """The ratio after 0, 1, ..., ``steps`` more decode steps (the same subtractions as
+        :meth:`after_step`, in turn, so the same floats)."""
+        ratios = [self.new_token_ratio]
+        ratio, floor, decay = ratios[0], self._min_ratio, self._decay
+        for _ in range(steps):
+            if ratio == floor:
+                ratios.extend([floor] * (steps + 1 - len(ratios)))
+                break
+            ratio = max(floor, ratio - decay)
+            ratios.append(ratio)
+        return ratios
+
+    def run_limit(self, batch: Batch) -> Callable[[int, np.ndarray], int] | None:
+        """Steps of a run continuing the pure-decode ``batch`` before the first waiting request
+        could be admitted: step ``j`` tries it with the ratio decayed ``j`` times, the running
+        requests' outputs ``j`` tokens shorter and the free blocks the run left (a prefix-cache
+        eviction only raises its need, so its need now is a lower bound). None while nothing
+        waits (an arrival ends the run) or no budget is left for prompts; a run with a prompt in
+        progress, or more running than decoding, is not a run (no steps)."""
+        replica = self.replica
+        if batch.ids.size != replica.running.size:
+            return lambda steps, free: 0
+        budget = replica.limits.max_num_batched_tokens - (int(batch.ids.size) if self._mixed else 0)
+        if not replica.waiting or budget <= 0:
+            return None
+        r, pool = replica.requests, replica.pool
+        need = self._admission_need(replica.waiting[0])
+        running = replica.running
+        left0 = int(np.maximum(r.output[running] - r.generated[running], 0).sum())
+        n = int(running.size)
+
+        def limit(steps: int, free: np.ndarray) -> int:
+            # As _reserved_blocks at step j (no prompt left to compute: every request decodes).
+            ratios = np.array(self._decayed(steps - 1))
+            left = (left0 - n * np.arange(steps, dtype=np.int64)).astype(np.float64)
+            reserved = np.ceil(ratios * left / pool.block_size).astype(np.int64)
+            fits = np.flatnonzero(need <= free[1:] - reserved[1:])
+            return steps if fits.size == 0 else int(fits[0]) + 1
+
+        return limit
 
     # ------------------------------------------------------------------ prefill batches
     def _prefill_batch(self, now: float) -> Batch | None:
@@ -141,18 +192,24 @@ class PrefillFirst(Policy):
         if not replica.waiting or budget <= 0:
             empty = np.empty(0, dtype=np.int64)
             return empty, empty
-        r, pool = replica.requests, replica.pool
+        pool = replica.pool
         room = replica.admission_room(budget)
         available = pool.free - self._reserved_blocks()
         for request in replica.waiting:
-            _, prompt_blocks = replica.prefill_need(request)
-            total = int(r.prompt[request] + r.output[request]) - 1
-            need = prompt_blocks + int(blocks_for(total, pool.block_size)) - int(
-                blocks_for(int(r.prompt[request] + r.generated[request]), pool.block_size))
+            need = self._admission_need(request)
             if need > available or replica.try_admit(room, request, max_new=room.budget) is None:
                 break
             available -= need
         return replica.commit(room, now)
+
+    def _admission_need(self, request: int) -> int:
+        """Blocks ``request`` needs to be admitted: its prompt's, and those of all its outputs."""
+        replica = self.replica
+        r, block_size = replica.requests, replica.pool.block_size
+        _, prompt_blocks = replica.prefill_need(request)
+        total = int(r.prompt[request] + r.output[request]) - 1
+        return prompt_blocks + int(blocks_for(total, block_size)) - int(
+            blocks_for(int(r.prompt[request] + r.generated[request]), block_size))
 
     # ------------------------------------------------------------------ decode batches
     def _decoding(self) -> np.ndarray:

@@ -65,7 +65,10 @@ def experiment(**overrides: Any) -> dict[str, Any]:
 
 POLICIES = [{"name": "continuous"}, {"name": "chunked_prefill"}, {"name": "sjf"},
             {"name": "continuous", "order": "decode_first"}, {"name": "priority"},
-            {"name": "static", "batch_size": 4}]
+            {"name": "static", "batch_size": 4}, {"name": "prefill_first"},
+            {"name": "prefill_first", "mixed": True, "new_token_ratio_decay_steps": 20},
+            {"name": "no_evict"}]
+ENGINES = ["vllm-v0", "vllm", "sglang", "trtllm"]
 
 
 SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7}}
@@ -81,38 +84,52 @@ def sessions_workload(rate: float, count: int = 10) -> dict[str, Any]:
                          "think_time_s": {"dist": "exponential", "mean": 0.3}}}
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=(Phase.explicit, Phase.reuse, Phase.generate))  # shrinking a run is slow
 @given(seed=st.integers(0, 10_000), policy=st.sampled_from(POLICIES),
        rate=st.sampled_from([0.5, 4.0, 30.0, 200.0]), replicas=st.integers(1, 2),
        block_size=st.sampled_from([1, 16, 32]), max_num_seqs=st.sampled_from([4, 32, 256]),
        blocks=st.sampled_from([None, 60, 400]),
        model=st.sampled_from(["llama-3-8b", "mistral-7b", "gemma-3-27b", "qwen3-30b-a3b"]),
-       variant=st.sampled_from([None, None, "speculative", "sessions"]))
+       variant=st.sampled_from([None, None, "speculative", "sessions", "prefix"]),
+       engine=st.sampled_from(ENGINES), hardware=st.sampled_from(["h100-sxm-80gb", "a100-sxm-80gb"]))
 def test_fast_forward_matches_step_by_step(seed: int, policy: dict[str, Any], rate: float, replicas: int,
                                            block_size: int, max_num_seqs: int, blocks: int | None,
-                                           model: str, variant: str | None) -> None:
-    """Every policy, one or two replicas behind the router, tight and loose KV pools (so runs end
-    at block shortfalls and preemptions), sparse and dense arrivals, full, windowed and MoE
-    models: the same results both ways. Speculative groups and session workloads (requests
-    released by completions) cannot be read ahead: they run step by step, and stay exact."""
+                                           model: str, variant: str | None, engine: str,
+                                           hardware: str) -> None:
+    """Every engine (its runtime: graph padding, host time overlapped or serial) with its own
+    scheduler or any policy, one or two replicas behind the router, tight and loose KV pools (so
+    runs end at block shortfalls and preemptions), sparse and dense arrivals, full, windowed and
+    MoE models, KV tiles (A100), prefix caching: the same results both ways. Speculative groups
+    and session workloads (requests released by completions) cannot be read ahead: they run step
+    by step, and stay exact."""
     deployment: dict[str, Any] = {"replicas": replicas, "block_size": block_size,
                                   "max_num_seqs": max_num_seqs}
     if model == "gemma-3-27b":
         deployment["tp"] = 2
     if blocks is not None:
         deployment["num_gpu_blocks"] = max(blocks, (600 + 300) // block_size + 2)
-    if variant == "speculative" and policy["name"] == "static":  # static does not speculate
+    if variant == "speculative" and policy["name"] in ("static", "prefill_first"):  # no speculation
         policy = {"name": "continuous"}
-    document = experiment(seed=seed, model=model, policy=policy, deployment=deployment)
+    document = experiment(seed=seed, model=model, policy=policy, deployment=deployment, engine=engine,
+                          hardware=hardware)
+    if engine != "vllm-v0" and seed % 2 and not (engine == "sglang" and variant == "speculative"):
+        del document["policy"]  # the engine's own scheduler (chunked_prefill, prefill_first, no_evict)
     document["workload"]["arrival"]["rate"] = rate
     if variant == "speculative":
         document["speculative"] = SPECULATIVE
     elif variant == "sessions":
         document["workload"] = sessions_workload(rate)
+    elif variant == "prefix":
+        deployment["enable_prefix_caching"] = True
+        document["workload"]["shared_prefix"] = {"tokens": 64, "groups": 3}
+        if document.get("policy", {}).get("name") == "static":
+            document["policy"] = {"name": "continuous"}
+    if document.get("policy", {}).get("name") == "static":
+        deployment["enable_prefix_caching"] = False  # vLLM V1 and SGLang cache prefixes by default
     reference, fast = both_ways(document)
     assert fast_forwarded_steps(reference) == 0
-    if variant is not None:
+    if variant in ("speculative", "sessions"):
         assert fast_forwarded_steps(fast) == 0
     assert_same(reference, fast)
 
@@ -133,19 +150,15 @@ def test_chunked_prefill_decode_steps_take_the_decode_path() -> None:
 @pytest.mark.parametrize("overrides", [
     {"deployment": {"kind": "disaggregated", "link": {"kind": "nvlink"}}},
     {"deployment": {"pp": 2, "tp": 1}},
-    {"deployment": {"enable_prefix_caching": True},
-     "workload": {"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 60,
-                  "prompt": {"dist": "uniform", "low": 16, "high": 300},
-                  "output": {"dist": "fixed", "value": 40}, "shared_prefix": {"tokens": 128, "groups": 2}}},
     {"policy": {"name": "priority", "preemption_mode": "swap"}},
     {"speculative": SPECULATIVE},
     {"policy": {"name": "chunked_prefill"}, "speculative": SPECULATIVE},
     {"workload": sessions_workload(2.0, count=20)},
     {"deployment": {"kind": "fleet", "groups": {"a": {"replicas": 2}}}},
-], ids=["disaggregated", "pipeline", "prefix-caching", "swap", "speculative", "speculative-chunked",
+], ids=["disaggregated", "pipeline", "swap", "speculative", "speculative-chunked",
         "sessions", "fleet"])
 def test_what_does_not_declare_it_runs_step_by_step(overrides: dict[str, Any]) -> None:
-    """Topologies, pools and policies that do not declare fast-forward, speculative groups,
+    """Topologies, swap and policies that do not declare fast-forward, speculative groups,
     workloads whose requests are released by completions and fleets fall back to steps."""
     reference, fast = both_ways(experiment(seed=1, **overrides))
     assert fast_forwarded_steps(fast) == 0
@@ -184,6 +197,24 @@ def test_shipped_examples_give_the_same_results_both_ways(document: dict[str, An
     assert_same(reference, fast)
 
 
+ENGINE_EXAMPLES = [(f"{name}-{engine}", doc, engine) for name, doc in SHIPPED
+                   if "engine" in doc and isinstance(doc["engine"], str)
+                   for engine in ("vllm", "sglang", "trtllm")]
+
+
+@pytest.mark.parametrize(("document", "engine"), [(doc, engine) for _, doc, engine in ENGINE_EXAMPLES],
+                         ids=[name for name, _, _ in ENGINE_EXAMPLES])
+def test_shipped_examples_on_every_engine_give_the_same_results_both_ways(document: dict[str, Any],
+                                                                          engine: str) -> None:
+    """The shipped examples pin vLLM V0; the same experiments on vLLM V1, SGLang and TensorRT-LLM
+    (their runtimes, their KV block sizes, V1's prefix caching, 80 requests each) fast-forward
+    and give the same files both ways."""
+    document = {**document, "output": "full", "engine": engine}
+    document["workload"] = {**document["workload"], "num_requests": 80}
+    reference, fast = both_ways(document)
+    assert_same(reference, fast)
+
+
 def test_linked_workloads_turn_fast_forward_off() -> None:
     """A workload with links may release a request at any completion: the next arrival is not
     in the table, so the whole run is step by step whatever is asked."""
@@ -197,15 +228,89 @@ def test_linked_workloads_turn_fast_forward_off() -> None:
     assert Sim.start(plain, 0, fast_forward=True).fast_forward
 
 
-def test_closed_loop_clients_and_the_v1_engine_fall_back_and_stay_exact() -> None:
-    """Closed-loop clients send at completion times the request table does not hold, and vLLM V1
-    (an engine runtime with graph padding and host time) does not declare fast-forward: both run
+def test_closed_loop_clients_fall_back_and_stay_exact() -> None:
+    """Closed-loop clients send at completion times the request table does not hold: they run
     step by step under fast_forward=True, with the reference's results."""
     closed = {"arrival": {"process": "closed", "concurrency": 4}, "num_requests": 40,
               "prompt": {"dist": "uniform", "low": 16, "high": 600},
               "output": {"dist": "uniform", "low": 1, "high": 300}}
-    v1 = experiment(engine="vllm", policy={"name": "chunked_prefill"})
-    for document in (experiment(workload=closed), v1):
+    reference, fast = both_ways(experiment(workload=closed))
+    assert fast_forwarded_steps(fast) == 0
+    assert_same(reference, fast)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+@pytest.mark.parametrize("hardware", ["h100-sxm-80gb", "a100-sxm-80gb"])
+def test_every_engine_fast_forwards_with_its_scheduler(engine: str, hardware: str) -> None:
+    """vLLM V1 (chunked_prefill, prefix caching on), SGLang (prefill_first) and TensorRT-LLM
+    (no_evict) with their runtimes (CUDA-graph padding, overlapped host time; the A100 profile's
+    decode kernel reads whole KV tiles): most steps are taken in runs, and nothing changes."""
+    document = experiment(seed=3, engine=engine, hardware=hardware)
+    del document["policy"]
+    reference, fast = both_ways(document)
+    assert fast_forwarded_steps(fast) > len(fast.step_log) // 2
+    assert_same(reference, fast)
+
+
+def test_prefix_caching_pools_fast_forward() -> None:
+    """Decodes grow past the hashed prompt blocks, and an eviction only makes admission harder:
+    a prefix-caching pool under pressure (evictions inside runs) fast-forwards exactly."""
+    document = experiment(seed=1, deployment={"enable_prefix_caching": True, "num_gpu_blocks": 120},
+                          workload={"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 60,
+                                    "prompt": {"dist": "uniform", "low": 16, "high": 300},
+                                    "output": {"dist": "fixed", "value": 40},
+                                    "shared_prefix": {"tokens": 128, "groups": 2}})
+    reference, fast = both_ways(document)
+    assert fast_forwarded_steps(fast) > 0
+    assert_same(reference, fast)
+    evicted = [unit.state.pool.evicted_blocks for run in fast.groups for unit in run.replicas]
+    assert evicted == [unit.state.pool.evicted_blocks for run in reference.groups for unit in run.replicas]
+
+
+def test_sglang_runs_end_where_the_decaying_ratio_admits() -> None:
+    """SGLang's admission reserves new_token_ratio of the running outputs; the ratio decays every
+    decode step, so a request refused at a run's start may fit some steps later: the run must
+    end there. A tight pool with a queue and a fast decay: runs are cut by the policy's bound,
+    and every figure is the step-by-step one."""
+    from servesim.policies.prefill_first import PrefillFirst
+
+    document = experiment(seed=2, engine="sglang", policy={"name": "prefill_first",
+                                                           "new_token_ratio_decay_steps": 30},
+                          deployment={"num_gpu_blocks": 3000, "block_size": 1})
+    document["workload"]["arrival"]["rate"] = 200.0
+    calls: list[int] = []
+    original = PrefillFirst.run_limit
+
+    def counting(self: PrefillFirst, batch: Any) -> Any:
+        bound = original(self, batch)
+        if bound is None:
+            return None
+
+        def limit(steps: int, free: np.ndarray) -> int:
+            calls.append(int(bound(steps, free) < steps))
+            return bound(steps, free)
+        return limit
+
+    PrefillFirst.run_limit = counting  # type: ignore[method-assign]
+    try:
         reference, fast = both_ways(document)
-        assert fast_forwarded_steps(fast) == 0
-        assert_same(reference, fast)
+    finally:
+        PrefillFirst.run_limit = original  # type: ignore[method-assign]
+    assert sum(calls) > 0  # some runs were cut short by the ratio's decay
+    assert fast_forwarded_steps(fast) > 0
+    assert_same(reference, fast)
+
+
+def test_sglang_ratio_decays_as_step_by_step() -> None:
+    """after_run's decay is after_step's, applied once per step (the same floats)."""
+    from servesim.policies.prefill_first import PrefillFirst, PrefillFirstOptions
+
+    class Stub:
+        running = np.empty(0, dtype=np.int64)
+
+    policy = PrefillFirst(Stub(), PrefillFirstOptions(new_token_ratio_decay_steps=7))  # type: ignore[arg-type]
+    ratios = policy._decayed(12)
+    stepped = [policy.new_token_ratio]
+    for _ in range(12):
+        stepped.append(max(policy._min_ratio, stepped[-1] - policy._decay))
+    assert ratios == stepped and ratios[-1] == policy._min_ratio

@@ -3,9 +3,10 @@
 Between two events that change a replica's batch (an arrival routed to it, a request finishing,
 a KV-block shortfall, a policy timer) the same requests decode one token per step, every context
 one token longer. The replica asks :func:`plan_decode_run` how many of those steps are certain
-before anything could change the batch, prices each of them through the *same* cost-model entry
-point the step-by-step loop calls (``CostModel.step_record``, so a cost-model change stays exact
-here automatically), and :func:`apply_decode_run` credits them all at once. The clock advances by
+before anything could change the batch, prices them all in one NumPy computation
+(``CostModel.decode_run_records``: each per-step formula's vectorised twin, beside it, the same
+arithmetic element by element, so each row is ``CostModel.step_record``'s record of that step,
+bit for bit), and :func:`apply_decode_run` credits them all at once. The clock advances by
 one timeout that lands on the very float the step-by-step clock would reach (the same additions,
 in the same order), so every timestamp, inter-token gap and step row is the step-by-step one, bit
 for bit (``tests/test_fast_forward.py`` holds it).
@@ -24,15 +25,18 @@ preempted, the policy declared :attr:`~servesim.policies.base.Policy.fast_forwar
   the queue it joins is read at that step's end).
 - **admission**: the policy tried its waiting queue at ``t0`` and admitted nobody; with the same
   seats, the same budget, fewer free blocks and the same queue, it admits nobody at any later step
-  of the run either (that is what a policy promises by declaring the capability).
+  of the run either (that is what a policy promises by declaring the capability); a policy whose
+  admission rule itself changes from step to step (SGLang's decaying ``new_token_ratio``) bounds
+  the run through ``Policy.run_limit``.
 
-Anything else (prefix caches, host swap, pipelined or disaggregated replicas, policies and engines
-that do not declare it) keeps the step-by-step loop.
+Anything else (host swap, pipelined or disaggregated replicas, policies and engines that do not
+declare it) keeps the step-by-step loop.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,7 +44,7 @@ import numpy as np
 
 from servesim.core.kv_cache import blocks_for
 from servesim.core.state import DONE
-from servesim.cost import BatchShape, StepRecord
+from servesim.cost import BatchShape
 
 if TYPE_CHECKING:
     from servesim.core.replica_state import ReplicaState
@@ -73,61 +77,89 @@ class DecodeRun:
         return int(self.records.shape[0])
 
 
-def price_steps(cost: CostModel, context: np.ndarray, first: StepRecord, start: int,
-                count: int) -> np.ndarray:
-    """Records of decode steps ``start .. start + count - 1`` of a run over ``context`` whose step
-    0 the replica priced as ``first`` (through :meth:`~servesim.cost.CostModel.step_record`), one
-    row per step: from the cost model's decode-run pricing (the same formulas, without building
-    each step's batch) when it has one and gives ``first`` for step 0 to the last bit, else through
-    ``step_record`` step by step. The check catches a cost model whose ``step_record`` gained a
-    term its decode-run pricing lacks."""
+def price_steps(cost: CostModel, context: np.ndarray, start: int, count: int) -> np.ndarray:
+    """Records of decode steps ``start .. start + count - 1`` of a run over ``context``, one row
+    per step (the :class:`~servesim.cost.StepRecord` fields): the cost model's vectorised run
+    pricing, each row the record ``step_record`` gives that step, bit for bit
+    (``tests/test_cost_runs.py`` holds it on random batches of every kind of deployment); a cost
+    model without one is asked step by step."""
     records = cost.decode_run_records(context, count, start)
-    if records is None or (start == 0 and records[0] != first):
+    if records is None:
         step_record = cost.step_record
-        records = [step_record(BatchShape.decodes_only(context + j)) for j in range(start, start + count)]
-    return np.array(records, dtype=np.float64)
+        return np.array([step_record(BatchShape.decodes_only(context + j))
+                         for j in range(start, start + count)], dtype=np.float64)
+    return records
+
+
+RunLimit = Callable[[int, np.ndarray], int]
+"""A policy's own bound on a run (``Policy.run_limit`` of the batch): given the steps certain so
+far and the free KV blocks when each step is scheduled, how many of them it promises."""
+
+FIRST_GUESS_STEPS = 32
+"""Steps priced at first when the replica has no decode step time yet to guess the run from."""
 
 
 def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, ids: np.ndarray,
-                    first: StepRecord, now: float, next_arrival_s: float,
-                    through_arrival: bool = False) -> DecodeRun | None:
-    """The run of pure-decode steps that starts with the batch ``ids`` (contexts ``context``,
-    priced ``first``) scheduled at ``now``, or None when fewer than :data:`MIN_RUN_STEPS` are
-    certain. Called after the policy has grown the first step's blocks.
+                    now: float, next_arrival_s: float, through_arrival: bool = False,
+                    policy_limit: RunLimit | None = None, guess_s: float | None = None
+                    ) -> tuple[DecodeRun | None, np.ndarray | None]:
+    """The run of pure-decode steps that starts with the batch ``ids`` (contexts ``context``)
+    scheduled at ``now``, or None when fewer than :data:`MIN_RUN_STEPS` are certain; with it, the
+    first step's record (a row of :func:`price_steps`) when it was priced, so that a replica that
+    gets no run takes that step without pricing it again. Called after the policy has grown the
+    first step's blocks.
 
     ``through_arrival``: nothing reads this replica's state when a request arrives (it is the
     deployment's only replica, so routing has one answer), so the run may include the step during
     which the next request arrives (strictly inside it): the arrival only joins the waiting queue,
-    which the replica reads at the step's end, as step by step."""
+    which the replica reads at the step's end, as step by step. ``policy_limit``: the policy's own
+    bound (a decision that may change within the run, such as SGLang's admission as its
+    ``new_token_ratio`` decays). ``guess_s``: a recent decode step's duration on this replica, to
+    guess how many steps to price before the arrival (only a guess: the run is exact whatever it
+    is, priced in more or larger batches)."""
     r, pool = state.requests, state.pool
     n = int(ids.size)
-    left = r.output[ids] - r.generated[ids]
-    finishing = int(left.min())  # the step in which the first request finishes is the last
+    finishing = int((r.output[ids] - r.generated[ids]).min())  # the step it finishes in is the last
     if finishing < MIN_RUN_STEPS:
-        return None
-    if not through_arrival and not now + first.time_s < next_arrival_s:
-        return None
+        return None, None
+    fit = math.inf if not guess_s else (next_arrival_s - now) / guess_s
+    if not through_arrival and fit < 1.0:
+        return None, None  # the next arrival most likely falls inside the first step
     bs = pool.block_size
-    if not np.array_equal(pool.held[ids], blocks_for(context, bs, plus=1)):
-        return None  # a request holds more than its slots: the policies' growth rules differ
+    if not (pool.held[ids] == blocks_for(context, bs, plus=1)).all():
+        return None, None  # a request holds more than its slots: the policies' growth rules differ
     # Block-boundary crossings: request i grows at steps f_i, f_i + bs, ... (f_i in [1, bs]); the
     # (free + 1)-th crossing is the first step that would preempt.
     offsets = np.sort(bs - context % bs)
     q, rest = divmod(pool.free, n)
     limit = min(finishing, int(offsets[rest]) + q * bs)
     if limit < MIN_RUN_STEPS:
-        return None
+        return None, None
+    if policy_limit is not None:
+        grown_by = grown_in(offsets, bs, limit)
+        free_before = np.empty(limit, dtype=np.int64)  # when step j >= 1 is scheduled
+        free_before[0] = pool.free
+        free_before[1:] = pool.free - grown_by[:-1]
+        limit = min(limit, policy_limit(limit, free_before))
+        if limit < MIN_RUN_STEPS:
+            return None, None
     # Price the steps in growing batches (an arrival may cut the run short); the clock is the
-    # step-by-step clock: start + each duration in turn, summed sequentially. Decode steps only
-    # lengthen as contexts grow, so at most (distance to the arrival / first step) + 1 steps end
-    # before it; where they shorten the run is still exact, only priced in more batches.
-    fit = (next_arrival_s - now) / first.time_s if first.time_s > 0 else math.inf
-    count = int(min(limit, fit + 1.0)) if fit < limit else limit
+    # step-by-step clock: start + each duration in turn, summed sequentially (np.add.accumulate
+    # over [start, d0, d1, ...] is that loop, not a pairwise sum). Decode steps lengthen as
+    # contexts grow, so a little over (distance to the arrival / a recent step) steps end before
+    # it; a wrong guess costs another batch or a few steps priced for nothing, never exactness.
+    if guess_s is None:
+        count = min(limit, FIRST_GUESS_STEPS)
+    else:
+        count = limit if fit >= limit else min(limit, int(fit * 1.125) + 2)
     start, t = 0, now
     priced: list[np.ndarray] = []
     ends: list[np.ndarray] = []
+    first_row: np.ndarray | None = None
     while True:
-        rows = price_steps(cost, context, first, start, count - start)
+        rows = price_steps(cost, context, start, count - start)
+        if first_row is None:
+            first_row = rows[0]
         clock = np.add.accumulate(np.concatenate(([t], rows[:, 0])))[1:]
         inside = int(np.searchsorted(clock >= next_arrival_s, True))  # ending before the arrival
         arrived = inside < clock.size
@@ -142,14 +174,21 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
         start, count = count, min(2 * count, limit)
     steps = sum(part.shape[0] for part in priced)
     if steps < MIN_RUN_STEPS:
-        return None
-    records = np.concatenate(priced)
+        return None, first_row
+    records = priced[0] if len(priced) == 1 else np.concatenate(priced)
     times = np.concatenate(([now], *ends))
-    js = np.arange(steps, dtype=np.int64)
-    grown_by = n * (js // bs) + np.searchsorted(offsets, js % bs, side="right")
+    grown_by = grown_in(offsets, bs, steps)
     used = pool.total - pool.free + grown_by
-    return DecodeRun(ids, context, times, records, used, int(grown_by[-1]),
-                     finished_at_end=steps == finishing)
+    return DecodeRun(ids, context, times, records, used, int(grown_by[steps - 1]),
+                     finished_at_end=steps == finishing), first_row
+
+
+def grown_in(offsets: np.ndarray, block_size: int, steps: int) -> np.ndarray:
+    """Blocks the requests take in steps ``1 .. j`` of a run, for each ``j < steps``: request ``i``
+    grows at steps ``f_i, f_i + block_size, ...`` (``offsets``: the sorted ``f_i``, each in
+    ``[1, block_size]``)."""
+    js = np.arange(steps, dtype=np.int64)
+    return offsets.size * (js // block_size) + np.searchsorted(offsets, js % block_size, side="right")
 
 
 def apply_decode_run(state: ReplicaState, run: DecodeRun, steps_log: StepLog, waiting: int,

@@ -65,7 +65,7 @@ class Replica:
         self.cost = cost
         self.steps = steps
         self.prompts_done = prompts_done
-        plain_pool = state.prefix_cache is None and state.swap is None
+        plain_pool = state.swap is None  # prefix caches are fine: decodes grow past the hashed prompt
         plain_cost = cost if isinstance(cost, CostModel) and state.speculation is None else None
         self.run_cost = plain_cost if prompts_done is None and plain_pool else None
         """The cost model that prices fast-forwarded runs (None: this replica never fast-forwards)."""
@@ -92,6 +92,7 @@ class Replica:
         step_record, append, index = self.cost.step_record, steps.append, state.index
         prompts_done, next_arrival = self.prompts_done, self.next_arrival
         idle_wakes, steps_seen = 0, -1  # the livelock guard: counted on the idle path only
+        decode_guess_s: float | None = None  # a recent decode step's duration: sizes run pricing
         while True:
             now = env.now
             batch = policy.schedule(now)
@@ -111,13 +112,14 @@ class Replica:
                 self._idle = None
                 continue
             shape = batch.shape
-            record = step_record(shape)
+            record = None
             extra = batch.extra_s  # time beyond the priced model pass (KV swap copies)
             if next_arrival is not None and batch.decode_only and not batch.preempted and not extra \
                     and batch.speculation is None and state.swap is None:
                 assert self.run_cost is not None  # set with next_arrival
-                run = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, record, now,
-                                      next_arrival(), self.sole_replica)
+                run, first = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, now,
+                                             next_arrival(), self.sole_replica, policy.run_limit(batch),
+                                             decode_guess_s)
                 delay = None if run is None else delay_to(now, float(run.times[-1]))
                 if run is not None and delay is not None:
                     waiting = len(state.waiting)
@@ -127,7 +129,16 @@ class Replica:
                         state.drop_finished()
                     policy.after_run(batch, run.steps, finished, env.now)
                     self.fast_forwarded_steps += run.steps
+                    decode_guess_s = float(run.records[-1, 0])
                     continue
+                if first is not None:  # the run's pricing of this step: step_record's, bit for bit
+                    values = first.tolist()
+                    values[1] = int(values[1])
+                    record = StepRecord(*values)
+                record = step_record(shape) if record is None else record
+                decode_guess_s = record.time_s
+            if record is None:
+                record = step_record(shape)
             if extra:
                 record = record._replace(time_s=record.time_s + extra)
             proposals = batch.speculation

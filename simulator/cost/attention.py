@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servesim.cost.batch import BatchShape
-from servesim.cost.roofline import OpCost, memory_efficiency
+from servesim.cost.roofline import OpCost, OpCosts, memory_efficiency, memory_efficiency_many
 from servesim.hardware import HardwareProfile
 
 ATTENTION_IO_BYTES = 2.0
@@ -186,6 +186,70 @@ def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: 
     memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, n))
     return OpCost("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
                   memory_s * layers, eff.fixed_s * layers)
+
+
+RUN_BLOCK_ELEMENTS = 1 << 20
+"""Requests x steps per block when a run's key counts need every context (windows, chunks)."""
+SMALL_GRID = 4096
+"""Up to this many (request, step) pairs, whole KV tiles are counted pair by pair (fewer NumPy
+calls than the per-residue count)."""
+
+
+def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: AttentionShape,
+                    tile: int) -> np.ndarray:
+    """The ``keys`` :func:`decode_attention` reads in each decode step ``j`` (from ``first_step``,
+    ``steps`` of them) of a run in which the same requests decode over ``context + j`` cached
+    tokens: the same integers, summed exactly, so each is the very float the step's own call gets.
+    Full attention counts in O(requests + steps) (whole KV tiles: a request's tile count grows by
+    one in the steps where its context passes a multiple of ``tile``); windows and chunks count
+    every (request, step) pair, a block of steps at a time."""
+    n = int(context.size)
+    js = np.arange(first_step, first_step + steps, dtype=np.int64)
+    if shape.window is None and shape.chunk is None:
+        if tile == 1:
+            return (int(context.sum()) + n * js).astype(np.float64) + float(n)
+        if n * steps <= SMALL_GRID:  # a few NumPy calls over every (request, step) pair
+            seen = context[:, None] + (js + 1)[None, :]
+            return ((-(-seen // tile) * tile).sum(axis=0)).astype(np.float64)
+        first = context + first_step + 1
+        keys0 = int((-(-first // tile) * tile).sum())
+        # seen_i(j) = tile * ceil((c_i + j + 1) / tile) grows by tile from step j - 1 to j exactly
+        # when (c_i + j) is a multiple of tile.
+        residues = np.bincount(context % tile, minlength=tile)
+        grows = tile * residues[(-js[1:]) % tile]
+        return np.concatenate(([keys0], keys0 + np.cumsum(grows))).astype(np.float64)
+    keys = np.empty(steps, dtype=np.float64)
+    block = max(1, RUN_BLOCK_ELEMENTS // max(n, 1))
+    for start in range(0, steps, block):
+        part = js[start:start + block]
+        grid = context[:, None] + part[None, :]
+        if shape.chunk is not None:
+            grid = grid % shape.chunk
+            if tile == 1:
+                keys[start:start + part.size] = grid.sum(axis=0).astype(np.float64) + float(n)
+                continue
+        seen = grid + 1
+        if shape.window is not None:
+            seen = np.minimum(seen, shape.window)
+        if tile > 1:
+            seen = -(-seen // tile) * tile
+        keys[start:start + part.size] = seen.sum(axis=0).astype(np.float64)
+    return keys
+
+
+def decode_attention_run(n: float, keys: np.ndarray, shape: AttentionShape, hardware: HardwareProfile,
+                         peak_flops: float, kv_bytes: float, layers: int) -> OpCosts:
+    """:func:`decode_attention_of` for every step of a run at once (``keys`` per step, from
+    :func:`decode_run_keys`), the same arithmetic element by element: each step's cost is the
+    float its own call gives (``tests/test_cost_runs.py`` compares them)."""
+    eff = hardware.efficiency.attention_decode
+    flops = keys * shape.decode_flops_per_key
+    nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
+              + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
+    compute_s = flops / (peak_flops * eff.compute.at(n))
+    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency_many(eff, nbytes, n))
+    return OpCosts("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
+                   memory_s * layers, eff.fixed_s * layers)
 
 
 def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,

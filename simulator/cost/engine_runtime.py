@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from servesim.cost.batch import BatchShape
 from servesim.engines.base import RuntimeCosts
 from servesim.hardware import HardwareProfile
@@ -72,14 +74,31 @@ class EngineRuntime:
             return self.layers * (attention + 1) * launch
         return (self._kernels + self.layers * attention) * launch + self._eager_collectives_s
 
+    def host_s(self, batch: BatchShape, mode: GraphMode) -> tuple[float, float]:
+        """(host launch time, CPU time) of ``batch``'s step: what depends on the batch's counts
+        alone, so it is the same in every step of a fast-forwarded run (:meth:`time` and
+        :meth:`time_run` both read it here; a new host-time term that depends only on the batch's
+        counts goes here, and both stay in step)."""
+        cpu = self.runtime.cpu_s(batch.num_prefills + batch.num_decodes, batch.num_new_tokens,
+                                 batch.num_logits)
+        return self.launch_s(batch, mode), cpu
+
     def time(self, batch: BatchShape, kernels_s: float, mode: GraphMode) -> StepTiming:
         """The step's duration given its kernels' time (priced at the planned size)."""
-        runtime = self.runtime
-        gpu = max(kernels_s, self.launch_s(batch, mode))
-        cpu = runtime.cpu_s(batch.num_prefills + batch.num_decodes, batch.num_new_tokens,
-                            batch.num_logits)
-        total = max(gpu, cpu) if runtime.overlap else gpu + cpu
+        launch, cpu = self.host_s(batch, mode)
+        gpu = max(kernels_s, launch)
+        total = max(gpu, cpu) if self.runtime.overlap else gpu + cpu
         return StepTiming(total, total - kernels_s)
+
+    def time_run(self, batch: BatchShape, kernels_s: np.ndarray,
+                 mode: GraphMode) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`time` of every step of a fast-forwarded run of ``batch``'s counts (``kernels_s``
+        per step), element by element: (durations, exposed engine time). The same floats as
+        :meth:`time` step by step (``tests/test_cost_runs.py``)."""
+        launch, cpu = self.host_s(batch, mode)
+        gpu = np.maximum(kernels_s, launch)
+        total = np.maximum(gpu, cpu) if self.runtime.overlap else gpu + cpu
+        return total, total - kernels_s
 
 
 def kernels_per_step(model: ModelSpec, attention_gemms: int) -> int:

@@ -82,6 +82,8 @@ class Sglang(Engine):
     title = "SGLang 0.5"
     versions = ("0.5",)
     Knobs = SglangKnobs
+    fast_forward = True
+    """Its runtime (graphs, host time, all-reduce) is priced by the cost model from the batch alone."""
     defaults = SchedulerDefaults(policy="prefill_first", max_num_seqs=4096, block_size=1,
                                  gpu_memory_utilization=0.88, watermark=0.0, enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)

@@ -76,6 +76,8 @@ class Trtllm(Engine):
     title = "TensorRT-LLM 1.x (PyTorch backend)"
     versions = ("1.2",)
     Knobs = TrtllmKnobs
+    fast_forward = True
+    """Its runtime (graphs, host time, all-reduce) is priced by the cost model from the batch alone."""
     defaults = SchedulerDefaults(policy="no_evict", max_num_seqs=2048, block_size=32,
                                  gpu_memory_utilization=0.9, watermark=0.0, enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)

@@ -77,6 +77,8 @@ class Vllm(Engine):
     title = "vLLM 0.19 (V1 engine)"
     versions = ("0.19",)
     Knobs = VllmKnobs
+    fast_forward = True
+    """Its runtime (graphs, host time, all-reduce) is priced by the cost model from the batch alone."""
     defaults = SchedulerDefaults(policy="chunked_prefill", max_num_seqs=1024, block_size=16,
                                  gpu_memory_utilization=0.9, watermark=0.0, enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)
