@@ -25,8 +25,14 @@ GRIDS: dict[str, np.ndarray] = {
     "fixed_s": np.concatenate([[0.0], np.geomspace(1e-5, 2e-2, 40)]),
     "per_seq_s": np.concatenate([[0.0], np.geomspace(1e-7, 5e-4, 40)]),
     "per_token_s": np.concatenate([[0.0], np.geomspace(1e-9, 5e-5, 40)]),
+    "serial_fixed_s": np.concatenate([[0.0], np.geomspace(1e-6, 5e-3, 40)]),
+    "serial_per_seq_s": np.concatenate([[0.0], np.geomspace(1e-8, 1e-4, 40)]),
 }
+"""Where the coordinate descent looks (seconds). Every coefficient is >= 0; the serial fixed
+cost stops at 5 ms per step, above any host work a CUDA-graph engine leaves exposed at batch 1."""
 SCALE_GRID = np.geomspace(0.25, 4.0, 41)
+UPPER = {"serial_fixed_s": float(GRIDS["serial_fixed_s"][-1]), "serial_per_seq_s": float(GRIDS["serial_per_seq_s"][-1])}
+"""Physical bounds the polish keeps too (the grids' largest values)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ def polish(objective: Callable[[Coefficients], float], start: Coefficients, name
     def at(x: np.ndarray) -> Coefficients:
         c = start
         for name, value in zip(free, np.exp(x), strict=True):
-            c = _with(c, name, float(value))
+            c = _with(c, name, min(float(value), UPPER.get(name, np.inf)))
         return c
 
     x0 = np.log([_get(start, name) for name in free])
@@ -168,6 +174,10 @@ def _with(c: Coefficients, name: str, value: float) -> Coefficients:
         return replace(c, per_seq_s=float(value))
     if name == "per_token_s":
         return replace(c, per_token_s=float(value))
+    if name == "serial_fixed_s":
+        return replace(c, serial_fixed_s=float(value))
+    if name == "serial_per_seq_s":
+        return replace(c, serial_per_seq_s=float(value))
     raise ValueError(f"unknown coefficient {name!r}")
 
 

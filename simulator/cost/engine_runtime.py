@@ -13,7 +13,10 @@ The cost model prices the kernels; this module adds what the engine does around 
    The GPU cannot run ahead of its launches, so its busy time is
    ``max(kernels, host launch time)``.
 2. **CPU work per step** (``RuntimeCosts.cpu_s``): serial with the GPU (``time = GPU + CPU``)
-   or overlapped with it (``time = max(GPU, CPU)``).
+   or overlapped with it (``time = max(GPU, CPU)``); plus the part no overlap hides
+   (``RuntimeCosts.serial_s``: ``time = max(GPU, CPU) + serial``). Both are functions of the
+   batch alone (sequences, new tokens, sampled tokens), so a run of identical decode steps has
+   one duration.
 
 What the step spends beyond its kernels is reported as the engine's ``overhead`` (the step
 log's ``op_overhead_s``), so the operator classes still sum to the step time.
@@ -79,6 +82,9 @@ class EngineRuntime:
         cpu = runtime.cpu_s(batch.num_prefills + batch.num_decodes, batch.num_new_tokens,
                             batch.num_logits)
         total = max(gpu, cpu) if runtime.overlap else gpu + cpu
+        if runtime.has_serial:
+            total += runtime.serial_s(batch.num_prefills + batch.num_decodes, batch.num_new_tokens,
+                                      batch.num_logits)
         return StepTiming(total, total - kernels_s)
 
 
