@@ -31,7 +31,7 @@ GRIDS: dict[str, np.ndarray] = {
 """Where the coordinate descent looks (seconds). Every coefficient is >= 0; the serial fixed
 cost stops at 5 ms per step, above any host work a CUDA-graph engine leaves exposed at batch 1."""
 SCALE_GRID = np.geomspace(0.25, 4.0, 41)
-UPPER = {"serial_fixed_s": float(GRIDS["serial_fixed_s"][-1]), "serial_per_seq_s": float(GRIDS["serial_per_seq_s"][-1])}
+UPPER = {name: float(GRIDS[name][-1]) for name in ("serial_fixed_s", "serial_per_seq_s")}
 """Physical bounds the polish keeps too (the grids' largest values)."""
 
 
@@ -46,6 +46,8 @@ class Measurement:
     tpot_s: np.ndarray
     group: str = ""
     """What it belongs to for leave-one-out (a model)."""
+    weights: np.ndarray | None = None
+    """Per selected request, its weight in the mean (None: equal), when one number was measured."""
 
     def predicted(self, c: Coefficients) -> tuple[np.ndarray, np.ndarray]:
         """Predicted TTFT and TPOT comparable with ``ttft_s`` / ``tpot_s`` (means when those
@@ -53,8 +55,19 @@ class Measurement:
         ttft, tpot = self.trace.evaluate(c)
         ttft, tpot = ttft[self.requests], tpot[self.requests]
         if self.ttft_s.size == 1:
-            return np.array([np.nanmean(ttft)]), np.array([np.nanmean(tpot)])
+            w = self.weights
+            return np.array([weighted_mean(ttft, w)]), np.array([weighted_mean(tpot, w)])
         return ttft, tpot
+
+
+def weighted_mean(values: np.ndarray, weights: np.ndarray | None) -> float:
+    """Mean of the finite ``values`` (NaN when none), each with its weight."""
+    ok = np.isfinite(values)
+    if not ok.any():
+        return float("nan")
+    if weights is None:
+        return float(values[ok].mean())
+    return float(np.average(values[ok], weights=weights[ok]))
 
 
 METRICS = ("ttft", "tpot")

@@ -11,8 +11,12 @@ How the benchmark ran (AIConfigurator's ``bench_run.sh.j2``: ``aiperf profile --
 waits for every warm-up response before it starts profiling (its ``docs/tutorials/warmup.md``),
 so the profiled phase starts, like the replay, with all N clients sending at once, and fixed
 lengths keep them in phase from then on in the replay as in the benchmark; that lock-step is the
-benchmark's, not an artefact. Its first round is 1/20 of the profiled requests; the replay's
-first ``warmup`` rounds stand for the warm-up and the measured rounds for the steady state.
+benchmark's, not an artefact. The simulator has no cold start (no compilation, no cache state
+carried over: the prefix cache is off), so a drained warm-up leaves nothing behind and the
+replay's first round *is* the profiled phase's first round: it counts as 1/20 of the mean
+(:data:`PROFILED_ROUNDS`), and the ``measured`` rounds after it stand for the other 19, the steady
+state. (Before, the first round was discarded as a warm-up: the same when the clients stay in
+lock-step, lower where prefill chunking spreads the first round's prompts out.)
 
 A single-group deployment's schedule is traced once per row with the engine's CPU work set to
 zero (:mod:`servesim.calibration.replay`), so predicting with any CPU coefficients, fitting them,
@@ -40,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.atomic_io import atomic_write_text
-from servesim.calibration.engine_fit import Measurement, fit, leave_one_model_out
+from servesim.calibration.engine_fit import Measurement, fit, leave_one_model_out, weighted_mean
 from servesim.calibration.replay import ZERO_CPU, Coefficients, ScheduleTrace, simulate_document, trace_run
 from servesim.calibration.serving_data import HARDWARE, ServingFile, ServingRow, read_serving_file
 from servesim.config import validate_document
@@ -49,7 +53,24 @@ from servesim.errors import ServesimError
 from servesim.pipeline import prepare
 
 WARMUP = 1
+"""Rounds the profiled phase starts with, all clients sending at once."""
 MEASURED = 3
+"""Simulated rounds after it, standing for the steady state."""
+PROFILED_ROUNDS = 20
+"""aiperf ``--num-requests 20N`` in AIConfigurator's recipe (serving/README.md): 20 rounds of N
+requests are profiled; the first ``WARMUP`` of them weigh that share of the mean."""
+
+
+def round_weights(concurrency: int, warmup: int, total: int) -> np.ndarray:
+    """Per request of a replayed row (in request order), its weight in the predicted mean: the
+    first ``warmup`` rounds weigh ``warmup / PROFILED_ROUNDS``, the rest share the remainder."""
+    first = min(warmup * concurrency, total)
+    weights = np.empty(total)
+    later = total - first
+    burst_share = warmup / PROFILED_ROUNDS if later else 1.0
+    weights[:first] = burst_share / max(first, 1)
+    weights[first:] = (1 - burst_share) / max(later, 1)
+    return weights
 FIT_PARAMS = ("fixed_s", "per_seq_s")
 FIT_METRICS = ("tpot",)
 """The CPU work per step sets the step time, which TPOT measures directly; a closed loop's TTFT
@@ -67,10 +88,10 @@ class TracedRow:
 
     def measurement(self, warmup: int) -> Measurement:
         assert self.trace is not None
-        first = warmup * self.row.concurrency
-        requests = np.arange(first, self.trace.done.size)
-        return Measurement(self.trace, requests, np.array([self.row.ttft_s]), np.array([self.row.tpot_s]),
-                           group=self.row.model)
+        total = self.trace.done.size
+        return Measurement(self.trace, np.arange(total), np.array([self.row.ttft_s]),
+                           np.array([self.row.tpot_s]), group=self.row.model,
+                           weights=round_weights(self.row.concurrency, warmup, total))
 
 
 def replayable(row: ServingRow) -> bool:
@@ -96,16 +117,14 @@ def _simulate(args: tuple[ServingRow, int, int, Coefficients]) -> tuple[int, flo
     """(row, mean TTFT, mean TPOT) of the measured requests of one simulated row."""
     row, warmup, measured, c = args
     requests = simulate_document(row.document(warmup + measured, c.knobs())).requests
-    done = requests.iloc[warmup * row.concurrency:]
-    done = done[done["status"] == "completed"]
-    ttft = (done["first_token_s"] - done["arrival_s"]).to_numpy(float)
-    outputs = done["output_tokens"].to_numpy(float)
+    completed = (requests["status"] == "completed").to_numpy()
+    weights = round_weights(row.concurrency, warmup, len(requests))
+    ttft = np.where(completed, (requests["first_token_s"] - requests["arrival_s"]).to_numpy(float), np.nan)
+    outputs = requests["output_tokens"].to_numpy(float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(outputs > 1, (done["finish_s"] - done["first_token_s"]).to_numpy(float) / (outputs - 1),
-                        np.nan)
-    if not len(done):
-        return row.row, float("nan"), float("nan")
-    return row.row, float(np.nanmean(ttft)), float(np.nanmean(tpot))
+        decoding = (requests["finish_s"] - requests["first_token_s"]).to_numpy(float)
+        tpot = np.where(completed & (outputs > 1), decoding / (outputs - 1), np.nan)
+    return row.row, weighted_mean(ttft, weights), weighted_mean(tpot, weights)
 
 
 def simulate_rows(traced: list[TracedRow], coefficients: dict[int, Coefficients], warmup: int,
@@ -182,13 +201,14 @@ def summarise(rows: pd.DataFrame, total_rows: int) -> pd.DataFrame:
                     "ttft_p90_ape_%": group["ttft_ape_%"].quantile(0.9),
                     "tpot_p90_ape_%": group["tpot_ape_%"].quantile(0.9),
                     "within_tpot10_ttft20_%": 100 * within.mean(),
-                    "simulated_rows": int((group["replay"] == "simulated").sum()) if "replay" in group else 0})
+                    "simulated_rows": int((group["replay"] == "simulated").sum())})
     return pd.DataFrame(out)
 
 
 def skipped_table(data: ServingFile, traced: list[TracedRow]) -> pd.DataFrame:
     refused = pd.DataFrame([{"row": t.row.row, "backend": t.row.engine, "model": t.row.hf_model,
-                             "system": t.row.gpu, "reason": t.problem} for t in traced if t.problem is not None],
+                             "system": t.row.gpu, "reason": t.problem}
+                            for t in traced if t.problem is not None],
                            columns=["row", "backend", "model", "system", "reason"])
     return pd.concat([data.skipped, refused], ignore_index=True).sort_values("row")
 
@@ -289,7 +309,8 @@ def runtime_profile_yaml(engine: str, c: Coefficients, provenance: str) -> str:
     """An engine runtime profile (``configs/engines/<engine>.yaml`` or ``engine.profile``)."""
     import yaml
 
-    entry: dict[str, object] = {"fixed_s": float(f"{c.fixed_s:.4g}"), "per_seq_s": float(f"{c.per_seq_s:.4g}"),
+    entry: dict[str, object] = {"fixed_s": float(f"{c.fixed_s:.4g}"),
+                                "per_seq_s": float(f"{c.per_seq_s:.4g}"),
                                 "per_token_s": float(f"{c.per_token_s:.4g}"), "per_sample_s": 0.0}
     if c.serial_fixed_s or c.serial_per_seq_s:
         entry.update(serial_fixed_s=float(f"{c.serial_fixed_s:.4g}"),
@@ -308,10 +329,11 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
         errors = "; ".join(f"{r['gpu']}: {r['rows']} rows, TTFT median {r['ttft_median_ape_%']:.1f}%, "
                            f"TPOT median {r['tpot_median_ape_%']:.1f}%" for _, r in part.iterrows())
         provenance = (f"fitted {date} by servesim calibrate fit-serving to the mean TPOT of "
-                      f"{result.rows_used[engine]} measured closed-loop deployments of {source} (CPU "
-                      f"time per step and per scheduled sequence, other coefficients 0; with the "
-                      f"kernels fixed, it also absorbs what the kernels' prices miss end to end, so "
-                      f"it is an effective cost, larger than a profiler would show); "
+                      f"{result.rows_used[engine]} measured closed-loop deployments of {source} "
+                      f"(single-group rows, re-timed; host time per step and per scheduled sequence that "
+                      f"overlaps the GPU, and the serial part the GPU waits for, each >= 0, the serial "
+                      f"part at most 5 ms + 100 us per sequence; with the kernels fixed, it also absorbs "
+                      f"what the kernels' prices miss end to end, so it is an effective cost); "
                       f"leave-one-model-out median APE by GPU: {errors or 'n/a'}")
         path = Path(out_dir) / f"{engine}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)

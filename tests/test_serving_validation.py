@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from servesim.calibration.engine_fit import weighted_mean
 from servesim.calibration.replay import Coefficients
 from servesim.calibration.serving_data import ServingRow, read_serving_file
-from servesim.calibration.serving_validate import fit_serving, trace_rows, validate_serving
+from servesim.calibration.serving_validate import fit_serving, round_weights, trace_rows, validate_serving
 from servesim.errors import ServesimError
 
 TRUTH = Coefficients(fixed_s=2e-2, per_seq_s=1e-3)
@@ -98,7 +99,8 @@ def test_parallel_layouts_map_to_the_deployment() -> None:
                       gpu="b200_sxm", tp=1, precision="fp4", isl=1024, osl=1024, concurrency=64,
                       ttft_s=1.0, tpot_s=0.1, version="", dp=8, ep=8)
     document = base.document(2)
-    assert {k: document["deployment"][k] for k in ("tp", "pp", "dp", "ep")} == {"tp": 1, "pp": 1, "dp": 8, "ep": 8}
+    layout = {k: document["deployment"][k] for k in ("tp", "pp", "dp", "ep")}
+    assert layout == {"tp": 1, "pp": 1, "dp": 8, "ep": 8}
     assert document["precision"] == {"weights": "nvfp4", "activations": "nvfp4", "kv_cache": "bf16"}
     split = ServingRow(**{**base.__dict__, "prefill": (2, 4, 1, 4), "decode": (1, 1, 8, 8)})
     deployment = split.document(2)["deployment"]
@@ -137,3 +139,16 @@ def test_a_file_in_another_format_is_one_line(tmp_path: Path) -> None:
     path.write_text("a,b\n1,2\n")
     with pytest.raises(ServesimError, match=r"missing column\(s\) backend, model_path"):
         read_serving_file(path)
+
+
+def test_the_first_round_weighs_one_twentieth_of_the_profiled_mean() -> None:
+    """aiperf profiles 20 rounds of N requests after a drained warm-up: the replay's first round
+    (all clients at once) is one of them, the three simulated after it stand for the other 19.
+    First-round TTFT 10 s, later 2 s: 10 / 20 + 2 * 19 / 20 = 2.4 s."""
+    weights = round_weights(concurrency=4, warmup=1, total=16)
+    assert weights[:4] == pytest.approx([1 / 80] * 4) and weights[4:] == pytest.approx([19 / 240] * 12)
+    ttft = np.array([10.0] * 4 + [2.0] * 12)
+    assert weighted_mean(ttft, weights) == pytest.approx(2.4)
+    ttft[5] = np.nan  # a request that did not complete is left out, the others keep their weights:
+    # (4 * 10 / 80 + 11 * 2 * 19 / 240) / (4 / 80 + 11 * 19 / 240) = 2.2417 / 0.92083
+    assert weighted_mean(ttft, weights) == pytest.approx(2.43439, rel=1e-5)
