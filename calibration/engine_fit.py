@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from servesim.calibration.replay import KERNEL_CLASSES, Coefficients, ScheduleTrace
+from servesim.calibration.stacked_means import StackedMeans
 
 GRIDS: dict[str, np.ndarray] = {
     "fixed_s": np.concatenate([[0.0], np.geomspace(1e-5, 2e-2, 40)]),
@@ -103,7 +104,10 @@ def fit(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s",
     the scales of ``scale_classes`` (names from ``KERNEL_CLASSES``); the others stay as in
     ``start``."""
     best = start or Coefficients()
-    objective: Callable[[Coefficients], float] = lambda c: loss(measurements, c, metrics)  # noqa: E731
+    stacked = None if scale_classes else StackedMeans.build(measurements, best.scales)
+    objective: Callable[[Coefficients], float] = (
+        (lambda c: loss(measurements, c, metrics)) if stacked is None
+        else (lambda c: stacked.loss(c, metrics)))  # all rows in one pass (same loss, to rounding)
     best_loss = objective(best)
     names = (*params, *(f"scale:{k}" for k in scale_classes))
     for refine in range(rounds):

@@ -283,6 +283,15 @@ def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: in
     error of that fit."""
     data = read_serving_file(path)
     traced = trace_rows([r for r in data.rows if r.engine in engines], warmup, measured, workers)
+    return fit_traced(data, traced, workers, warmup, measured, engines, params, metrics)
+
+
+def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, warmup: int = WARMUP,
+               measured: int = MEASURED, engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
+               params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS,
+               simulate: bool = True) -> ServingFit:
+    """:func:`fit_serving` on rows already traced (``simulate`` False: leave the simulated rows'
+    predictions out, to compare fits quickly)."""
     fitted: dict[str, Coefficients] = {}
     lomo: dict[int, Coefficients] = {}
     used: dict[str, int] = {}
@@ -298,7 +307,8 @@ def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: in
             if t.row.engine == engine and (t.trace is not None or t.simulated):
                 # a model with no re-timed rows is predicted from all of them (none are its own)
                 lomo[t.row.row] = per_model.get(t.row.model, fitted[engine])
-    simulated = simulate_rows([t for t in traced if t.row.row in lomo], lomo, warmup, measured, workers)
+    simulated = (simulate_rows([t for t in traced if t.row.row in lomo], lomo, warmup, measured, workers)
+                 if simulate else {})
     rows = prediction_rows([t for t in traced if t.row.row in lomo], lomo, warmup, "leave-one-model-out",
                            simulated)
     return ServingFit(fitted, rows, summarise(rows, data.total - data.duplicates),

@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servesim.calibration.engine_fit import weighted_mean
+from servesim.calibration.engine_fit import loss, weighted_mean
 from servesim.calibration.replay import Coefficients
 from servesim.calibration.serving_data import ServingRow, read_serving_file
 from servesim.calibration.serving_validate import fit_serving, round_weights, trace_rows, validate_serving
+from servesim.calibration.stacked_means import StackedMeans
 from servesim.errors import ServesimError
 
 TRUTH = Coefficients(fixed_s=2e-2, per_seq_s=1e-3)
@@ -152,3 +153,17 @@ def test_the_first_round_weighs_one_twentieth_of_the_profiled_mean() -> None:
     ttft[5] = np.nan  # a request that did not complete is left out, the others keep their weights:
     # (4 * 10 / 80 + 11 * 2 * 19 / 240) / (4 / 80 + 11 * 19 / 240) = 2.2417 / 0.92083
     assert weighted_mean(ttft, weights) == pytest.approx(2.43439, rel=1e-5)
+
+
+def test_the_stacked_loss_is_the_row_by_row_loss(serving_file: Path) -> None:
+    """The fit's one-pass evaluation of many rows gives the loss of evaluating them one by one
+    (to rounding), with serial and overlapped host terms, for TPOT alone and with TTFT."""
+    data = read_serving_file(serving_file)
+    traced = [t for t in trace_rows(data.rows, warmup=1, measured=3) if t.trace is not None]
+    measurements = [t.measurement(1) for t in traced]
+    stacked = StackedMeans.build(measurements, Coefficients().scales)
+    assert stacked is not None
+    for c in (Coefficients(), Coefficients(fixed_s=2e-2, per_seq_s=1e-3, serial_fixed_s=4e-4,
+                                           serial_per_seq_s=2e-6)):
+        for metrics in (("tpot",), ("ttft", "tpot")):
+            assert stacked.loss(c, metrics) == pytest.approx(loss(measurements, c, metrics), rel=1e-9)
