@@ -284,7 +284,9 @@ class CpuCosts:
 
 
 UNFITTED_CPU = CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
-                        "sequence (scheduler, input preparation, sampler, output processing); not measured")
+                        "sequence (scheduler, input preparation, sampler, output processing), overlapped, "
+                        "and 0.1 ms per step serial (the sampled tokens' return to the host before the next "
+                        "step launches); not measured", serial_fixed_s=1e-4)
 """The host costs an overlapping engine starts from until ``configs/engines/<name>.yaml`` fits them."""
 
 
