@@ -338,11 +338,12 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
         part = lomo[(lomo["engine"] == engine)] if len(lomo) else lomo
         errors = "; ".join(f"{r['gpu']}: {r['rows']} rows, TTFT median {r['ttft_median_ape_%']:.1f}%, "
                            f"TPOT median {r['tpot_median_ape_%']:.1f}%" for _, r in part.iterrows())
+        serial = ("the serial part the GPU waits for also fitted, >= 0, at most 5 ms + 100 us per sequence"
+                  if c.serial_fixed_s or c.serial_per_seq_s else "no serial part (not fitted)")
         provenance = (f"fitted {date} by servesim calibrate fit-serving to the mean TPOT of "
                       f"{result.rows_used[engine]} measured closed-loop deployments of {source} "
                       f"(single-group rows, re-timed; host time per step and per scheduled sequence that "
-                      f"overlaps the GPU, and the serial part the GPU waits for, each >= 0, the serial "
-                      f"part at most 5 ms + 100 us per sequence; with the kernels fixed, it also absorbs "
+                      f"overlaps the GPU, >= 0; {serial}; with the kernels fixed, it also absorbs "
                       f"what the kernels' prices miss end to end, so it is an effective cost); "
                       f"leave-one-model-out median APE by GPU: {errors or 'n/a'}")
         path = Path(out_dir) / f"{engine}.yaml"
