@@ -20,13 +20,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from servesim.calibration.replay import KERNEL_CLASSES, Coefficients, ScheduleTrace
+from servesim.calibration.stacked_means import StackedMeans
 
 GRIDS: dict[str, np.ndarray] = {
     "fixed_s": np.concatenate([[0.0], np.geomspace(1e-5, 2e-2, 40)]),
     "per_seq_s": np.concatenate([[0.0], np.geomspace(1e-7, 5e-4, 40)]),
     "per_token_s": np.concatenate([[0.0], np.geomspace(1e-9, 5e-5, 40)]),
+    "serial_fixed_s": np.concatenate([[0.0], np.geomspace(1e-6, 5e-3, 40)]),
+    "serial_per_seq_s": np.concatenate([[0.0], np.geomspace(1e-8, 1e-4, 40)]),
 }
+"""Where the coordinate descent looks (seconds). Every coefficient is >= 0; the serial fixed
+cost stops at 5 ms per step, above any host work a CUDA-graph engine leaves exposed at batch 1."""
 SCALE_GRID = np.geomspace(0.25, 4.0, 41)
+UPPER = {name: float(GRIDS[name][-1]) for name in ("serial_fixed_s", "serial_per_seq_s")}
+"""Physical bounds the polish keeps too (the grids' largest values)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class Measurement:
     tpot_s: np.ndarray
     group: str = ""
     """What it belongs to for leave-one-out (a model)."""
+    weights: np.ndarray | None = None
+    """Per selected request, its weight in the mean (None: equal), when one number was measured."""
 
     def predicted(self, c: Coefficients) -> tuple[np.ndarray, np.ndarray]:
         """Predicted TTFT and TPOT comparable with ``ttft_s`` / ``tpot_s`` (means when those
@@ -47,8 +56,19 @@ class Measurement:
         ttft, tpot = self.trace.evaluate(c)
         ttft, tpot = ttft[self.requests], tpot[self.requests]
         if self.ttft_s.size == 1:
-            return np.array([np.nanmean(ttft)]), np.array([np.nanmean(tpot)])
+            w = self.weights
+            return np.array([weighted_mean(ttft, w)]), np.array([weighted_mean(tpot, w)])
         return ttft, tpot
+
+
+def weighted_mean(values: np.ndarray, weights: np.ndarray | None) -> float:
+    """Mean of the finite ``values`` (NaN when none), each with its weight."""
+    ok = np.isfinite(values)
+    if not ok.any():
+        return float("nan")
+    if weights is None:
+        return float(values[ok].mean())
+    return float(np.average(values[ok], weights=weights[ok]))
 
 
 METRICS = ("ttft", "tpot")
@@ -84,7 +104,10 @@ def fit(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s",
     the scales of ``scale_classes`` (names from ``KERNEL_CLASSES``); the others stay as in
     ``start``."""
     best = start or Coefficients()
-    objective: Callable[[Coefficients], float] = lambda c: loss(measurements, c, metrics)  # noqa: E731
+    stacked = None if scale_classes else StackedMeans.build(measurements, best.scales)
+    objective: Callable[[Coefficients], float] = (
+        (lambda c: loss(measurements, c, metrics)) if stacked is None
+        else (lambda c: stacked.loss(c, metrics)))  # all rows in one pass (same loss, to rounding)
     best_loss = objective(best)
     names = (*params, *(f"scale:{k}" for k in scale_classes))
     for refine in range(rounds):
@@ -109,7 +132,7 @@ def polish(objective: Callable[[Coefficients], float], start: Coefficients, name
     def at(x: np.ndarray) -> Coefficients:
         c = start
         for name, value in zip(free, np.exp(x), strict=True):
-            c = _with(c, name, float(value))
+            c = _with(c, name, min(float(value), UPPER.get(name, np.inf)))
         return c
 
     x0 = np.log([_get(start, name) for name in free])
@@ -168,6 +191,10 @@ def _with(c: Coefficients, name: str, value: float) -> Coefficients:
         return replace(c, per_seq_s=float(value))
     if name == "per_token_s":
         return replace(c, per_token_s=float(value))
+    if name == "serial_fixed_s":
+        return replace(c, serial_fixed_s=float(value))
+    if name == "serial_per_seq_s":
+        return replace(c, serial_per_seq_s=float(value))
     raise ValueError(f"unknown coefficient {name!r}")
 
 

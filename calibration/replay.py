@@ -25,7 +25,8 @@ from servesim.cost.step_cost import OP_CLASSES
 from servesim.pipeline import RunResult, prepare, simulate
 from servesim.workloads.requests import RequestTable
 
-ZERO_CPU = {"step_overhead_s": 0.0, "cpu_per_seq_s": 0.0, "cpu_per_token_s": 0.0, "cpu_per_sample_s": 0.0}
+ZERO_CPU = {"step_overhead_s": 0.0, "cpu_per_seq_s": 0.0, "cpu_per_token_s": 0.0, "cpu_per_sample_s": 0.0,
+            "serial_overhead_s": 0.0, "serial_per_seq_s": 0.0}
 """Engine knobs that make a run's steps take their GPU time alone."""
 KERNEL_CLASSES = tuple(name for name in OP_CLASSES if name not in ("overhead", "proposal"))
 """The kernel classes a run can be rescaled by (not the host overhead, nor the speculative proposer's
@@ -34,17 +35,29 @@ passes, which are priced from the same kernels)."""
 
 @dataclass(frozen=True)
 class Coefficients:
-    """What a fit may change: the engine's CPU work per step, and a scale on each kernel class
-    (1 = the hardware profile as it is)."""
+    """What a fit may change: the engine's CPU work per step (the part an overlapping engine hides
+    under the GPU, and the serial part it cannot), and a scale on each kernel class (1 = the
+    hardware profile as it is)."""
 
     fixed_s: float = 0.0
     per_seq_s: float = 0.0
     per_token_s: float = 0.0
     scales: tuple[float, ...] = (1.0,) * len(KERNEL_CLASSES)
+    serial_fixed_s: float = 0.0
+    serial_per_seq_s: float = 0.0
 
     def knobs(self) -> dict[str, float]:
         return {"step_overhead_s": self.fixed_s, "cpu_per_seq_s": self.per_seq_s,
-                "cpu_per_token_s": self.per_token_s, "cpu_per_sample_s": 0.0}
+                "cpu_per_token_s": self.per_token_s, "cpu_per_sample_s": 0.0,
+                "serial_overhead_s": self.serial_fixed_s, "serial_per_seq_s": self.serial_per_seq_s}
+
+    def cpu_s(self, seqs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Host time per step that may overlap the GPU."""
+        return self.fixed_s + self.per_seq_s * seqs + self.per_token_s * tokens
+
+    def serial_s(self, seqs: np.ndarray) -> np.ndarray:
+        """Host time per step the GPU waits for in any case."""
+        return self.serial_fixed_s + self.serial_per_seq_s * seqs
 
 
 @dataclass(frozen=True)
@@ -73,8 +86,9 @@ class ScheduleTrace:
     def step_times(self, c: Coefficients) -> np.ndarray:
         kernels = self.kernel_s @ np.asarray(c.scales)
         gpu = kernels + self.launch_exposed_s
-        cpu = c.fixed_s + c.per_seq_s * self.seqs + c.per_token_s * self.tokens
-        return np.maximum(gpu, cpu) if self.overlap else gpu + cpu
+        cpu = c.cpu_s(self.seqs, self.tokens)
+        busy = np.maximum(gpu, cpu) if self.overlap else gpu + cpu
+        return busy + c.serial_s(self.seqs)
 
     def evaluate(self, c: Coefficients) -> tuple[np.ndarray, np.ndarray]:
         """Per request: TTFT and TPOT in seconds (NaN for requests not completed, and TPOT NaN
@@ -134,8 +148,8 @@ def trace_run(result: RunResult, open_loop: bool = False, cpu: Coefficients | No
         idle = np.concatenate([[True], starts[1:] > ends[:-1]])
         release = np.where(idle, starts, 0.0)
         c = cpu or Coefficients()
-        cpu_s = c.fixed_s + c.per_seq_s * seqs + c.per_token_s * tokens
-        duration = steps["duration_s"].to_numpy(float)
+        cpu_s = c.cpu_s(seqs, tokens)
+        duration = steps["duration_s"].to_numpy(float) - c.serial_s(seqs)
         kernels = kernel.sum(axis=1)
         hidden = np.where(duration > cpu_s * (1 + 1e-9), duration, kernels)
         gpu = hidden if overlap else duration - cpu_s

@@ -7,10 +7,20 @@ measured TTFT and TPOT (milliseconds). Rows that repeat another row in every col
 and ``silicon_data_source`` are the same measurement imported twice and are dropped first.
 
 :func:`read_serving_file` turns every row the simulator can express into an experiment document
-(model, GPU, engine, tensor parallelism, precision, closed-loop workload) and every other row
-into a reason, so that nothing is skipped silently: disaggregated serving, pipeline and
-expert parallelism, attention data parallelism, FP4, GPUs without a profile, models not in the
-catalogue, rows without a concurrency or a measurement.
+(model, GPU, engine, parallelism, precision, closed-loop workload) and every other row into a
+reason, so that nothing is skipped silently.
+
+Parallelism, as AIConfigurator's columns say it (``_estimate_args`` of its reader): one
+aggregated worker has ``tp_size x max(attention_dp_size, 1) x pp_size`` GPUs; with attention data
+parallelism each of the ``attention_dp_size`` ranks runs attention at TP ``tp_size`` and the MoE
+layers span all ranks (``moe_tp_size x moe_ep_size`` GPUs). servesim's ``deployment.tp/dp/pp/ep``
+says the same (a replica is ``tp x dp x pp`` GPUs; ``ep`` the expert-parallel degree), so the
+columns map one to one; combinations servesim cannot run (MoE TP and EP both above 1 under
+attention DP, TP spanning NVLink domains, heads not divisible) are refused by its own checks and
+listed with that reason. A disaggregated row names ``prefill_num_workers`` workers of
+``prefill_tp_size x prefill_attention_dp_size`` GPUs and ``decode_num_workers`` of the decode
+sizes: a ``deployment.kind: disaggregated`` with those groups. Rows that do not say how many
+workers they had (most of the disaggregated ones) are listed as such.
 
 Assumptions where the file is silent: the engine's default flags (the file does not record
 ``max_num_batched_tokens``, CUDA-graph sizes or the KV memory fraction), a bf16 KV cache,
@@ -35,14 +45,33 @@ from servesim.inputs.files import read_text
 REQUIRED = ("backend", "model_path", "system", "mode", "isl", "osl", "tp_size", "silicon_data_source",
             "silicon_ttft_ms", "silicon_tpot_ms")
 KEY_EXCLUDED = ("id", "silicon_data_source")
-HARDWARE = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "b200_sxm": "b200"}
+HARDWARE = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "b200_sxm": "b200", "b300_sxm": "b300",
+            "gb200": "gb200-nvl72"}
+"""AIConfigurator systems -> hardware profiles (GB300 has none yet)."""
+FP4_SYSTEMS = frozenset({"b200_sxm", "b300_sxm", "gb200"})
+"""Systems whose profiles price FP4 GEMMs (Blackwell; with the FP8 GEMM curve, an estimate)."""
 MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
           "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",
-          "Qwen/Qwen3-32B": "qwen3-32b",
-          "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3"}
-"""Hugging Face ids -> catalogue models of the same architecture (DeepSeek-R1 is DeepSeek-V3's)."""
+          "Qwen/Qwen3-32B": "qwen3-32b", "nvidia/Qwen3-32B-NVFP4": "qwen3-32b",
+          "deepseek-ai/DeepSeek-R1": "deepseek-v3", "deepseek-ai/DeepSeek-V3": "deepseek-v3",
+          "nvidia/DeepSeek-R1-NVFP4": "deepseek-v3", "nvidia/DeepSeek-V3.1-NVFP4": "deepseek-v3",
+          "MiniMaxAI/MiniMax-M2.5": "minimax-m2.5",
+          "moonshotai/Kimi-K2.5": "kimi-k2"}
+"""Hugging Face ids -> catalogue models of the same architecture: DeepSeek-R1 and V3.1 are
+DeepSeek-V3's; NVIDIA's FP8/NVFP4 checkpoints are quantisations of the model they name (the
+precision columns say which); Kimi-K2.5's language model is Kimi-K2's (an assumption: its
+``text_config`` shapes, DeepSeek-V3 layout with 64 heads and 384 experts, were not read here; the
+vision encoder is not modelled, and these text prompts never run it)."""
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
+
+
+PRECISIONS = {"bf16": {"weights": "bf16", "activations": "bf16"},
+              "fp8": {"weights": "fp8", "activations": "fp8"},
+              "fp4": {"weights": "nvfp4", "activations": "nvfp4"},
+              "int4": {"weights": "int4", "activations": "bf16"}}
+"""A row's precision -> servesim's weights and activations: fp8 and nvfp4 GEMMs quantise both
+(W8A8, W4A4); ``int4_wo`` is weight-only."""
 
 
 @dataclass(frozen=True)
@@ -64,15 +93,31 @@ class ServingRow:
     ttft_s: float
     tpot_s: float
     version: str
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    prefill: tuple[int, int, int, int] | None = None
+    """Disaggregated: (workers, tp, dp, ep) of the prefill group; None when aggregated."""
+    decode: tuple[int, int, int, int] | None = None
+    """Disaggregated: (workers, tp, dp, ep) of the decode group."""
+
+    def deployment(self) -> dict[str, Any]:
+        """The ``deployment`` section: one worker's parallelism, or the two groups of a
+        disaggregated row."""
+        if self.prefill is None or self.decode is None:
+            return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep}
+        groups = {}
+        for role, (workers, tp, dp, ep) in (("prefill", self.prefill), ("decode", self.decode)):
+            groups[role] = {"replicas": workers, "tp": tp, "dp": dp, "ep": ep}
+        return {"kind": "disaggregated", **groups}
 
     def document(self, requests_per_client: int,
                  engine_knobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """The experiment replaying this row: ``concurrency`` closed-loop clients, each sending
         ``requests_per_client`` requests of ``isl`` + ``osl`` tokens."""
-        fp8 = self.precision == "fp8"
         # Benchmark prompts are random tokens: no prefix is ever shared, so the prefix cache (on in
         # every engine here) would only cost simulation time.
-        deployment: dict[str, Any] = {"tp": self.tp, "max_model_len": self.isl + self.osl,
+        deployment: dict[str, Any] = {**self.deployment(), "max_model_len": self.isl + self.osl,
                                       "enable_prefix_caching": False}
         if self.engine == "trtllm":
             # Without chunked prefill, TensorRT-LLM schedules a prompt only when it fits the step
@@ -83,8 +128,7 @@ class ServingRow:
             "name": f"row{self.row}", "model": self.model, "hardware": HARDWARE[self.gpu],
             "engine": {"name": self.engine, **(engine_knobs or {})},
             "deployment": deployment,
-            "precision": {"weights": "fp8" if fp8 else "bf16", "activations": "fp8" if fp8 else "bf16",
-                          "kv_cache": "bf16"},
+            "precision": {**PRECISIONS[self.precision], "kv_cache": "bf16"},
             "workload": {"arrival": {"process": "closed", "concurrency": self.concurrency},
                          "num_requests": self.concurrency * requests_per_client,
                          "prompt": {"dist": "fixed", "value": self.isl},
@@ -116,32 +160,56 @@ def _number(value: Any) -> float:
     return number
 
 
+def _degree(raw: pd.Series, column: str) -> int:
+    """A parallelism column as a degree: empty, 0 or missing mean 1 (not used)."""
+    value = _number(raw.get(column))
+    return int(value) if np.isfinite(value) and value >= 1 else 1
+
+
+def _group(raw: pd.Series, role: str) -> tuple[int, int, int, int] | None:
+    """(workers, tp, dp, ep) of a disaggregated row's ``role`` group, or None when not recorded."""
+    workers = _number(raw.get(f"{role}_num_workers"))
+    if not np.isfinite(workers) or workers < 1:
+        return None
+    return (int(workers), _degree(raw, f"{role}_tp_size"), _degree(raw, f"{role}_attention_dp_size"),
+            _degree(raw, f"{role}_moe_ep_size"))
+
+
+def precision_of(raw: pd.Series) -> str:
+    """bf16, fp8, fp4 or int4, from the precision and quantisation columns (and an FP8/NVFP4
+    checkpoint's name when the columns are empty)."""
+    quant = " ".join(str(raw.get(c, "")).lower() for c in ("precision", "gemm_quant_mode", "moe_quant_mode"))
+    name = str(raw.get("model_path", "")).lower()
+    if "fp4" in quant or "nvfp4" in name:
+        return "fp4"
+    if "int4" in quant:
+        return "int4"
+    if "fp8" in quant or "fp8" in name:
+        return "fp8"
+    return "bf16"
+
+
 def _reason(raw: pd.Series) -> str | None:
     """Why the simulator cannot replay this row, or None when it can."""
-    if str(raw["mode"]) != "agg":
-        return "disaggregated serving (validate-serving replays aggregated rows)"
+    if str(raw["mode"]) not in ("agg", "disagg"):
+        return f"serving mode {raw['mode']!r} not known"
+    if str(raw["mode"]) == "disagg" and (_group(raw, "prefill") is None or _group(raw, "decode") is None):
+        return "disaggregated row without worker counts (AIConfigurator's own reader refuses these too)"
     if str(raw["backend"]) not in ENGINES:
         return f"engine {raw['backend']} not modelled"
     if str(raw["system"]) not in HARDWARE:
         return f"GPU system {raw['system']} has no profile"
-    quant = {str(raw.get(c, "")).lower() for c in ("precision", "gemm_quant_mode", "moe_quant_mode")}
-    if any("fp4" in q for q in quant):
-        return "fp4 (not modelled)"
-    if "int4" in quant or "int4_wo" in quant:
-        return "int4 weights in a model outside the catalogue"
-    if _number(raw.get("pp_size")) > 1:
-        return "pipeline parallelism (not modelled)"
-    if _number(raw.get("attention_dp_size")) > 1:
-        return "attention data parallelism (not modelled)"
-    if _number(raw.get("moe_ep_size")) > 1:
-        return "expert parallelism (not modelled)"
+    if precision_of(raw) == "fp4" and str(raw["system"]) not in FP4_SYSTEMS:
+        return f"fp4 on {raw['system']} (no FP4 GEMMs)"
     if str(raw["model_path"]) not in MODELS:
         return f"model {raw['model_path']} not in the catalogue"
     if not CONCURRENCY.search(str(raw["silicon_data_source"])):
         return "no client concurrency recorded"
-    for column in ("isl", "osl", "tp_size", "silicon_ttft_ms", "silicon_tpot_ms"):
+    for column in ("isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms"):
         if not np.isfinite(_number(raw[column])) or _number(raw[column]) <= 0:
             return f"no {column}"
+    if str(raw["mode"]) == "agg" and not (_number(raw["tp_size"]) >= 1):
+        return "no tp_size"
     return None
 
 
@@ -174,13 +242,16 @@ def read_serving_file(path: Path) -> ServingFile:
             continue
         match = CONCURRENCY.search(str(row["silicon_data_source"]))
         assert match is not None
-        precision = str(row.get("precision") or "bf16").lower() or "bf16"
+        disaggregated = str(row["mode"]) == "disagg"
         out.rows.append(ServingRow(
             row=line, engine=ENGINES[str(row["backend"])], model=MODELS[str(row["model_path"])],
-            hf_model=str(row["model_path"]), gpu=str(row["system"]), tp=int(_number(row["tp_size"])),
-            precision="fp8" if "fp8" in precision or "FP8" in str(row["model_path"]) else "bf16",
+            hf_model=str(row["model_path"]), gpu=str(row["system"]), tp=_degree(row, "tp_size"),
+            precision=precision_of(row),
             isl=int(_number(row["isl"])), osl=int(_number(row["osl"])), concurrency=int(match.group(1)),
             ttft_s=_number(row["silicon_ttft_ms"]) * 1e-3, tpot_s=_number(row["silicon_tpot_ms"]) * 1e-3,
-            version=str(row.get("backend_version", ""))))
+            version=str(row.get("backend_version", "")), pp=_degree(row, "pp_size"),
+            dp=_degree(row, "attention_dp_size"), ep=_degree(row, "moe_ep_size"),
+            prefill=_group(row, "prefill") if disaggregated else None,
+            decode=_group(row, "decode") if disaggregated else None))
     out.skipped = pd.DataFrame(skipped, columns=["row", "backend", "model", "system", "reason"])
     return out

@@ -4,10 +4,26 @@ deployments of whole engines.
 Every row of a serving file (:mod:`servesim.calibration.serving_data`) the simulator can express is
 replayed as its experiment: ``concurrency`` closed-loop clients each sending ``warmup +
 measured`` requests; the first ``warmup`` rounds warm the system up (as ``aiperf
---warmup-request-count`` does) and the mean TTFT and TPOT of the rest are the prediction. The
-schedule is traced once per row with the engine's CPU work set to zero
-(:mod:`servesim.calibration.replay`), so predicting with any CPU coefficients, fitting them, and
-leave-one-model-out all reuse it.
+--warmup-request-count`` does) and the mean TTFT and TPOT of the rest are the prediction.
+
+How the benchmark ran (AIConfigurator's ``bench_run.sh.j2``: ``aiperf profile --concurrency N
+--num-requests 20N --warmup-request-count 2N``, ISL/OSL standard deviations 0 by default): aiperf
+waits for every warm-up response before it starts profiling (its ``docs/tutorials/warmup.md``),
+so the profiled phase starts, like the replay, with all N clients sending at once, and fixed
+lengths keep them in phase from then on in the replay as in the benchmark; that lock-step is the
+benchmark's, not an artefact. The simulator has no cold start (no compilation, no cache state
+carried over: the prefix cache is off), so a drained warm-up leaves nothing behind and the
+replay's first round *is* the profiled phase's first round: it counts as 1/20 of the mean
+(:data:`PROFILED_ROUNDS`), and the ``measured`` rounds after it stand for the other 19, the steady
+state. (Before, the first round was discarded as a warm-up: the same when the clients stay in
+lock-step, lower where prefill chunking spreads the first round's prompts out.)
+
+A single-group deployment's schedule is traced once per row with the engine's CPU work set to
+zero (:mod:`servesim.calibration.replay`), so predicting with any CPU coefficients, fitting them,
+and leave-one-model-out all reuse it. Deployments of several scheduling units (disaggregated
+groups, data-parallel attention ranks, pipeline stages) have no single step sequence to re-time:
+they are simulated once per set of coefficients (``simulated`` in the rows' ``replay`` column),
+predicted but not fitted.
 
 ``validate-serving`` predicts with the engines as shipped and writes ``serving_rows.csv``,
 ``serving_summary.csv``, ``serving_skipped.csv`` and ``serving.html`` (predicted vs measured,
@@ -28,14 +44,33 @@ import numpy as np
 import pandas as pd
 
 from servesim.atomic_io import atomic_write_text
-from servesim.calibration.engine_fit import Measurement, fit, leave_one_model_out
+from servesim.calibration.engine_fit import Measurement, fit, leave_one_model_out, weighted_mean
 from servesim.calibration.replay import ZERO_CPU, Coefficients, ScheduleTrace, simulate_document, trace_run
 from servesim.calibration.serving_data import HARDWARE, ServingFile, ServingRow, read_serving_file
+from servesim.config import validate_document
 from servesim.engines import make_engine
 from servesim.errors import ServesimError
+from servesim.pipeline import prepare
 
 WARMUP = 1
+"""Rounds the profiled phase starts with, all clients sending at once."""
 MEASURED = 3
+"""Simulated rounds after it, standing for the steady state."""
+PROFILED_ROUNDS = 20
+"""aiperf ``--num-requests 20N`` in AIConfigurator's recipe (serving/README.md): 20 rounds of N
+requests are profiled; the first ``WARMUP`` of them weigh that share of the mean."""
+
+
+def round_weights(concurrency: int, warmup: int, total: int) -> np.ndarray:
+    """Per request of a replayed row (in request order), its weight in the predicted mean: the
+    first ``warmup`` rounds weigh ``warmup / PROFILED_ROUNDS``, the rest share the remainder."""
+    first = min(warmup * concurrency, total)
+    weights = np.empty(total)
+    later = total - first
+    burst_share = warmup / PROFILED_ROUNDS if later else 1.0
+    weights[:first] = burst_share / max(first, 1)
+    weights[first:] = (1 - burst_share) / max(later, 1)
+    return weights
 FIT_PARAMS = ("fixed_s", "per_seq_s")
 FIT_METRICS = ("tpot",)
 """The CPU work per step sets the step time, which TPOT measures directly; a closed loop's TTFT
@@ -48,22 +83,60 @@ class TracedRow:
     row: ServingRow
     trace: ScheduleTrace | None
     problem: str | None
+    simulated: bool = False
+    """A deployment of several scheduling units: predicted by simulating it, not by re-timing."""
 
     def measurement(self, warmup: int) -> Measurement:
         assert self.trace is not None
-        first = warmup * self.row.concurrency
-        requests = np.arange(first, self.trace.done.size)
-        return Measurement(self.trace, requests, np.array([self.row.ttft_s]), np.array([self.row.tpot_s]),
-                           group=self.row.model)
+        total = self.trace.done.size
+        return Measurement(self.trace, np.arange(total), np.array([self.row.ttft_s]),
+                           np.array([self.row.tpot_s]), group=self.row.model,
+                           weights=round_weights(self.row.concurrency, warmup, total))
+
+
+def replayable(row: ServingRow) -> bool:
+    """One scheduling unit per replica (no disaggregation, attention DP or pipeline), whose
+    schedule can be traced once and re-timed."""
+    return row.prefill is None and row.dp == 1 and row.pp == 1
 
 
 def _trace(args: tuple[ServingRow, int]) -> TracedRow:
     row, per_client = args
+    document = row.document(per_client, ZERO_CPU)
     try:
-        result = simulate_document(row.document(per_client, ZERO_CPU))
+        if not replayable(row):
+            prepare(validate_document(document))  # every check, without running it
+            return TracedRow(row, None, None, simulated=True)
+        result = simulate_document(document)
     except ServesimError as exc:
         return TracedRow(row, None, f"the simulator refuses the deployment: {exc}")
     return TracedRow(row, trace_run(result), None)
+
+
+def _simulate(args: tuple[ServingRow, int, int, Coefficients]) -> tuple[int, float, float]:
+    """(row, mean TTFT, mean TPOT) of the measured requests of one simulated row."""
+    row, warmup, measured, c = args
+    requests = simulate_document(row.document(warmup + measured, c.knobs())).requests
+    completed = (requests["status"] == "completed").to_numpy()
+    weights = round_weights(row.concurrency, warmup, len(requests))
+    ttft = np.where(completed, (requests["first_token_s"] - requests["arrival_s"]).to_numpy(float), np.nan)
+    outputs = requests["output_tokens"].to_numpy(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        decoding = (requests["finish_s"] - requests["first_token_s"]).to_numpy(float)
+        tpot = np.where(completed & (outputs > 1), decoding / (outputs - 1), np.nan)
+    return row.row, weighted_mean(ttft, weights), weighted_mean(tpot, weights)
+
+
+def simulate_rows(traced: list[TracedRow], coefficients: dict[int, Coefficients], warmup: int,
+                  measured: int, workers: int = 1) -> dict[int, tuple[float, float]]:
+    """Mean TTFT and TPOT of every simulated row under its coefficients (``workers`` processes)."""
+    jobs = [(t.row, warmup, measured, coefficients[t.row.row]) for t in traced if t.simulated]
+    if workers <= 1:
+        results = [_simulate(job) for job in jobs]
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(_simulate, jobs, chunksize=1))
+    return {row: (ttft, tpot) for row, ttft, tpot in results}
 
 
 def trace_rows(rows: Iterable[ServingRow], warmup: int = WARMUP, measured: int = MEASURED,
@@ -79,24 +152,34 @@ def trace_rows(rows: Iterable[ServingRow], warmup: int = WARMUP, measured: int =
 def shipped_coefficients(engine: str, hardware: str) -> Coefficients:
     """The engine's CPU coefficients as ``servesim run`` would use them on ``hardware``."""
     cpu = make_engine(engine, {}).cpu(hardware)
-    return Coefficients(cpu.fixed_s, cpu.per_seq_s, cpu.per_token_s)
+    return Coefficients(cpu.fixed_s, cpu.per_seq_s, cpu.per_token_s, serial_fixed_s=cpu.serial_fixed_s,
+                        serial_per_seq_s=cpu.serial_per_seq_s)
 
 
 def prediction_rows(traced: list[TracedRow], coefficients: dict[int, Coefficients], warmup: int,
-                    label: str) -> pd.DataFrame:
-    """One line per replayed row: measured and predicted TTFT and TPOT, and their errors."""
+                    label: str, simulated: dict[int, tuple[float, float]] | None = None) -> pd.DataFrame:
+    """One line per replayed row: measured and predicted TTFT and TPOT, and their errors
+    (``simulated``: the predictions of the rows that were simulated rather than re-timed)."""
     lines = []
     for t in traced:
-        if t.trace is None:
-            continue
-        m = t.measurement(warmup)
-        ttft, tpot = m.predicted(coefficients[t.row.row])
         r = t.row
+        if t.trace is not None:
+            ttft, tpot = t.measurement(warmup).predicted(coefficients[r.row])
+            predicted, replay = (float(ttft[0]), float(tpot[0])), "re-timed"
+        elif t.simulated and simulated is not None and r.row in simulated:
+            predicted, replay = simulated[r.row], "simulated"
+        else:
+            continue
+        layout = (f"P{r.prefill[0]}x(tp{r.prefill[1]} dp{r.prefill[2]} ep{r.prefill[3]}) "
+                  f"D{r.decode[0]}x(tp{r.decode[1]} dp{r.decode[2]} ep{r.decode[3]})"
+                  if r.prefill is not None and r.decode is not None
+                  else f"tp{r.tp} pp{r.pp} dp{r.dp} ep{r.ep}")
         lines.append({"row": r.row, "engine": r.engine, "gpu": r.gpu, "model": r.hf_model, "tp": r.tp,
-                      "precision": r.precision, "isl": r.isl, "osl": r.osl, "concurrency": r.concurrency,
+                      "layout": layout, "precision": r.precision, "isl": r.isl, "osl": r.osl,
+                      "concurrency": r.concurrency,
                       "measured_ttft_ms": r.ttft_s * 1e3, "measured_tpot_ms": r.tpot_s * 1e3,
-                      "predicted_ttft_ms": float(ttft[0]) * 1e3, "predicted_tpot_ms": float(tpot[0]) * 1e3,
-                      "prediction": label})
+                      "predicted_ttft_ms": predicted[0] * 1e3, "predicted_tpot_ms": predicted[1] * 1e3,
+                      "prediction": label, "replay": replay})
     frame = pd.DataFrame(lines)
     if len(frame):
         frame["ttft_ape_%"] = (frame["predicted_ttft_ms"] / frame["measured_ttft_ms"] - 1).abs() * 100
@@ -117,13 +200,15 @@ def summarise(rows: pd.DataFrame, total_rows: int) -> pd.DataFrame:
                     "tpot_median_ape_%": group["tpot_ape_%"].median(),
                     "ttft_p90_ape_%": group["ttft_ape_%"].quantile(0.9),
                     "tpot_p90_ape_%": group["tpot_ape_%"].quantile(0.9),
-                    "within_tpot10_ttft20_%": 100 * within.mean()})
+                    "within_tpot10_ttft20_%": 100 * within.mean(),
+                    "simulated_rows": int((group["replay"] == "simulated").sum())})
     return pd.DataFrame(out)
 
 
 def skipped_table(data: ServingFile, traced: list[TracedRow]) -> pd.DataFrame:
     refused = pd.DataFrame([{"row": t.row.row, "backend": t.row.engine, "model": t.row.hf_model,
-                             "system": t.row.gpu, "reason": t.problem} for t in traced if t.trace is None],
+                             "system": t.row.gpu, "reason": t.problem}
+                            for t in traced if t.problem is not None],
                            columns=["row", "backend", "model", "system", "reason"])
     return pd.concat([data.skipped, refused], ignore_index=True).sort_values("row")
 
@@ -170,7 +255,8 @@ def validate_serving(path: Path, out: Path | None = None, workers: int = 1, warm
     data = read_serving_file(path)
     traced = trace_rows(data.rows, warmup, measured, workers)
     coefficients = {t.row.row: shipped_coefficients(t.row.engine, HARDWARE[t.row.gpu]) for t in traced}
-    rows = prediction_rows(traced, coefficients, warmup, "shipped")
+    simulated = simulate_rows(traced, coefficients, warmup, measured, workers)
+    rows = prediction_rows(traced, coefficients, warmup, "shipped", simulated)
     unique = data.total - data.duplicates
     summary = summarise(rows, unique)
     skipped = skipped_table(data, traced)
@@ -191,11 +277,21 @@ class ServingFit:
 
 
 def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: int = MEASURED,
-                engines: tuple[str, ...] = ("vllm", "sglang", "trtllm")) -> ServingFit:
+                engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
+                params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS) -> ServingFit:
     """Each engine's CPU coefficients fitted to its rows of ``path``, and the leave-one-model-out
     error of that fit."""
     data = read_serving_file(path)
     traced = trace_rows([r for r in data.rows if r.engine in engines], warmup, measured, workers)
+    return fit_traced(data, traced, workers, warmup, measured, engines, params, metrics)
+
+
+def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, warmup: int = WARMUP,
+               measured: int = MEASURED, engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
+               params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS,
+               simulate: bool = True) -> ServingFit:
+    """:func:`fit_serving` on rows already traced (``simulate`` False: leave the simulated rows'
+    predictions out, to compare fits quickly)."""
     fitted: dict[str, Coefficients] = {}
     lomo: dict[int, Coefficients] = {}
     used: dict[str, int] = {}
@@ -205,11 +301,16 @@ def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: in
         if not mine:
             continue
         measurements = [t.measurement(warmup) for t in mine]
-        fitted[engine] = fit(measurements, FIT_PARAMS, metrics=FIT_METRICS)
-        per_model = leave_one_model_out(measurements, FIT_PARAMS, FIT_METRICS)
-        for t in mine:
-            lomo[t.row.row] = per_model[t.row.model]
-    rows = prediction_rows([t for t in traced if t.row.row in lomo], lomo, warmup, "leave-one-model-out")
+        fitted[engine] = fit(measurements, params, metrics=metrics)
+        per_model = leave_one_model_out(measurements, params, metrics)
+        for t in traced:
+            if t.row.engine == engine and (t.trace is not None or t.simulated):
+                # a model with no re-timed rows is predicted from all of them (none are its own)
+                lomo[t.row.row] = per_model.get(t.row.model, fitted[engine])
+    simulated = (simulate_rows([t for t in traced if t.row.row in lomo], lomo, warmup, measured, workers)
+                 if simulate else {})
+    rows = prediction_rows([t for t in traced if t.row.row in lomo], lomo, warmup, "leave-one-model-out",
+                           simulated)
     return ServingFit(fitted, rows, summarise(rows, data.total - data.duplicates),
                       skipped_table(data, traced), used)
 
@@ -218,8 +319,13 @@ def runtime_profile_yaml(engine: str, c: Coefficients, provenance: str) -> str:
     """An engine runtime profile (``configs/engines/<engine>.yaml`` or ``engine.profile``)."""
     import yaml
 
-    entry = {"fixed_s": float(f"{c.fixed_s:.4g}"), "per_seq_s": float(f"{c.per_seq_s:.4g}"),
-             "per_token_s": float(f"{c.per_token_s:.4g}"), "per_sample_s": 0.0, "provenance": provenance}
+    entry: dict[str, object] = {"fixed_s": float(f"{c.fixed_s:.4g}"),
+                                "per_seq_s": float(f"{c.per_seq_s:.4g}"),
+                                "per_token_s": float(f"{c.per_token_s:.4g}"), "per_sample_s": 0.0}
+    if c.serial_fixed_s or c.serial_per_seq_s:
+        entry.update(serial_fixed_s=float(f"{c.serial_fixed_s:.4g}"),
+                     serial_per_seq_s=float(f"{c.serial_per_seq_s:.4g}"))
+    entry["provenance"] = provenance
     return yaml.safe_dump({"engine": engine, "cpu_costs": {"default": entry}}, sort_keys=False, width=100)
 
 
@@ -232,11 +338,13 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
         part = lomo[(lomo["engine"] == engine)] if len(lomo) else lomo
         errors = "; ".join(f"{r['gpu']}: {r['rows']} rows, TTFT median {r['ttft_median_ape_%']:.1f}%, "
                            f"TPOT median {r['tpot_median_ape_%']:.1f}%" for _, r in part.iterrows())
+        serial = ("the serial part the GPU waits for also fitted, >= 0, at most 5 ms + 100 us per sequence"
+                  if c.serial_fixed_s or c.serial_per_seq_s else "no serial part (not fitted)")
         provenance = (f"fitted {date} by servesim calibrate fit-serving to the mean TPOT of "
-                      f"{result.rows_used[engine]} measured closed-loop deployments of {source} (CPU "
-                      f"time per step and per scheduled sequence, other coefficients 0; with the "
-                      f"kernels fixed, it also absorbs what the kernels' prices miss end to end, so "
-                      f"it is an effective cost, larger than a profiler would show); "
+                      f"{result.rows_used[engine]} measured closed-loop deployments of {source} "
+                      f"(single-group rows, re-timed; host time per step and per scheduled sequence that "
+                      f"overlaps the GPU, >= 0; {serial}; with the kernels fixed, it also absorbs "
+                      f"what the kernels' prices miss end to end, so it is an effective cost); "
                       f"leave-one-model-out median APE by GPU: {errors or 'n/a'}")
         path = Path(out_dir) / f"{engine}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -56,7 +56,8 @@ def per_step(cost: CostModel, context: np.ndarray, first: int, steps: int) -> np
 def test_run_records_are_the_per_step_records(deployment: tuple[str, str, int, str],
                                                data: st.DataObject) -> None:
     model, hardware, tp, engine = deployment
-    knobs = data.draw(st.sampled_from([{}, {"enforce_eager": True}, {"async_scheduling": False}]
+    knobs = data.draw(st.sampled_from([{}, {"enforce_eager": True}, {"async_scheduling": False},
+                                       {"serial_overhead_s": 2e-4, "serial_per_seq_s": 3e-6}]
                                       if engine == "vllm" else [{}]))
     cost = cost_model(model, hardware, tp, engine, **knobs)
     n = data.draw(st.integers(1, 600))
@@ -95,6 +96,12 @@ def test_run_pricing_folds_the_engine_around_the_kernels() -> None:
     np.testing.assert_allclose(b[:, 0], kernels + cpu, rtol=1e-12)
     np.testing.assert_allclose(a[:, 0], np.maximum(kernels, cpu), rtol=1e-12)
     assert (np.diff(kernels) >= 0).all()  # longer contexts, never cheaper kernels
+    # a serial host term adds after the overlap, the same in every step: 0.2 ms + 8 x 3 us
+    unhidden = cost_model("llama-3-8b", "h100-sxm-80gb", 1, "vllm", serial_overhead_s=2e-4,
+                          serial_per_seq_s=3e-6)
+    c = unhidden.decode_run_records(context, 50)
+    assert c is not None
+    np.testing.assert_allclose(c[:, 0], np.maximum(a[:, 0], cpu) + 2e-4 + 8 * 3e-6, rtol=1e-12)
 
 
 @settings(max_examples=200, deadline=None)

@@ -109,6 +109,25 @@ def test_an_overlapped_step_is_max_and_a_serial_one_the_sum(cpu_per_seq_s: float
     assert classes == pytest.approx(record.time_s, rel=1e-12)
 
 
+@pytest.mark.parametrize("cpu_per_seq_s", [1e-6, 2e-4])
+def test_serial_host_work_adds_after_the_overlap(cpu_per_seq_s: float) -> None:
+    """time = max(GPU, overlapped CPU) + serial CPU: 64 sequences, 0.5 ms + 64 x per-sequence
+    overlapped (hidden under the kernels, then not) and 0.2 ms + 64 x 3 us serial."""
+    batch = BatchShape.decode(64, 2000)
+    kernels = kernels_only().step_time(batch)
+    cpu = 5e-4 + 64 * cpu_per_seq_s
+    serial = 2e-4 + 64 * 3e-6
+    runtime = RuntimeCosts(step_overhead_s=5e-4, cpu_per_seq_s=cpu_per_seq_s, overlap=True,
+                           serial_fixed_s=2e-4, serial_per_seq_s=3e-6)
+    assert runtime.serial_s(64, 64, 64) == pytest.approx(serial, rel=1e-12)
+    model = CostModel(LLAMA, H100, runtime=runtime)
+    assert model.step_time(batch) == pytest.approx(max(kernels, cpu) + serial, rel=1e-12)
+    record = model.step_record(batch)
+    assert record.overhead_s == pytest.approx(max(kernels, cpu) + serial - kernels, rel=1e-9)
+    assert not runtime.is_flat and "serial_fixed_s" in runtime.describe()
+    assert "serial_fixed_s" not in RuntimeCosts(overlap=True).describe()
+
+
 def test_cpu_work_counts_sequences_new_tokens_and_samples() -> None:
     """A step of one 1,000-token prompt chunk that does not finish its prompt and 10 decodes:
     11 sequences, 1,010 new tokens, 10 sampled tokens."""

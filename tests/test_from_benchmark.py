@@ -85,12 +85,14 @@ def test_a_closed_loops_schedule_does_not_depend_on_step_times() -> None:
     trace = trace_run(simulate_document(document, table, ZERO_CPU))
     for overlap in (False, True):
         document["engine"]["async_scheduling"] = overlap
-        coefficients = Coefficients(fixed_s=2e-3, per_seq_s=3e-4, per_token_s=1e-7)
-        full = simulate_document(document, table, coefficients.knobs()).requests
-        traced = trace_run(simulate_document(document, table, ZERO_CPU))
-        ttft, tpot = traced.evaluate(coefficients)
-        assert ttft == pytest.approx(full["ttft_s"].to_numpy(), rel=1e-9)
-        assert tpot == pytest.approx(full["tpot_s"].to_numpy(), rel=1e-9, nan_ok=True)
+        for serial in (0.0, 4e-4):
+            coefficients = Coefficients(fixed_s=2e-3, per_seq_s=3e-4, per_token_s=1e-7,
+                                        serial_fixed_s=serial, serial_per_seq_s=serial / 20)
+            full = simulate_document(document, table, coefficients.knobs()).requests
+            traced = trace_run(simulate_document(document, table, ZERO_CPU))
+            ttft, tpot = traced.evaluate(coefficients)
+            assert ttft == pytest.approx(full["ttft_s"].to_numpy(), rel=1e-9)
+            assert tpot == pytest.approx(full["tpot_s"].to_numpy(), rel=1e-9, nan_ok=True)
     assert trace.done.all()
 
 

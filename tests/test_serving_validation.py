@@ -11,18 +11,22 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from servesim.calibration.engine_fit import loss, weighted_mean
 from servesim.calibration.replay import Coefficients
 from servesim.calibration.serving_data import ServingRow, read_serving_file
-from servesim.calibration.serving_validate import fit_serving, trace_rows, validate_serving
+from servesim.calibration.serving_validate import fit_serving, round_weights, trace_rows, validate_serving
+from servesim.calibration.stacked_means import StackedMeans
 from servesim.errors import ServesimError
 
 TRUTH = Coefficients(fixed_s=2e-2, per_seq_s=1e-3)
 """A host so slow that it shows through TensorRT-LLM's overlap scheduler: 20 ms per step plus
 1 ms per sequence, against decode steps of a few milliseconds."""
 
+GROUP = ["batch_size", "num_workers", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"]
 COLUMNS = ["id", "silicon_data_source", "backend", "backend_version", "model_path", "system", "precision",
            "mode", "isl", "osl", "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size", "pp_size",
-           "attention_dp_size", "moe_tp_size", "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms"]
+           "attention_dp_size", "moe_tp_size", "moe_ep_size", *(f"prefill_{c}" for c in GROUP),
+           *(f"decode_{c}" for c in GROUP), "silicon_ttft_ms", "silicon_tpot_ms"]
 
 
 def line(model: str, tp: int, concurrency: int, ttft_ms: float, tpot_ms: float,
@@ -62,10 +66,14 @@ def serving_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lines.append(duplicate)
     lines += [line("Qwen/Qwen3-32B", 8, 16, 100, 10, mode="disagg"),
               line("Qwen/Qwen3-32B", 8, 16, 100, 10, precision="fp4"),
+              line("Qwen/Qwen3-32B", 4, 16, 100, 10, system="gb300"),
+              line("acme/Unknown-1B", 4, 16, 100, 10),
+              line("Qwen/Qwen3-32B", 4, 16, 100, 10, silicon_data_source="db-dump/2026-04-27"),
+              # expressible, but 671B parameters in bf16 do not fit 8 H100s: the simulator refuses it
               line("deepseek-ai/DeepSeek-V3", 8, 16, 100, 10, moe_ep_size=8),
-              line("Qwen/Qwen3-32B", 4, 16, 100, 10, system="b300_sxm"),
-              line("MiniMaxAI/MiniMax-M2.5", 4, 16, 100, 10),
-              line("Qwen/Qwen3-32B", 4, 16, 100, 10, silicon_data_source="db-dump/2026-04-27")]
+              # one prefill worker at TP 1 and one decode worker at TP 2: simulated, not re-timed
+              line("Qwen/Qwen3-32B", 0, 4, 100, 10, mode="disagg", tp_size="", prefill_num_workers=1,
+                   prefill_tp_size=1, decode_num_workers=1, decode_tp_size=2, decode_batch_size=4)]
     path = tmp_path_factory.mktemp("serving") / "silicon.csv"
     pd.DataFrame(lines, columns=COLUMNS).to_csv(path, index=False)
     return path
@@ -73,11 +81,11 @@ def serving_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_row_is_replayed_or_counted_with_its_reason(serving_file: Path) -> None:
     data = read_serving_file(serving_file)
-    assert (data.total, data.duplicates, len(data.rows)) == (11, 1, 4)
+    assert (data.total, data.duplicates, len(data.rows)) == (12, 1, 6)
     assert data.skipped_by_reason() == {
-        "disaggregated serving (validate-serving replays aggregated rows)": 1, "fp4 (not modelled)": 1,
-        "expert parallelism (not modelled)": 1, "GPU system b300_sxm has no profile": 1,
-        "model MiniMaxAI/MiniMax-M2.5 not in the catalogue": 1, "no client concurrency recorded": 1}
+        "disaggregated row without worker counts (AIConfigurator's own reader refuses these too)": 1,
+        "fp4 on h100_sxm (no FP4 GEMMs)": 1, "GPU system gb300 has no profile": 1,
+        "model acme/Unknown-1B not in the catalogue": 1, "no client concurrency recorded": 1}
     row = data.rows[0]
     assert (row.model, row.tp, row.concurrency, row.isl, row.osl) == ("llama-3.1-8b", 1, 2, 256, 12)
     document = row.document(4)
@@ -85,13 +93,32 @@ def test_every_row_is_replayed_or_counted_with_its_reason(serving_file: Path) ->
     assert document["workload"]["num_requests"] == 8 and document["engine"] == {"name": "trtllm"}
 
 
+def test_parallel_layouts_map_to_the_deployment() -> None:
+    """AIConfigurator's columns -> servesim's deployment: attention DP 8 at TP 1 with EP 8 is
+    tp 1 x dp 8 (8 GPUs) with ep 8; a disaggregated row is two groups of workers; NVFP4 is W4A4."""
+    base = ServingRow(row=1, engine="trtllm", model="deepseek-v3", hf_model="deepseek-ai/DeepSeek-R1",
+                      gpu="b200_sxm", tp=1, precision="fp4", isl=1024, osl=1024, concurrency=64,
+                      ttft_s=1.0, tpot_s=0.1, version="", dp=8, ep=8)
+    document = base.document(2)
+    layout = {k: document["deployment"][k] for k in ("tp", "pp", "dp", "ep")}
+    assert layout == {"tp": 1, "pp": 1, "dp": 8, "ep": 8}
+    assert document["precision"] == {"weights": "nvfp4", "activations": "nvfp4", "kv_cache": "bf16"}
+    split = ServingRow(**{**base.__dict__, "prefill": (2, 4, 1, 4), "decode": (1, 1, 8, 8)})
+    deployment = split.document(2)["deployment"]
+    assert deployment["kind"] == "disaggregated"
+    assert deployment["prefill"] == {"replicas": 2, "tp": 4, "dp": 1, "ep": 4}
+    assert deployment["decode"] == {"replicas": 1, "tp": 1, "dp": 8, "ep": 8}
+
+
 def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Path) -> None:
     rows, summary, skipped = validate_serving(serving_file, tmp_path, measured=3)
-    assert len(rows) == 4 and len(skipped) == 6
+    assert len(rows) == 5 and len(skipped) == 6
+    assert list(rows["replay"]) == ["re-timed"] * 4 + ["simulated"]
+    assert skipped["reason"].str.startswith("the simulator refuses the deployment").sum() == 1
     for name in ("serving_rows.csv", "serving_summary.csv", "serving_skipped.csv", "serving.html"):
         assert (tmp_path / name).is_file()
     overall = summary.set_index(["engine", "gpu"]).loc[("all", "all")]
-    assert overall["rows"] == 4 and overall["share_of_file_%"] == pytest.approx(40.0)
+    assert overall["rows"] == 5 and overall["share_of_file_%"] == pytest.approx(5 / 11 * 100)
 
 
 def test_fit_serving_recovers_the_cpu_coefficients(serving_file: Path) -> None:
@@ -102,7 +129,9 @@ def test_fit_serving_recovers_the_cpu_coefficients(serving_file: Path) -> None:
     assert fitted.fixed_s == pytest.approx(TRUTH.fixed_s, rel=0.03)
     assert fitted.per_seq_s == pytest.approx(TRUTH.per_seq_s, rel=0.03)
     assert result.rows_used == {"trtllm": 4}
-    assert (result.lomo_rows["tpot_ape_%"] < 1.0).all() and (result.lomo_rows["ttft_ape_%"] < 2.0).all()
+    retimed = result.lomo_rows[result.lomo_rows["replay"] == "re-timed"]
+    assert len(retimed) == 4 and len(result.lomo_rows) == 5
+    assert (retimed["tpot_ape_%"] < 1.0).all() and (retimed["ttft_ape_%"] < 2.0).all()
     assert np.isfinite(result.lomo_summary["tpot_median_ape_%"]).all()
 
 
@@ -111,3 +140,30 @@ def test_a_file_in_another_format_is_one_line(tmp_path: Path) -> None:
     path.write_text("a,b\n1,2\n")
     with pytest.raises(ServesimError, match=r"missing column\(s\) backend, model_path"):
         read_serving_file(path)
+
+
+def test_the_first_round_weighs_one_twentieth_of_the_profiled_mean() -> None:
+    """aiperf profiles 20 rounds of N requests after a drained warm-up: the replay's first round
+    (all clients at once) is one of them, the three simulated after it stand for the other 19.
+    First-round TTFT 10 s, later 2 s: 10 / 20 + 2 * 19 / 20 = 2.4 s."""
+    weights = round_weights(concurrency=4, warmup=1, total=16)
+    assert weights[:4] == pytest.approx([1 / 80] * 4) and weights[4:] == pytest.approx([19 / 240] * 12)
+    ttft = np.array([10.0] * 4 + [2.0] * 12)
+    assert weighted_mean(ttft, weights) == pytest.approx(2.4)
+    ttft[5] = np.nan  # a request that did not complete is left out, the others keep their weights:
+    # (4 * 10 / 80 + 11 * 2 * 19 / 240) / (4 / 80 + 11 * 19 / 240) = 2.2417 / 0.92083
+    assert weighted_mean(ttft, weights) == pytest.approx(2.43439, rel=1e-5)
+
+
+def test_the_stacked_loss_is_the_row_by_row_loss(serving_file: Path) -> None:
+    """The fit's one-pass evaluation of many rows gives the loss of evaluating them one by one
+    (to rounding), with serial and overlapped host terms, for TPOT alone and with TTFT."""
+    data = read_serving_file(serving_file)
+    traced = [t for t in trace_rows(data.rows, warmup=1, measured=3) if t.trace is not None]
+    measurements = [t.measurement(1) for t in traced]
+    stacked = StackedMeans.build(measurements, Coefficients().scales)
+    assert stacked is not None
+    for c in (Coefficients(), Coefficients(fixed_s=2e-2, per_seq_s=1e-3, serial_fixed_s=4e-4,
+                                           serial_per_seq_s=2e-6)):
+        for metrics in (("tpot",), ("ttft", "tpot")):
+            assert stacked.loss(c, metrics) == pytest.approx(loss(measurements, c, metrics), rel=1e-9)

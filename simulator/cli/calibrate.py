@@ -139,8 +139,9 @@ def fit_serving_command(
 
     result = fit_serving(path, workers=workers, measured=measured)
     for engine, c in result.coefficients.items():
-        _console.print(f"{engine}: {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us per "
-                       f"sequence ({result.rows_used[engine]} rows)")
+        _console.print(f"{engine}: overlapped {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us "
+                       f"per sequence; serial {c.serial_fixed_s * 1e6:.0f} us per step + "
+                       f"{c.serial_per_seq_s * 1e6:.2f} us per sequence ({result.rows_used[engine]} rows)")
     _print(result.lomo_summary, "leave-one-model-out: absolute % error of mean TTFT and TPOT")
     _print_skipped(result.skipped)
     written = write_engine_fits(result, path.name, out_dir or configs_dir() / "engines")

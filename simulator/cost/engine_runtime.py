@@ -13,7 +13,10 @@ The cost model prices the kernels; this module adds what the engine does around 
    The GPU cannot run ahead of its launches, so its busy time is
    ``max(kernels, host launch time)``.
 2. **CPU work per step** (``RuntimeCosts.cpu_s``): serial with the GPU (``time = GPU + CPU``)
-   or overlapped with it (``time = max(GPU, CPU)``).
+   or overlapped with it (``time = max(GPU, CPU)``); plus the part no overlap hides
+   (``RuntimeCosts.serial_s``: ``time = max(GPU, CPU) + serial``). Both are functions of the
+   batch alone (sequences, new tokens, sampled tokens), so a run of identical decode steps has
+   one duration.
 
 What the step spends beyond its kernels is reported as the engine's ``overhead`` (the step
 log's ``op_overhead_s``), so the operator classes still sum to the step time.
@@ -83,11 +86,19 @@ class EngineRuntime:
                                  batch.num_logits)
         return self.launch_s(batch, mode), cpu
 
+    def serial_s(self, batch: BatchShape) -> float:
+        """Host time per step that nothing overlaps (added after ``max(GPU, CPU)``): a function of
+        the batch's counts alone, the same in every step of a fast-forwarded run."""
+        return self.runtime.serial_s(batch.num_prefills + batch.num_decodes, batch.num_new_tokens,
+                                     batch.num_logits)
+
     def time(self, batch: BatchShape, kernels_s: float, mode: GraphMode) -> StepTiming:
         """The step's duration given its kernels' time (priced at the planned size)."""
         launch, cpu = self.host_s(batch, mode)
         gpu = max(kernels_s, launch)
         total = max(gpu, cpu) if self.runtime.overlap else gpu + cpu
+        if self.runtime.has_serial:
+            total += self.serial_s(batch)
         return StepTiming(total, total - kernels_s)
 
     def time_run(self, batch: BatchShape, kernels_s: np.ndarray,
@@ -98,6 +109,8 @@ class EngineRuntime:
         launch, cpu = self.host_s(batch, mode)
         gpu = np.maximum(kernels_s, launch)
         total = np.maximum(gpu, cpu) if self.runtime.overlap else gpu + cpu
+        if self.runtime.has_serial:
+            total = total + self.serial_s(batch)
         return total, total - kernels_s
 
 

@@ -47,6 +47,13 @@ class RuntimeCosts:
     (vLLM v1's async scheduling, SGLang's overlap scheduler, TensorRT-LLM's overlap scheduler:
     the step takes ``max(GPU, CPU)``) or before it (vLLM V0: ``GPU + CPU``).
 
+    **Serial CPU work per step** (``serial_*``): the part of the host's work that no overlap can
+    hide because the next step needs its result before it can be launched (with async scheduling
+    the sampled tokens must reach the next step's input; SGLang's and TensorRT-LLM's overlap
+    schedulers likewise wait for the previous step's outputs): ``serial_fixed_s + serial_per_seq_s
+    * sequences + serial_per_token_s * new tokens + serial_per_sample_s * sampled tokens``, added
+    after the overlap: ``max(GPU, CPU) + serial``. Zero unless an engine's fitted profile sets it.
+
     **CUDA graphs**: a step that replays a captured graph is padded up to the next
     ``cuda_graph_sizes`` entry (its GEMMs and elementwise kernels run that many rows) and pays no
     per-kernel launch; ``graph_mixed`` lets steps with prefill chunks replay piecewise graphs
@@ -78,6 +85,10 @@ class RuntimeCosts:
     oneshot_max_bytes: tuple[tuple[int, float], ...] = ((2, math.inf), (4, 512 * 2**10), (8, 256 * 2**10))
     """(largest world size, largest message in bytes) pairs for the one-shot kernel; larger
     custom all-reduces run two-shot."""
+    serial_fixed_s: float = 0.0
+    serial_per_seq_s: float = 0.0
+    serial_per_token_s: float = 0.0
+    serial_per_sample_s: float = 0.0
 
     @classmethod
     def none(cls) -> RuntimeCosts:
@@ -90,13 +101,24 @@ class RuntimeCosts:
         priced with exactly its arithmetic (``vllm-v0`` stays bit-identical)."""
         return (not self.overlap and not self.cuda_graph_sizes and self.launch_s == 0.0
                 and self.cpu_per_seq_s == 0.0 and self.cpu_per_token_s == 0.0
-                and self.cpu_per_sample_s == 0.0)
+                and self.cpu_per_sample_s == 0.0 and not self.has_serial)
+
+    @property
+    def has_serial(self) -> bool:
+        """Some host work per step is serial with the GPU beyond what overlaps it."""
+        return (self.serial_fixed_s, self.serial_per_seq_s, self.serial_per_token_s,
+                self.serial_per_sample_s) != (0.0, 0.0, 0.0, 0.0)
 
     def cpu_s(self, seqs: float, new_tokens: float, samples: float) -> float:
         """Host time of one step with ``seqs`` sequences computing ``new_tokens`` tokens and
         sampling ``samples`` of them."""
         return (self.step_overhead_s + self.cpu_per_seq_s * seqs + self.cpu_per_token_s * new_tokens
                 + self.cpu_per_sample_s * samples)
+
+    def serial_s(self, seqs: float, new_tokens: float, samples: float) -> float:
+        """Host time of one step that the GPU waits for even when the rest overlaps it."""
+        return (self.serial_fixed_s + self.serial_per_seq_s * seqs + self.serial_per_token_s * new_tokens
+                + self.serial_per_sample_s * samples)
 
     def graph_size(self, tokens: int, decode_only: bool) -> int | None:
         """The captured size a step of ``tokens`` new tokens replays (its padded size), or None
@@ -119,6 +141,9 @@ class RuntimeCosts:
     def describe(self) -> dict[str, Any]:
         """The coefficients as plain values (for summaries and sweep identities)."""
         out = asdict(self)
+        if not self.has_serial:  # descriptions of runtimes without it read as before
+            for key in ("serial_fixed_s", "serial_per_seq_s", "serial_per_token_s", "serial_per_sample_s"):
+                out.pop(key)
         out["cuda_graph_sizes"] = list(self.cuda_graph_sizes)
         out["oneshot_max_bytes"] = [list(pair) for pair in self.oneshot_max_bytes]
         return out
@@ -212,6 +237,12 @@ class EngineKnobs(FrozenModel):
         None, ge=0, allow_inf_nan=False, description="CPU time per iteration per new token")
     cpu_per_sample_s: float | None = Field(
         None, ge=0, allow_inf_nan=False, description="CPU time per iteration per sampled token")
+    serial_overhead_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="fixed CPU time per iteration that the GPU waits for even with overlap")
+    serial_per_seq_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="CPU time per iteration per scheduled sequence that the GPU waits for even with overlap")
     profile: Path | None = Field(
         None, description="an engine runtime profile YAML (written by `servesim calibrate "
         "from-benchmark` or `fit-serving`) whose CPU coefficients replace the engine's")
@@ -228,17 +259,23 @@ class CpuCosts:
     per_token_s: float = 0.0
     per_sample_s: float = 0.0
     provenance: str = ""
+    serial_fixed_s: float = 0.0
+    """Host time per iteration the GPU waits for even when the rest overlaps it (see
+    :class:`RuntimeCosts`)."""
+    serial_per_seq_s: float = 0.0
 
     def runtime(self, **engine: Any) -> RuntimeCosts:
         """These host costs with the rest of an engine's runtime (overlap, graphs, all-reduce)."""
         return RuntimeCosts(step_overhead_s=self.fixed_s, provenance=self.provenance,
                             cpu_per_seq_s=self.per_seq_s, cpu_per_token_s=self.per_token_s,
-                            cpu_per_sample_s=self.per_sample_s, **engine)
+                            cpu_per_sample_s=self.per_sample_s, serial_fixed_s=self.serial_fixed_s,
+                            serial_per_seq_s=self.serial_per_seq_s, **engine)
 
     def replace_from(self, knobs: EngineKnobs) -> CpuCosts:
         """These costs with every coefficient the experiment sets replaced."""
         values = {"fixed_s": knobs.step_overhead_s, "per_seq_s": knobs.cpu_per_seq_s,
-                  "per_token_s": knobs.cpu_per_token_s, "per_sample_s": knobs.cpu_per_sample_s}
+                  "per_token_s": knobs.cpu_per_token_s, "per_sample_s": knobs.cpu_per_sample_s,
+                  "serial_fixed_s": knobs.serial_overhead_s, "serial_per_seq_s": knobs.serial_per_seq_s}
         given: dict[str, float] = {k: v for k, v in values.items() if v is not None}
         if not given:
             return self
@@ -247,12 +284,15 @@ class CpuCosts:
 
 
 UNFITTED_CPU = CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms per step plus 5 us per "
-                        "sequence (scheduler, input preparation, sampler, output processing); not measured")
+                        "sequence (scheduler, input preparation, sampler, output processing), overlapped, "
+                        "and 0.1 ms per step serial (the sampled tokens' return to the host before the next "
+                        "step launches); not measured", serial_fixed_s=1e-4)
 """The host costs an overlapping engine starts from until ``configs/engines/<name>.yaml`` fits them."""
 
 
 _KNOB_OF = {"fixed_s": "step_overhead_s", "per_seq_s": "cpu_per_seq_s", "per_token_s": "cpu_per_token_s",
-            "per_sample_s": "cpu_per_sample_s"}
+            "per_sample_s": "cpu_per_sample_s", "serial_fixed_s": "serial_overhead_s",
+            "serial_per_seq_s": "serial_per_seq_s"}
 
 
 def by_prefix(table: dict[str, Any], hardware_name: str) -> Any:
@@ -340,11 +380,12 @@ class Engine(ABC):
             if self.knobs.step_overhead_s is not None:
                 return RuntimeCosts(cpu.fixed_s, "engine.step_overhead_s in the experiment")
             return RuntimeCosts(cpu.fixed_s, cpu.provenance)
-        return RuntimeCosts(cpu.fixed_s, cpu.provenance, cpu.per_seq_s, cpu.per_token_s, cpu.per_sample_s)
+        return cpu.runtime()
 
     @staticmethod
     def _is_constant_only(cpu: CpuCosts) -> bool:
-        return cpu.per_seq_s == 0.0 and cpu.per_token_s == 0.0 and cpu.per_sample_s == 0.0
+        return (cpu.per_seq_s == 0.0 and cpu.per_token_s == 0.0 and cpu.per_sample_s == 0.0
+                and cpu.serial_fixed_s == 0.0 and cpu.serial_per_seq_s == 0.0)
 
     # ------------------------------------------------------------------ descriptions
     def knob_values(self) -> dict[str, Any]:
@@ -372,6 +413,8 @@ class _CpuEntry(StrictModel):
     per_seq_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     per_token_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     per_sample_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    serial_fixed_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    serial_per_seq_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     provenance: str = ""
 
 
@@ -386,7 +429,8 @@ class RuntimeProfile(StrictModel):
 
     def table(self) -> dict[str, CpuCosts]:
         return {("" if prefix == "default" else prefix):
-                CpuCosts(e.fixed_s, e.per_seq_s, e.per_token_s, e.per_sample_s, e.provenance)
+                CpuCosts(e.fixed_s, e.per_seq_s, e.per_token_s, e.per_sample_s, e.provenance,
+                         e.serial_fixed_s, e.serial_per_seq_s)
                 for prefix, e in self.cpu_costs.items()}
 
 
