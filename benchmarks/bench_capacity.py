@@ -20,34 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from bench_core import best, load  # the same timing and load line as the core benchmark
 
 MODES = (("default (exact early stop)", []),
          ("early_stop=false", ["--set", "search.early_stop=false"]),
          ("saturation_stop=true", ["--set", "search.saturation_stop=true"]))
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
-
-
-def timed(argv: list[str]) -> tuple[float, float]:
-    """(wall s, CPU s) of one child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -66,8 +47,7 @@ def main() -> None:
             out = Path(scratch) / name.split()[0]
             argv = [python, "-m", "servesim", "capacity", args.config, "--workers", "1",
                     "--out", str(out), *extra]
-            runs = [timed(argv) for _ in range(args.repeat)]
-            wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
+            wall, cpu, _ = best(argv, args.repeat)
             answer = json.loads((out / "capacity.json").read_text())
             evaluations = [e for record in answer["candidates"]
                            for e in record.get("search", {}).get("evaluations", [])]

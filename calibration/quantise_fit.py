@@ -38,9 +38,12 @@ def fixed_per_kernel_s(fp8: pd.DataFrame, bf16: pd.DataFrame) -> float:
     """Half the median excess of an FP8 linear over its bf16 twin (same m, n, k) among the tiny
     ones, where both GEMMs are launch-bound and the excess is the two quantisation kernels."""
     keys = ["m", "n", "k"]
-    tiny = lambda t: t[(t["m"] <= TINY["m"]) & (t["n"] <= TINY["n"]) & (t["k"] <= TINY["k"])]  # noqa: E731
-    pairs = tiny(fp8)[[*keys, "time_s"]].merge(tiny(bf16)[[*keys, "time_s"]], on=keys,
-                                                suffixes=("_fp8", "_bf16"))
+
+    def tiny(table: pd.DataFrame) -> pd.DataFrame:
+        small = (table["m"] <= TINY["m"]) & (table["n"] <= TINY["n"]) & (table["k"] <= TINY["k"])
+        return table.loc[small, [*keys, "time_s"]]
+
+    pairs = tiny(fp8).merge(tiny(bf16), on=keys, suffixes=("_fp8", "_bf16"))
     if pairs.empty:
         return 0.0
     excess = (pairs["time_s_fp8"] - pairs["time_s_bf16"]).median()
