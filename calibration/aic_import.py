@@ -1,8 +1,10 @@
 """``servesim calibrate import-aiconfigurator``: fit the H100, H200, B200 and A100 profiles from
 NVIDIA AIConfigurator's measured vLLM kernels.
 
-Per GPU: GEMMs (bf16 and per-tensor fp8), prefill and decode attention (bf16 and fp8 KV cache) and
-nccl-tests all-reduce (the interconnect's ring model) go through the same fit as the Vidur import
+Per GPU: GEMMs (bf16 and per-tensor fp8), prefill and decode attention (bf16 and fp8 KV cache),
+vLLM's fused MoE (bf16, block-scaled FP8, weight-only INT4 and NVFP4 experts; the
+expert-parallel rows are reported, not fitted) and nccl-tests all-reduce (the interconnect's ring
+model) go through the same fit as the Vidur import
 (:func:`servesim.calibration.profile_fit.fit_profile`: every other value of each family's shape
 axis held out, provenance with in-sample and held-out error); vLLM's own all-reduce and NCCL fit
 the profile's ``collectives`` (:mod:`servesim.calibration.collective_fit`). Elementwise kernels
@@ -21,15 +23,17 @@ import pandas as pd
 
 from servesim.calibration.aiconfigurator import GPUS, VERSIONS, aic_tables
 from servesim.calibration.collective_fit import fit_collectives
-from servesim.calibration.profile_fit import fit_profile
+from servesim.calibration.profile_fit import error_stats, fit_profile
 from servesim.calibration.profiles import write_profile
+from servesim.calibration.work import ape, predict
 from servesim.hardware import HardwareProfile
 from servesim.hardware_io import hardware_from_dict, load_hardware
 from servesim.resources import hardware_profiles_dir
 
 SOURCE = ("NVIDIA AIConfigurator per-operator timings (ai-dynamo/aiconfigurator @095f58a5, "
           "systems/data/{gpu}, vLLM {version})")
-KERNEL_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "allreduce")
+KERNEL_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "allreduce", "moe",
+                   "moe_fp8", "moe_w4a16", "moe_fp4")
 
 
 def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.DataFrame]:
@@ -54,6 +58,14 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
         "latency, per-peer latency and efficiency by grid search on mean |log error| over every other "
         f"message size; {detail}; eager_call_s = median eager minus graphed time of vLLM's all-reduce "
         "up to 64 KiB")
+    ep_rows = expert_parallel_report(measured.moe_expert_parallel, prior, fitted)
+    for row in ep_rows:
+        key = f"efficiency.{row['family'].removesuffix('_ep')}"
+        if key in provenance:
+            provenance[key] += (
+                f"; expert-parallel rows (rank 0 of EP 2-256, not fitted): {row['rows_held_out']} rows, "
+                f"median {row['fit_out_median_%']:.1f}% p90 {row['fit_out_p90_%']:.1f}% (before: median "
+                f"{row['prior_median_%']:.1f}% p90 {row['prior_p90_%']:.1f}%)")
     dropped = ", ".join(f"{reason} ({count:,})" for reason, count in measured.dropped.items())
     provenance["calibration"] = (
         f"{provenance.get('calibration', '')}; rows left out of the AIConfigurator import: "
@@ -69,7 +81,28 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
                            "fit_in_median_%": r.fit_in[0], "fit_in_p90_%": r.fit_in[1],
                            "fit_out_median_%": r.fit_out[0], "fit_out_p90_%": r.fit_out[1]}
                           for r in reports])
-    return profile, pd.concat([table, extra], ignore_index=True)
+    ep = pd.DataFrame([{"gpu": gpu, "profile": prior.name, **row} for row in ep_rows])
+    return profile, pd.concat([table, extra, ep], ignore_index=True)
+
+
+def expert_parallel_report(rows: pd.DataFrame | None, prior: HardwareProfile,
+                           fitted: HardwareProfile) -> list[dict[str, Any]]:
+    """Error on the fused-MoE rows of expert-parallel layouts (none of them fitted), per family:
+    the cost model's rank-0 share (``1/ep`` of the assignments and experts) with the profile before
+    and after the import."""
+    out: list[dict[str, Any]] = []
+    if rows is None or rows.empty:
+        return out
+    for family, group in rows.groupby("family"):
+        measured = group["time_s"].to_numpy(float)
+        before = error_stats(ape(predict(str(family), group, prior), measured))
+        after = error_stats(ape(predict(str(family), group, fitted), measured))
+        out.append({"family": f"{family}_ep", "rows_fit": 0, "rows_held_out": len(group),
+                    "spec_median_%": float("nan"), "spec_p90_%": float("nan"),
+                    "prior_median_%": before[0], "prior_p90_%": before[1],
+                    "fit_in_median_%": float("nan"), "fit_in_p90_%": float("nan"),
+                    "fit_out_median_%": after[0], "fit_out_p90_%": after[1]})
+    return out
 
 
 def import_aiconfigurator(root: Path, out_dir: Path | None = None, date: str | None = None,

@@ -12,7 +12,10 @@ README) hold what vLLM dispatches on one GPU, timed with CUDA events over CUDA-g
 - ``generation_attention_perf``: one new token per sequence over ``step`` cached tokens;
 - ``custom_allreduce_perf``: vLLM's ``tensor_model_parallel_all_reduce`` on 2-8 GPUs,
   ``message_size`` in elements of bf16, captured in a graph (``vllm_graph``) or eager;
-- ``nccl_perf``: nccl-tests, ``message_size`` in elements of ``nccl_dtype``.
+- ``nccl_perf``: nccl-tests, ``message_size`` in elements of ``nccl_dtype``;
+- ``moe_perf``: vLLM's ``FusedMoE.forward`` (routing, both expert GEMMs, activation and the sum
+  over each token's experts) for ``num_tokens`` tokens, bf16, FP8 (per-tensor and block-scaled)
+  and INT4 experts, balanced or power-law routing.
 
 The tables come out in the :mod:`servesim.calibration.schema` format (seconds, bytes), plus the
 two collective families :mod:`servesim.calibration.collective_fit` fits. Rows the cost model
@@ -55,6 +58,8 @@ class AicTables:
     gpu: str
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
+    moe_expert_parallel: pd.DataFrame | None = None
+    """Fused-MoE rows of expert-parallel layouts (rank 0), validated apart from the fit."""
 
     def drop(self, reason: str, count: int) -> None:
         if count:
@@ -150,6 +155,45 @@ def nccl_table(root: Path, gpu: str) -> pd.DataFrame:
                          "source": f"aiconfigurator {gpu} comm nccl {NCCL_FOLDER[gpu]} all_reduce"})
 
 
+MOE_FAMILIES = {"bfloat16": "moe", "fp8_block": "moe_fp8", "int4_wo": "moe_w4a16", "nvfp4": "moe_fp4"}
+"""Which fused-MoE table each ``moe_dtype`` fits: 16-bit experts (vLLM's Triton kernel),
+block-scaled FP8 (DeepSeek-style checkpoints, the FP8 MoE models servesim's catalogue serves)
+weight-only INT4 (Marlin, e.g. Kimi K2's checkpoints) and NVFP4 (W4A4, B200 only)."""
+MOE_ROUTING = ("balanced", "power_law_1.01")
+"""Router-logit distributions fitted, in order of preference: the cost model routes uniformly, so
+the balanced rows; A100's tables have only power-law ones (1.01 is the mildest skew)."""
+
+
+def moe_tables(root: Path, gpu: str, out: AicTables) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+    """(fused-MoE tables to fit by family, the expert-parallel rows to validate only).
+
+    ``FusedMoE.forward`` on one GPU with routing inside: ``num_tokens`` tokens entering, experts
+    TP-sharded ``moe_tp_size`` ways. Rows with ``moe_ep_size > 1`` build rank 0 of an
+    expert-parallel layout; they are not fitted (their time falls far less than ``1/ep``, which
+    the cost model's per-rank share does not hold yet) and come back apart for the report."""
+    raw = _parquet(root, gpu, "moe", "vllm", VERSIONS[gpu], "moe_perf.parquet")
+    known = raw["moe_dtype"].isin(list(MOE_FAMILIES))
+    for dtype, count in raw.loc[~known, "moe_dtype"].value_counts().items():
+        out.drop(f"moe {dtype} (format not modelled)", count)
+    raw = raw[known]
+    routing = next(r for r in MOE_ROUTING if (raw["distribution"] == r).any())
+    skewed = raw["distribution"] != routing
+    out.drop(f"moe with routing other than {routing} (the cost model routes uniformly)", int(skewed.sum()))
+    raw = raw[~skewed]
+    table = pd.DataFrame({"tokens": raw["num_tokens"].to_numpy(), "hidden": raw["hidden_size"].to_numpy(),
+                          "inter": raw["inter_size"].to_numpy(), "topk": raw["topk"].to_numpy(),
+                          "experts": raw["num_experts"].to_numpy(), "tp": raw["moe_tp_size"].to_numpy(),
+                          "ep": raw["moe_ep_size"].to_numpy(),
+                          "family": raw["moe_dtype"].map(MOE_FAMILIES).to_numpy(),
+                          "time_s": raw["latency"].to_numpy() * 1e-3,
+                          "source": f"aiconfigurator {gpu} moe vllm {VERSIONS[gpu]} ({routing} routing)"})
+    expert_parallel = table["ep"] > 1
+    out.drop("moe with expert parallelism (validated, not fitted)", int(expert_parallel.sum()))
+    tables = {family: rows.drop(columns="family").reset_index(drop=True)
+              for family, rows in table[~expert_parallel].groupby("family")}
+    return tables, table[expert_parallel].reset_index(drop=True)
+
+
 def aic_tables(root: Path, gpu: str) -> AicTables:
     """Every usable measurement of ``gpu`` (an AIConfigurator system name, e.g. ``h100_sxm``)."""
     root = Path(root)
@@ -161,6 +205,8 @@ def aic_tables(root: Path, gpu: str) -> AicTables:
     out = AicTables(gpu)
     out.tables.update(gemm_tables(root, gpu, out))
     out.tables.update(attention_tables(root, gpu, out))
+    moe, out.moe_expert_parallel = moe_tables(root, gpu, out)
+    out.tables.update(moe)
     nccl = nccl_table(root, gpu)
     out.tables["allreduce"] = nccl  # the interconnect's ring model (servesim 0.1's all-reduce)
     out.tables["nccl"] = nccl

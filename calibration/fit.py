@@ -121,7 +121,7 @@ def prior_below(curve: Curve, prior: Curve) -> Curve:
 
 def _fit_given_fixed(w: Work, fixed: float, bandwidth: float, prior: OperatorEfficiency,
                      memory_tail: bool, iterations: int = 12, fit_memory: bool = True) -> FitResult:
-    remaining = np.maximum(w.time_s - w.side - fixed, 0.02 * w.time_s)
+    remaining = np.maximum(w.time_s - w.side - fixed * w.kernels, 0.02 * w.time_s)
     with np.errstate(divide="ignore", invalid="ignore"):
         implied_c = np.minimum(w.flops / (w.peak * remaining), 1.0)
         implied_m = np.minimum(w.bytes / (bandwidth * remaining), 1.0)
@@ -179,7 +179,7 @@ def fit_operator(w: Work, bandwidth: float, prior: OperatorEfficiency,
         compute = prior_below(result.efficiency.compute, prior.compute)
         return replace(result, efficiency=result.efficiency.model_copy(update={"compute": compute}),
                        memory_kept=True)
-    floor = float(np.min(np.maximum(w.time_s - w.side, 0.02 * w.time_s)))
+    floor = float(np.min(np.maximum(w.time_s - w.side, 0.02 * w.time_s))) / w.kernels
     candidates = [0.0, *(floor * f for f in np.linspace(0.05, 0.95, 19))]
     best: tuple[float, FitResult] | None = None
     for fixed in candidates:

@@ -18,14 +18,16 @@ import pandas as pd
 from servesim.calibration.fit import MIN_ROWS_FULL_FIT, FitResult, fit_link, fit_operator, log_error
 from servesim.calibration.quantise_fit import fit_gemm_fp8
 from servesim.calibration.schema import holdout_mask
-from servesim.calibration.work import OPERATOR_OF, ape, fast_predict, predict, usable, work
+from servesim.calibration.work import OPERATOR_OF, ape, efficiency_of, fast_predict, predict, usable, work
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 from servesim.hardware_io import hardware_from_dict
 
 PROVENANCE_KEY = {"gemm": "efficiency.gemm", "gemm_fp8": "efficiency.gemm_fp8",
                   "attention_prefill": "efficiency.attention_prefill",
                   "attention_decode": "efficiency.attention_decode",
-                  "memory": "efficiency.elementwise", "allreduce": "interconnect"}
+                  "memory": "efficiency.elementwise", "allreduce": "interconnect",
+                  "moe": "efficiency.moe", "moe_fp8": "efficiency.moe_fp8",
+                  "moe_w4a16": "efficiency.moe_w4a16", "moe_fp4": "efficiency.moe_fp4"}
 METHOD = ("knots per octave at the median implied efficiency of the rows bound by each curve, "
           "alternating compute/memory classification, isotonic in ln x - ln eff (Curve rule), fixed "
           "cost by grid search on mean |log error|")
@@ -112,7 +114,7 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
                             fit_rows["time_s"].to_numpy(float), link)
             continue
         op = OPERATOR_OF[family]
-        prior = efficiency[op] or efficiency["gemm"]
+        prior = efficiency.get(op) or efficiency_of(profile, family)
         assert prior is not None
         if family == "gemm_fp8":  # fitted net of the input quantisation its times include
             bf16 = usable_tables.get("gemm")

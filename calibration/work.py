@@ -29,12 +29,21 @@ from servesim.dtypes import DType
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 
 OPERATOR_OF = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "attention_prefill": "attention_prefill",
-               "attention_decode": "attention_decode", "memory": "elementwise"}
+               "attention_decode": "attention_decode", "memory": "elementwise", "moe": "moe",
+               "moe_fp8": "moe_fp8", "moe_w4a16": "moe_w4a16", "moe_fp4": "moe_fp4"}
 """The profile's efficiency class each kernel family calibrates (all-reduce calibrates the link)."""
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp32": 4.0}
 OUT_BYTES = 2.0
 """GEMM outputs are written in 16 bits, as the cost model assumes."""
+MOE_FORMATS = {"moe": (DType.BF16, DType.BF16), "moe_fp8": (DType.FP8, DType.FP8),
+               "moe_w4a16": (DType.BF16, DType.INT4), "moe_fp4": (DType.NVFP4, DType.NVFP4)}
+"""(activation, expert weight) format of each fused-MoE family; :meth:`Efficiency.moe_for` reads
+the activation's math format and the weight's."""
+MOE_KERNELS = 2
+"""The fused MoE call is priced as two kernels (its up and down expert GEMMs), as the cost model
+does (``roofline(..., kernels=2)``): two fixed costs, each at half the bytes."""
+MOE_GROUP_SIZE = 128
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,9 @@ class Work:
     side_s: np.ndarray | None = None
     """Serial kernels the measured time includes beyond the fitted class, priced by other classes
     (an FP8 GEMM's input quantisation, :mod:`servesim.cost.quantise`); None: none."""
+    kernels: float = 1.0
+    """Kernels per row that each pay the class's fixed cost (the memory position is already the
+    bytes of one of them)."""
 
     @property
     def side(self) -> np.ndarray:
@@ -60,7 +72,7 @@ class Work:
     def subset(self, mask: np.ndarray) -> Work:
         return Work(self.flops[mask], self.bytes[mask], self.peak[mask], self.x_compute[mask],
                     self.x_memory[mask], self.tokens[mask], self.time_s[mask],
-                    None if self.side_s is None else self.side_s[mask])
+                    None if self.side_s is None else self.side_s[mask], self.kernels)
 
     def __len__(self) -> int:
         return int(self.time_s.size)
@@ -150,6 +162,9 @@ def efficiency_of(profile: HardwareProfile, family: str) -> OperatorEfficiency:
     curves when the profile has none of their own)."""
     if family == "gemm_fp8":
         return profile.efficiency.gemm_for(DType.FP8)
+    if family in MOE_FORMATS:
+        activation, weight = MOE_FORMATS[family]
+        return profile.efficiency.moe_for(activation.math_format, weight)
     return getattr(profile.efficiency, OPERATOR_OF[family])
 
 
@@ -163,6 +178,8 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: i
     calls :mod:`servesim.cost.attention` itself."""
     time_s = table["time_s"].to_numpy(float)
     n = len(table)
+    if family in MOE_FORMATS:
+        return moe_work(family, table, profile)
     if family in ("gemm", "gemm_fp8"):
         m, k, nn = (table[c].to_numpy(float) for c in ("m", "k", "n"))
         width = table["dtype"].astype(str).map(DTYPE_BYTES).to_numpy(float)
@@ -205,9 +222,63 @@ def fast_predict(w: Work, eff: OperatorEfficiency, bandwidth: float) -> np.ndarr
     with np.errstate(divide="ignore", invalid="ignore"):
         compute = np.where(w.flops > 0, w.flops / (w.peak * eff.compute(w.x_compute)), 0.0)
         memory = np.where(w.bytes > 0, w.bytes / (bandwidth * eff.memory(x_memory)), 0.0)
-    return eff.fixed_s + np.maximum(compute, memory) + w.side
+    return eff.fixed_s * w.kernels + np.maximum(compute, memory) + w.side
 
 
 def ape(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     """Absolute percentage error per row (0.1 = 10%)."""
     return np.abs(np.asarray(predicted) - measured) / measured
+
+
+def moe_experts(family: str, table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """FLOPs, bytes and GEMM rows per expert hit of the routed experts of one fused MoE call per
+    row (``tokens`` entering, ``hidden``, ``inter`` (the expert's intermediate before MoE-TP
+    sharding), ``topk``, ``experts``, ``tp``), by the formulas of
+    :meth:`servesim.cost.step_cost.CostModel._routed_experts`: uniform routing, gated experts,
+    ``E (1 - (1 - k/E)^T)`` experts hit, each read once; with an optional ``ep`` column, rank 0 of
+    an expert-parallel layout as :class:`servesim.cost.expert_parallel.ExpertLayer` prices it
+    (``1/ep`` of the assignments and experts, balanced)."""
+    activation, weight = MOE_FORMATS[family]
+    tokens, h, inter, top_k, experts, tp = (table[c].to_numpy(float) for c in
+                                            ("tokens", "hidden", "inter", "topk", "experts", "tp"))
+    ep = table["ep"].to_numpy(float) if "ep" in table.columns else np.ones(len(table))
+    act = activation.bytes_per_element(MOE_GROUP_SIZE)
+    local = np.ceil(inter / tp)
+    up = 2.0 * local
+    assignments = tokens * top_k / ep
+    hit = experts / ep * (1.0 - (1.0 - top_k / experts) ** tokens)
+    weights = h * (up + local)
+    io = assignments * ((h + local) * act + (up + h) * OUT_BYTES)
+    nbytes = hit * weights * weight.bytes_per_element(MOE_GROUP_SIZE) + io
+    return {"flops": 2.0 * assignments * weights, "bytes": nbytes, "rows_per_expert": assignments / hit,
+            "assignments": assignments, "local": local, "tokens": tokens, "hidden": h,
+            "act": np.full(len(table), act)}
+
+
+def moe_elementwise_s(parts: dict[str, np.ndarray], profile: HardwareProfile) -> np.ndarray:
+    """The fused call's two memory-bound kernels the cost model prices with the elementwise class:
+    the gated activation of every assignment (read gate and up, write their product) and the
+    weighted sum over each token's experts (read one row per assignment, write one per token)."""
+    elements = 3.0 * parts["assignments"] * parts["local"] + (parts["assignments"] + parts["tokens"]) \
+        * parts["hidden"]
+    nbytes = elements * OUT_BYTES
+    eff = profile.efficiency.elementwise
+    x = nbytes / 2.0 if eff.memory.axis == "bytes" else parts["tokens"]
+    return 2.0 * eff.fixed_s + nbytes / (profile.memory.bandwidth_Bps * eff.memory(x))
+
+
+def moe_work(family: str, table: pd.DataFrame, profile: HardwareProfile) -> Work:
+    """One measured fused MoE call: the experts as the fitted class sees them (two kernels), with
+    the activation and combine (elementwise class) and, for 8-bit math, the input and intermediate
+    quantisation (:mod:`servesim.cost.quantise`) as serial side costs."""
+    parts = moe_experts(family, table)
+    side = moe_elementwise_s(parts, profile)
+    act = parts["act"]
+    activation, _ = MOE_FORMATS[family]
+    if activation.bits < 16:
+        bandwidth, quant = profile.memory.bandwidth_Bps, profile.efficiency.quantisation
+        side = side + input_quantisation_s_array(parts["tokens"], parts["hidden"], act, quant, bandwidth) \
+            + input_quantisation_s_array(parts["assignments"], parts["local"], act, quant, bandwidth)
+    peak = np.full(len(table), profile.peak(activation.math_format))
+    return Work(parts["flops"], parts["bytes"], peak, parts["rows_per_expert"], parts["bytes"] / MOE_KERNELS,
+                parts["tokens"], table["time_s"].to_numpy(float), side_s=side, kernels=float(MOE_KERNELS))

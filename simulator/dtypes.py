@@ -160,7 +160,12 @@ class Precision:
     @property
     def expert_weight_bytes(self) -> float:
         """Bytes per routed-expert weight, scales included."""
-        return (self.expert_weight or self.weight).bytes_per_element(self.group_size)
+        return self.expert_format.bytes_per_element(self.group_size)
+
+    @property
+    def expert_format(self) -> DType:
+        """The routed experts' weight format."""
+        return self.expert_weight or self.weight
 
     @property
     def act_bytes(self) -> float:

@@ -185,6 +185,20 @@ class Efficiency(FrozenModel):
         None, description="the dynamic activation quantisation an 8-bit GEMM runs first (two "
         "memory-bound kernels, servesim.cost.quantise), when fitted apart; absent, the elementwise class")
 
+    moe: OperatorEfficiency | None = Field(
+        None, description="fused MoE experts with 16-bit math and 16-bit weights (one call: routing, "
+        "both expert GEMMs and what the fused kernel does around them), when fitted apart; absent, "
+        "the gemm curves")
+    moe_fp8: OperatorEfficiency | None = Field(
+        None, description="fused MoE experts with 8-bit math (block-scaled FP8, DeepSeek style), when "
+        "fitted apart; absent, the curves of 8-bit GEMMs")
+    moe_fp4: OperatorEfficiency | None = Field(
+        None, description="fused MoE experts with FP4 math (NVFP4 weights and activations, Blackwell), "
+        "when fitted apart; absent, the moe_fp8 class, then the curves of 8-bit GEMMs")
+    moe_w4a16: OperatorEfficiency | None = Field(
+        None, description="fused MoE experts with 4-bit weights and 16-bit math (weight-only INT4, "
+        "Marlin), when fitted apart; absent, the moe class, then the gemm curves")
+
     @property
     def quantisation(self) -> OperatorEfficiency:
         """What prices an 8-bit GEMM's input quantisation (:mod:`servesim.cost.quantise`)."""
@@ -197,6 +211,21 @@ class Efficiency(FrozenModel):
         if math in (DType.FP8, DType.FP4) and self.gemm_fp8 is not None:
             return self.gemm_fp8
         return self.gemm
+
+    def moe_for(self, math: DType, weight: DType) -> OperatorEfficiency:
+        """The efficiency of a fused MoE layer's experts whose math runs in ``math`` on ``weight``
+        weights. Fused MoE kernels reach a different share of peak than dense GEMMs of the same
+        rows (AIConfigurator's tables time them apart); a profile without them prices the experts
+        by the GEMM curves."""
+        if math is DType.FP4 and self.moe_fp4 is not None:
+            return self.moe_fp4
+        if math in (DType.FP8, DType.FP4):
+            return self.moe_fp8 if self.moe_fp8 is not None else self.gemm_for(math)
+        if math.bits < 16:  # INT8 math: not measured apart
+            return self.gemm_for(math)
+        if weight.bits <= 4 and self.moe_w4a16 is not None:
+            return self.moe_w4a16
+        return self.moe if self.moe is not None else self.gemm_for(math)
 
     @classmethod
     def perfect(cls) -> Efficiency:

@@ -35,6 +35,18 @@ MEASURED = {
     ("a100_sxm", "gemm"): ((8.9, 25.2), (8.9, 25.5)),
     ("a100_sxm", "attention_prefill"): ((62.1, 144.4), (14.4, 40.1)),
     ("a100_sxm", "attention_decode"): ((18.3, 55.6), (9.5, 39.2)),
+    # fused MoE (ep = 1, balanced routing): before = the GEMM curves that priced it until then
+    ("h100_sxm", "moe"): ((15.9, 47.5), (8.5, 42.9)),
+    ("h100_sxm", "moe_fp8"): ((12.0, 33.2), (8.1, 25.6)),
+    ("h100_sxm", "moe_w4a16"): ((41.8, 51.3), (15.4, 29.3)),
+    ("h200_sxm", "moe"): ((19.0, 54.5), (13.2, 46.9)),
+    ("h200_sxm", "moe_fp8"): ((14.4, 35.8), (10.8, 27.9)),
+    ("h200_sxm", "moe_w4a16"): ((52.0, 60.5), (13.0, 34.2)),
+    ("b200_sxm", "moe"): ((11.0, 44.6), (9.7, 41.1)),
+    ("b200_sxm", "moe_fp8"): ((16.4, 36.5), (11.6, 29.5)),
+    ("b200_sxm", "moe_w4a16"): ((62.1, 71.3), (14.7, 36.9)),
+    ("b200_sxm", "moe_fp4"): ((15.9, 46.3), (9.7, 37.0)),
+    ("a100_sxm", "moe"): ((24.6, 53.9), (15.2, 40.3)),
 }
 
 
@@ -62,7 +74,8 @@ def test_units_are_milliseconds_and_elements(aic: Path) -> None:
 @pytest.mark.parametrize("gpu", sorted(GPUS))
 def test_shipped_profiles_fit_the_held_out_kernels(aic: Path, gpu: str) -> None:
     rows = predictions({k: v for k, v in aic_tables(aic, gpu).tables.items()
-                        if k in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode")},
+                        if k in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "moe",
+                                 "moe_fp8", "moe_w4a16", "moe_fp4")},
                        load_hardware(GPUS[gpu]))
     for family, group in rows.groupby("family"):
         held = group[group["held_out"]]

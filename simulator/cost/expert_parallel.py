@@ -141,9 +141,10 @@ class ExpertLayer:
         pick = min(1.0, self.parallelism.expert_imbalance * self.moe.top_k / self.moe.num_experts)
         return self.local_experts * (1.0 - (1.0 - pick) ** tokens)
 
-    def gemms(self, tokens: float, layers: int, gemm: OperatorEfficiency,
+    def gemms(self, tokens: float, layers: int, experts: OperatorEfficiency,
               quantise: OperatorEfficiency | None = None) -> OpCost:
-        """The fused expert GEMMs (up and down) of ``layers`` MoE layers on the busiest rank; with
+        """The fused expert GEMMs (up and down) of ``layers`` MoE layers on the busiest rank, priced
+        by ``experts`` (the profile's fused-MoE class, :meth:`Efficiency.moe_for`); with
         8-bit activations and ``quantise`` given, the dynamic quantisation of the rows they
         receive and of their intermediate (:mod:`servesim.cost.quantise`)."""
         h, local = self.hidden, self.local_intermediate
@@ -155,7 +156,7 @@ class ExpertLayer:
         io = rows * ((h + local) * act + (up + h) * IO_BYTES)
         nbytes = hit * weights * self.expert_weight_bytes + io
         op = roofline("moe", 2.0 * rows * weights, nbytes, peak_flops=self.peak,
-                      bandwidth=self.bandwidth, eff=gemm, compute_axis=rows / hit,
+                      bandwidth=self.bandwidth, eff=experts, compute_axis=rows / hit,
                       repeat=layers, kernels=2)
         if quantise is None or act >= IO_BYTES:
             return op
@@ -216,13 +217,13 @@ class ExpertLayer:
         dispatch, combine = self.dispatch_bytes(tokens)
         return layers * (self.exchange_s(dispatch) + self.exchange_s(combine))
 
-    def cost(self, tokens: float, layers: int, gemm: OperatorEfficiency,
+    def cost(self, tokens: float, layers: int, experts: OperatorEfficiency,
              elementwise: OperatorEfficiency,
              quantise: OperatorEfficiency | None = None) -> tuple[list[OpCost], float]:
         """(operators, communication seconds) of ``layers`` MoE layers for ``tokens`` tokens."""
         if tokens <= 0 or layers == 0:
             return [], 0.0
-        ops = [self.gemms(tokens, layers, gemm, quantise), self.activation(tokens, layers, elementwise)]
+        ops = [self.gemms(tokens, layers, experts, quantise), self.activation(tokens, layers, elementwise)]
         return ops, self.communication_s(tokens, layers)
 
 

@@ -188,6 +188,7 @@ class CostModel:
         self.bf16_peak = hardware.peak(DType.BF16)
         self.bandwidth = hardware.memory.bandwidth_Bps
         self._gemm_eff = hardware.efficiency.gemm_for(self.precision.math)
+        self._moe_eff = hardware.efficiency.moe_for(self.precision.math, self.precision.expert_format)
         self._gemm16_eff = hardware.efficiency.gemm
         self._elem_eff = hardware.efficiency.elementwise
         self._quant_eff = hardware.efficiency.quantisation
@@ -345,7 +346,7 @@ class CostModel:
         io = assignments * ((h + local) * self._act_bytes + (up_width + h) * IO_BYTES)
         nbytes = hit * expert_weights * self.precision.expert_weight_bytes + io
         experts_cost = roofline("moe", flops, nbytes, peak_flops=self.peak_flops,
-                                bandwidth=self.bandwidth, eff=self._gemm_eff,
+                                bandwidth=self.bandwidth, eff=self._moe_eff,
                                 compute_axis=rows_per_expert, repeat=repeat, kernels=2)
         if self._act_bytes < IO_BYTES:  # the fused kernel quantises its input and intermediate
             side = self._quantise_s(tokens, h) + self._quantise_s(assignments, local)
@@ -650,7 +651,7 @@ class CostModel:
         cached = self._moe_cache.get(tokens)
         if cached is None:
             assert self._experts is not None
-            ops, comm = self._experts.cost(float(tokens), self._sparse, self._gemm_eff, self._elem_eff,
+            ops, comm = self._experts.cost(float(tokens), self._sparse, self._moe_eff, self._elem_eff,
                                           self._quant_eff)
             cached = (tuple(ops), comm)
             if len(self._moe_cache) < 1 << 16:

@@ -1,0 +1,98 @@
+"""Fused MoE experts priced by their own efficiency classes (fitted from AIConfigurator's
+``moe_perf`` tables): the class each precision picks, and that the calibration's vectorised rows
+are exactly what the cost model charges for the same layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servesim import load_hardware, load_model
+from servesim.calibration.work import MOE_FORMATS, fast_predict, moe_elementwise_s, moe_experts, work
+from servesim.cost.batch import BatchShape
+from servesim.cost.step_cost import CostModel
+from servesim.dtypes import DType, Precision
+from servesim.engines import RuntimeCosts
+
+KERNELS = RuntimeCosts.none()
+
+PRECISION = {"moe": Precision.from_names("bf16", "bf16"), "moe_fp8": Precision.from_names("fp8", "fp8"),
+             "moe_w4a16": Precision.from_names("int4", "bf16"),
+             "moe_fp4": Precision.from_names("nvfp4", "nvfp4")}
+
+
+@pytest.mark.parametrize(("family", "hardware"), [("moe", "h100-sxm-80gb"), ("moe_fp8", "h200-sxm-141gb"),
+                                                  ("moe_w4a16", "h100-sxm-80gb"), ("moe_fp4", "b200"),
+                                                  ("moe", "a100-sxm-80gb")])
+@pytest.mark.parametrize(("model", "tp"), [("qwen3-235b-a22b", 1), ("mixtral-8x7b", 2), ("minimax-m2.5", 4)])
+def test_calibration_rows_are_what_the_cost_model_charges(family: str, hardware: str, model: str,
+                                                          tp: int) -> None:
+    """The fused experts of one layer, as the fit sees a measured row (minus the activation and
+    combine it prices with the elementwise class), equal the cost model's ``moe`` operator."""
+    spec, profile = load_model(model), load_hardware(hardware)
+    assert spec.moe is not None
+    cost = CostModel(spec, profile, tp=tp, precision=PRECISION[family], runtime=KERNELS)
+    for tokens in (1, 7, 300, 4096):
+        experts_op = cost._routed_experts(float(tokens), 1)[1]
+        row = pd.DataFrame([{"tokens": tokens, "hidden": spec.hidden_size,
+                             "inter": spec.moe.expert_intermediate, "topk": spec.moe.top_k,
+                             "experts": spec.moe.num_experts, "tp": tp, "time_s": 1e-3}])
+        w = work(family, row, profile)
+        fused = fast_predict(w, profile.efficiency.moe_for(*_formats(family)), profile.memory.bandwidth_Bps)
+        own = fused - moe_elementwise_s(moe_experts(family, row), profile)
+        assert own[0] == pytest.approx(experts_op.time_s, rel=1e-12), (tokens, family)
+
+
+def _formats(family: str) -> tuple[DType, DType]:
+    activation, weight = MOE_FORMATS[family]
+    return activation.math_format, weight
+
+
+def test_each_precision_takes_its_fused_moe_class() -> None:
+    h100, b200 = load_hardware("h100-sxm-80gb").efficiency, load_hardware("b200").efficiency
+    assert h100.moe is not None and h100.moe_fp8 is not None and h100.moe_w4a16 is not None
+    assert h100.moe_for(DType.BF16, DType.BF16) is h100.moe
+    assert h100.moe_for(DType.FP8, DType.FP8) is h100.moe_fp8
+    assert h100.moe_for(DType.BF16, DType.INT4) is h100.moe_w4a16
+    assert h100.moe_for(DType.INT8, DType.INT8) is h100.gemm  # W8A8 int8 MoE: not measured apart
+    assert b200.moe_fp4 is not None and b200.moe_for(DType.FP4, DType.NVFP4) is b200.moe_fp4
+    l4 = load_hardware("l4").efficiency  # no MoE tables: the GEMM curves, as before
+    assert l4.moe is None and l4.moe_for(DType.BF16, DType.BF16) is l4.gemm
+
+
+def test_one_token_decode_reads_its_experts_at_the_fused_class_bandwidth() -> None:
+    """Qwen3-235B on one H100, one decode token: 8 of 128 experts hit, each read whole once
+    (gate, up and down: 3 x 4096 x 1536 bf16 weights); the fused call is memory-bound, so its
+    time is two kernel floors plus the bytes at the moe class's efficiency for half of them."""
+    model, h100 = load_model("qwen3-235b-a22b"), load_hardware("h100-sxm-80gb")
+    cost = CostModel(model, h100, runtime=KERNELS)
+    step = cost.step(BatchShape.decode(1, 100))
+    assert model.moe is not None and (model.hidden_size, model.moe.expert_intermediate) == (4096, 1536)
+    experts = max((op for op in step.ops if op.name == "moe"), key=lambda op: op.flops)  # not the router
+    weights = 8 * 3 * 4096 * 1536 * 2
+    io = 8 * ((4096 + 1536) * 2 + (2 * 1536 + 4096) * 2)
+    layers = 94
+    assert experts.bytes == pytest.approx(layers * (weights + io))
+    eff = h100.efficiency.moe
+    assert eff is not None
+    bandwidth = h100.memory.bandwidth_Bps
+    per_layer = 2 * eff.fixed_s + (weights + io) / (bandwidth * eff.memory.at((weights + io) / 2))
+    assert experts.time_s == pytest.approx(layers * per_layer, rel=1e-12)
+    # and it is not what the GEMM curves said before the fused class was fitted
+    gemm = h100.efficiency.gemm
+    old = 2 * gemm.fixed_s + (weights + io) / (bandwidth * gemm.memory.at((weights + io) / 2))
+    assert abs(per_layer / old - 1) > 0.05
+
+
+def test_expert_parallel_rows_take_the_rank_share() -> None:
+    """An EP row of the MoE table is rank 0 of the layout: 1/ep of the assignments and experts."""
+    row = pd.DataFrame([{"tokens": 64, "hidden": 7168, "inter": 2048, "topk": 8, "experts": 256, "tp": 1,
+                         "ep": 8, "time_s": 1e-3}])
+    one = moe_experts("moe", row.assign(ep=1))
+    eight = moe_experts("moe", row)
+    assert eight["assignments"][0] == pytest.approx(64 * 8 / 8)
+    assert eight["flops"][0] == pytest.approx(one["flops"][0] / 8)
+    hit = 256 / 8 * (1 - (1 - 8 / 256) ** 64)
+    assert eight["rows_per_expert"][0] == pytest.approx(64 * 8 / 8 / hit)
+    assert np.isfinite(eight["bytes"][0])
