@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from servesim import BatchShape, CostModel, load_hardware, load_model
+from servesim.cost.roofline import OpCost
+from servesim.cost.step_cost import StepCost
 from servesim.dtypes import DType, Precision
 from servesim.engines import RuntimeCosts
 from servesim.errors import ServesimError
@@ -54,8 +56,14 @@ def test_hopper_has_no_fp4_tensor_cores_but_runs_fp4_weights_weight_only() -> No
     weight_only = CostModel(model, h100, 2, Precision.from_names("bf16", "bf16", expert_weight="mxfp4"),
                             KERNELS).step(decode)
     bf16 = CostModel(model, h100, 2, Precision(), KERNELS).step(decode)
-    # a memory-bound decode reads the experts in 17/32 bytes instead of 2 (the math stays 16-bit)
-    assert weight_only.breakdown["moe"] < 0.4 * bf16.breakdown["moe"]
+    # a memory-bound decode reads the experts in 17/32 bytes instead of 2 (the math stays 16-bit);
+    # the weight-only kernel (the profile's moe_w4a16 class, fitted to Marlin) reaches a lower
+    # share of HBM than the 16-bit one, so the time falls by less than the bytes
+    def experts(step: StepCost) -> OpCost:
+        return max((op for op in step.ops if op.name == "moe"), key=lambda op: op.flops)
+
+    assert experts(weight_only).bytes < 0.3 * experts(bf16).bytes
+    assert weight_only.breakdown["moe"] < 0.6 * bf16.breakdown["moe"]
     assert weight_only.flops == bf16.flops
 
 
