@@ -221,13 +221,18 @@ def _check_fast_domain(model: ModelSpec, hardware: HardwareProfile, p: Paralleli
                                 "add fast_domain_gpus (and scale_out) to the profile")
         return
     if p.tp > domain:
-        fits = [t for t in _valid_tp(model, domain)]
-        raise ServesimError(
-            f"{where}.tp", f"tp {p.tp} spans {math.ceil(p.tp / domain)} {hardware.interconnect.kind} "
-            f"domains of {domain} GPUs on {hardware.name}: every layer's two all-reduces would cross "
-            "the scale-out network",
-            f"use tp {max(fits) if fits else 1} (or less) and pp or dp to span domains")
-    if p.stage_gpus > domain and domain % p.tp:
+        # A TP group over several domains (SGLang's and vLLM's multi-node TP) runs its all-reduces
+        # hierarchically (servesim.cost.communication): it must hold whole domains.
+        if hardware.scale_out is None or p.tp % domain:
+            fits = [t for t in _valid_tp(model, domain)]
+            why = (f"{hardware.name} names no scale_out network" if hardware.scale_out is None
+                   else f"{p.tp} is not a whole number of domains")
+            raise ServesimError(
+                f"{where}.tp", f"tp {p.tp} spans {math.ceil(p.tp / domain)} {hardware.interconnect.kind} "
+                f"domains of {domain} GPUs on {hardware.name} and {why}",
+                f"use tp {max(fits) if fits else 1} (or less) and pp or dp to span domains, or a multiple "
+                f"of {domain}")
+    elif p.stage_gpus > domain and domain % p.tp:
         fitting = [t for t in _valid_tp(model, domain) if domain % t == 0]
         raise ServesimError(f"{where}.tp", f"tp {p.tp} does not divide the {domain} GPUs of a "
                             f"{hardware.interconnect.kind} domain on {hardware.name}, so a stage of "

@@ -38,8 +38,7 @@ def test_vllm_splits_layers_evenly_and_gives_the_remainder_to_the_stages_before_
     ({"pp_layers": [10, 10]}, r"^deployment\.pp_layers: \[10, 10\] must be positive and sum to llama-3-8b's "
                               r"32 layers; e\.g\. \[16, 16\]"),
     ({"pp_layers": [32]}, r"^deployment\.pp_layers: lists 1 stages but pp is 2"),
-    ({"tp": 16, "pp": 1}, r"^deployment\.tp: tp 16 spans 2 nvlink domains of 8 GPUs on h100-sxm-80gb: every "
-                          r"layer's two all-reduces would cross the scale-out network; use tp 8"),
+    ({"tp": 64, "pp": 1}, r"^deployment\.tp: 64 does not divide llama-3-8b's 32 attention heads"),
     ({"dp": 2}, r"^deployment\.dp: llama-3-8b is dense: .* use deployment\.replicas"),
     ({"ep": 2}, r"^deployment\.ep: llama-3-8b has no experts to split"),
 ])
@@ -174,13 +173,19 @@ def test_the_fast_domain_decides_which_sends_leave_the_node() -> None:
     p = Parallelism(tp=4, pp=4)
     links = [placement(h100, p).stage_send_link(p, s).kind for s in range(3)]
     assert links == ["nvlink", "infiniband", "nvlink"]
-    # the same pipeline inside one NVL72 rack never leaves NVLink, and TP16 is allowed there
+    # the same pipeline inside one NVL72 rack never leaves NVLink, and TP16 is one domain there
     assert {placement(gb200, p).stage_send_link(p, s).kind for s in range(3)} == {"nvlink"}
     resolve_topology(experiment({"tp": 16, "pp": 1}, engine="vllm-v0", model="llama-3.1-405b",
                                 hardware="gb200-nvl72"))
-    with pytest.raises(ServesimError, match=r"^deployment\.tp: tp 16 spans 2 nvlink domains"):
-        resolve_topology(experiment({"tp": 16}, engine="vllm-v0", model="llama-3.1-405b",
-                                    hardware="h100-sxm-80gb"))
+    # TP16 over two 8-GPU nodes runs (multi-node TP, all-reduces over InfiniBand); without a
+    # scale-out network it cannot
+    resolve_topology(experiment({"tp": 16, "pp": 1}, engine="vllm-v0", model="llama-3.1-405b",
+                                hardware="h100-sxm-80gb"))
+    from servesim.parallelism import check_parallelism
+    island = h100.model_copy(update={"scale_out": None})
+    with pytest.raises(ServesimError, match=r"^deployment\.tp: tp 16 spans 2 nvlink domains of 8 GPUs on "
+                                            r"h100-sxm-80gb and h100-sxm-80gb names no scale_out network"):
+        check_parallelism(load_model("llama-3.1-405b"), island, Parallelism(tp=16))
 
 
 @pytest.mark.parametrize(("name", "overrides", "gpus"), [

@@ -10,6 +10,9 @@ Serving engines choose among implementations by message size (:func:`allreduce_s
 parallel decode step all-reduces a few kilobytes per layer, where vLLM's custom all-reduce
 takes about 5 us on H100 and NCCL 6-16 us, so the implementation, not the bandwidth, decides
 the cost of communication there.
+
+A TP group wider than one fast domain (multi-node TP) runs both hierarchically: inside each
+domain over the fast link, across domains over the scale-out network (:func:`spanning_allreduce_s`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,38 @@ def allreduce_kind(message_bytes: float, world: int, runtime: RuntimeCosts) -> s
     return "nccl"
 
 
+def domains_spanned(world: int, hardware: HardwareProfile) -> tuple[int, int] | None:
+    """(GPUs per domain, domains) when a ``world``-GPU group spans several fast domains (a TP
+    group over nodes), else None. :func:`servesim.parallelism.check_parallelism` makes such a
+    group hold whole domains and the profile name a scale-out network."""
+    domain = hardware.fast_domain_gpus
+    if domain is None or world <= domain or hardware.scale_out is None:
+        return None
+    return domain, world // domain
+
+
+def _nccl_allreduce_s(message_bytes: float, world: int, runtime: RuntimeCosts,
+                      hardware: HardwareProfile) -> float:
+    """An all-reduce inside one domain by NCCL (or the ring model, as the runtime says)."""
+    fit = hardware.collectives.nccl if hardware.collectives is not None else None
+    if fit is None or runtime.allreduce == "ring":
+        return ring_allreduce_s(message_bytes, world, hardware.interconnect)
+    return fitted_collective_s(fit, ring_wire_bytes(message_bytes, world), world, hardware.interconnect)
+
+
+def spanning_allreduce_s(message_bytes: float, domain: int, domains: int, runtime: RuntimeCosts,
+                         hardware: HardwareProfile) -> float:
+    """An all-reduce over ``domains`` whole domains of ``domain`` GPUs, as NCCL runs it across
+    nodes: a reduce-scatter and an all-gather inside each domain (together one intra-domain
+    all-reduce's traffic, over the fast link) around an all-reduce of each GPU's ``1/domain``
+    shard with its peers in the other domains, every GPU on its own scale-out NIC. Engines turn
+    their custom all-reduce off across nodes (vLLM: custom all-reduce is single-node), so the
+    intra-domain part is NCCL's."""
+    assert hardware.scale_out is not None
+    inside = _nccl_allreduce_s(message_bytes, domain, runtime, hardware)
+    return inside + ring_allreduce_s(message_bytes / domain, domains, hardware.scale_out)
+
+
 def allreduce_s(message_bytes: float, world: int, runtime: RuntimeCosts,
                 hardware: HardwareProfile) -> float:
     """Seconds for one all-reduce as the engine runs it on this hardware.
@@ -76,6 +111,9 @@ def allreduce_s(message_bytes: float, world: int, runtime: RuntimeCosts,
     uses the interconnect's ring model."""
     if world <= 1 or message_bytes <= 0:
         return 0.0
+    spans = domains_spanned(world, hardware)
+    if spans is not None:
+        return spanning_allreduce_s(message_bytes, *spans, runtime, hardware)
     link = hardware.interconnect
     fits = hardware.collectives
     kind = allreduce_kind(message_bytes, world, runtime)
@@ -91,7 +129,13 @@ def allgather_s(total_bytes: float, world: int, runtime: RuntimeCosts, hardware:
     latency and bandwidth when it has them (an all-gather moves half a ring all-reduce's bytes)."""
     if world <= 1 or total_bytes <= 0:
         return 0.0
+    spans = domains_spanned(world, hardware)
+    if spans is not None:  # gather each domain's part across domains, then inside each domain
+        domain, domains = spans
+        assert hardware.scale_out is not None
+        return (ring_allgather_s(total_bytes / domain, domains, hardware.scale_out)
+                + allgather_s(total_bytes, domain, runtime, hardware))
     fit = hardware.collectives.nccl if hardware.collectives is not None else None
-    if fit is None:
+    if fit is None or runtime.allreduce == "ring":
         return ring_allgather_s(total_bytes, world, hardware.interconnect)
     return fitted_collective_s(fit, (world - 1) / world * total_bytes, world, hardware.interconnect)

@@ -45,7 +45,13 @@ from servesim.cost.attention import (
     prefill_attention,
 )
 from servesim.cost.batch import BatchShape
-from servesim.cost.communication import allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
+from servesim.cost.communication import (
+    allgather_s,
+    allreduce_s,
+    domains_spanned,
+    ring_allgather_s,
+    ring_allreduce_s,
+)
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.quantise import input_quantisation_s
@@ -672,7 +678,7 @@ class CostModel:
         link, m, stage = self.hardware.interconnect, self.model, self.stage
         residual = tokens * m.hidden_size * IO_BYTES
         reduces = 2 * self._layers + (1 if stage.first else 0)
-        if self.runtime.allreduce == "ring":
+        if self.runtime.allreduce == "ring" and domains_spanned(self.tp, self.hardware) is None:
             gather = ring_allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, link) if stage.last else 0.0
             return reduces * ring_allreduce_s(residual, self.tp, link) + gather + extra
         gather = allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, self.runtime, self.hardware) \
