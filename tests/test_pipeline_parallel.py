@@ -201,3 +201,26 @@ def test_the_readme_what_ifs_resolve(name: str, overrides: list[str], gpus: int)
     from servesim.resources import configs_dir
     config = load_experiment(configs_dir() / f"{name}.yaml", overrides)
     assert resolve_topology(config).num_gpus == gpus
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_data_parallel_ranks_pay_the_slowest_ranks_cpu_as_the_engine_runs_it(overlap: bool) -> None:
+    """One stage, two DP ranks: each rank's CPU time follows its own batch (10 and 40 sequences at
+    1 ms + 0.5 ms each: 6 ms and 21 ms); an overlapping engine hides it under the GPU step
+    (``max(GPU, 21 ms)``), a serial one adds it (``GPU + 21 ms``), and the serial part is added
+    last."""
+    from servesim.cost.parallel_step import ParallelCostModel
+    from servesim.dtypes import Precision
+    model = load_model("qwen3-30b-a3b")
+    runtime = RuntimeCosts(step_overhead_s=1e-3, cpu_per_seq_s=5e-4, overlap=overlap, serial_fixed_s=5e-5)
+    p = Parallelism(tp=1, dp=2, ep=2)
+    cost = ParallelCostModel(model, H100, p, Precision(), runtime)
+    shapes = [BatchShape.decode(10, 500), BatchShape.decode(40, 500)]
+    priced = cost.price(shapes)
+    gpu = priced.stage_s[0]
+    cpu = 1e-3 + 5e-4 * 40
+    expected = (max(gpu, cpu) if overlap else gpu + cpu) + 5e-5
+    assert priced.time_s == pytest.approx(expected, rel=1e-12)
+    assert cpu > gpu  # the CPU bound case, so overlap shows
+    kernels_only = ParallelCostModel(model, H100, p, Precision(), RuntimeCosts.none()).price(shapes)
+    assert kernels_only.time_s == pytest.approx(gpu, rel=1e-12)

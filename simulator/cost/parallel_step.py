@@ -16,6 +16,15 @@ Then the activations go to the next stage (:func:`servesim.cost.pipeline.send_s`
 serving-engine overhead (scheduling, sampling) is CPU time outside the stages: the replica loop
 adds it before the micro-batch enters the first stage, so with several micro-batches in flight
 it overlaps the other micro-batches' GPU work.
+
+With one stage (data-parallel attention ranks: vLLM's ``--data-parallel-size``, SGLang's
+``--enable-dp-attention``) each rank is an engine process of its own, and the engine's CPU model
+applies per rank as it does to one TP group (:mod:`servesim.cost.engine_runtime`): each rank's
+CPU time is a function of its own batch, an overlapping engine (vLLM V1's async scheduling,
+SGLang's and TensorRT-LLM's overlap schedulers) hides it under the GPU step, so the step takes
+``max(GPU, the slowest rank's CPU)``, a serial one adds it, and the part no overlap hides is added
+last. CUDA-graph padding and launch costs are not applied to these ranks (their kernels are priced
+on the real tokens).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ class ParallelCostModel:
         kernels = RuntimeCosts.none()
         self.stages = [CostModel(model, hardware, parallelism.tp, precision, kernels, parallelism, stage)
                        for stage in stages_of(model, parallelism)]
+        self.runtime = runtime
         self.overhead_s = runtime.step_overhead_s
         where = placement(hardware, parallelism)
         self.send_links = [where.stage_send_link(parallelism, s) for s in range(parallelism.pp - 1)]
@@ -105,9 +115,23 @@ class ParallelCostModel:
                 sends.append(send_s(widest, self.model.hidden_size, self.parallelism.tp,
                                     self.send_links[index], self.fast))
         send_total = sum(sends)
-        ranks = tuple(_merge(records, send_total, self.overhead_s) if records else None
+        overhead = self.overhead_s if len(self.stages) > 1 else self.ranks_host_s(shapes, stage_times[0])
+        ranks = tuple(_merge(records, send_total, overhead) if records else None
                       for records in per_rank)
-        return ParallelStep(tuple(stage_times), tuple(sends), self.overhead_s, ranks, waits)
+        return ParallelStep(tuple(stage_times), tuple(sends), overhead, ranks, waits)
+
+    def ranks_host_s(self, shapes: Sequence[BatchShape | None], gpu_s: float) -> float:
+        """Engine time a one-stage step adds to its GPU time ``gpu_s``: the slowest rank's CPU
+        time, all of it for a serial engine and what exceeds the GPU step for an overlapping one,
+        plus the slowest rank's part that no overlap hides."""
+        runtime = self.runtime
+        counts = [(s.num_prefills + s.num_decodes, s.num_new_tokens, s.num_logits)
+                  for s in shapes if s is not None]
+        cpu = max(runtime.cpu_s(*c) for c in counts)
+        exposed = max(0.0, cpu - gpu_s) if runtime.overlap else cpu
+        if runtime.has_serial:
+            exposed += max(runtime.serial_s(*c) for c in counts)
+        return exposed
 
     def step_time(self, shapes: Sequence[BatchShape | None]) -> float:
         """One micro-batch's latency through free stages (what a lone request sees per step)."""
