@@ -189,7 +189,7 @@ def moe_tables(root: Path, gpu: str, out: AicTables) -> tuple[dict[str, pd.DataF
                           "source": f"aiconfigurator {gpu} moe vllm {VERSIONS[gpu]} ({routing} routing)"})
     expert_parallel = table["ep"] > 1
     out.drop("moe with expert parallelism (validated, not fitted)", int(expert_parallel.sum()))
-    tables = {family: rows.drop(columns="family").reset_index(drop=True)
+    tables = {str(family): rows.drop(columns="family").reset_index(drop=True)
               for family, rows in table[~expert_parallel].groupby("family")}
     return tables, table[expert_parallel].reset_index(drop=True)
 
