@@ -251,16 +251,19 @@ def moe_experts(family: str, table: pd.DataFrame) -> dict[str, np.ndarray]:
     io = assignments * ((h + local) * act + (up + h) * OUT_BYTES)
     nbytes = hit * weights * weight.bytes_per_element(MOE_GROUP_SIZE) + io
     return {"flops": 2.0 * assignments * weights, "bytes": nbytes, "rows_per_expert": assignments / hit,
-            "assignments": assignments, "local": local, "tokens": tokens, "hidden": h,
+            "assignments": assignments, "all_assignments": tokens * top_k, "local": local,
+            "tokens": tokens, "hidden": h,
             "act": np.full(len(table), act)}
 
 
 def moe_elementwise_s(parts: dict[str, np.ndarray], profile: HardwareProfile) -> np.ndarray:
     """The fused call's two memory-bound kernels the cost model prices with the elementwise class:
-    the gated activation of every assignment (read gate and up, write their product) and the
-    weighted sum over each token's experts (read one row per assignment, write one per token)."""
-    elements = 3.0 * parts["assignments"] * parts["local"] + (parts["assignments"] + parts["tokens"]) \
-        * parts["hidden"]
+    the gated activation of the rank's assignments (read gate and up, write their product) and the
+    weighted sum over each token's experts (read one row per assignment, write one per token), over
+    every token's assignments, as the cost model charges a TP group's combine with experts split
+    inside it (the other ranks' rows hold zeros but are summed all the same)."""
+    elements = 3.0 * parts["assignments"] * parts["local"] \
+        + (parts["all_assignments"] + parts["tokens"]) * parts["hidden"]
     nbytes = elements * OUT_BYTES
     eff = profile.efficiency.elementwise
     x = nbytes / 2.0 if eff.memory.axis == "bytes" else parts["tokens"]
