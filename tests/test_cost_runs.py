@@ -1,9 +1,9 @@
 """The vectorised run pricing gives each step's per-step price, bit for bit.
 
 A fast-forwarded run of pure-decode steps is priced in one NumPy computation
-(``CostModel.decode_run_records``); each vectorised formula sits beside its scalar twin
-(``Curve.at_many`` / ``at``, ``decode_run_keys`` + ``decode_attention_run`` /
-``decode_attention``, ``EngineRuntime.time_run`` / ``time``, ``_record_run`` / ``_record``).
+(``CostModel.decode_run_records``, a ``DecodeRunPricer`` per batch size): ``Curve.at_many`` /
+``at``, ``decode_run_keys`` / ``decode_attention``'s key count, and the pricer's element-wise
+twins of ``decode_attention_of``, ``EngineRuntime.time`` and ``CostModel._record``.
 Here they are compared on random batches over every kind of deployment the cost model prices
 differently: KV tiles, sliding windows, chunked attention, MoE, TP collectives, engine runtimes
 with CUDA-graph padding and overlapped or serial host time, eager steps. Tolerance zero: each
