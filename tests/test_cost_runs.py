@@ -68,6 +68,29 @@ def test_run_records_are_the_per_step_records(deployment: tuple[str, str, int, s
     fast = cost.decode_run_records(context, steps, first)
     assert fast is not None
     np.testing.assert_array_equal(fast, per_step(cost, context, first, steps))
+    # Priced again from a later step: the steps already priced come from the memo, the rest fresh.
+    later = first + data.draw(st.integers(0, steps))
+    again = cost.decode_run_records(context, steps, later)
+    np.testing.assert_array_equal(again, per_step(cost, context, later, steps))
+
+
+def test_run_pricing_remembers_each_key_count_once() -> None:
+    """With KV tiles of 64 (A100) key counts repeat: the pricer keeps one row per distinct count,
+    serves repeats from it (the same rows as pricing afresh), and past its budget remembers
+    nothing more while still pricing exactly."""
+    cost = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    context = np.array([100, 160, 1000, 4000])
+    first = cost.decode_run_records(context, 200)
+    pricer = cost._run_pricers[4]
+    keys = decode_run_keys(context, 0, 200, cost._attention_groups[0][0], 64)
+    assert len(pricer._memo) == np.unique(keys).size < 200  # tiles make consecutive steps alike
+    shifted = cost.decode_run_records(context + 37, 200)  # partly the same key counts
+    np.testing.assert_array_equal(shifted, per_step(cost, context + 37, 0, 200))
+    np.testing.assert_array_equal(cost.decode_run_records(context, 200), first)
+    broke = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    broke._run_memo.rows = 0
+    np.testing.assert_array_equal(broke.decode_run_records(context, 200), first)
+    assert not broke._run_pricers[4]._memo
 
 
 def test_kv_tiles_count_whole_tiles_per_request() -> None:

@@ -120,7 +120,7 @@ class Replica:
                 run, first = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, now,
                                              next_arrival(), self.sole_replica, policy.run_limit(batch),
                                              decode_guess_s)
-                delay = None if run is None else delay_to(now, float(run.times[-1]))
+                delay = None if run is None else delay_to(now, run.times[-1])
                 if run is not None and delay is not None:
                     waiting = len(state.waiting)
                     yield env.timeout(delay)

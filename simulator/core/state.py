@@ -66,13 +66,13 @@ class ItlLog:
         self.counts.extend(counts.tolist())
         self.at.extend([now] * int(values.size))
 
-    def add_runs(self, gaps: np.ndarray, count: int, at: np.ndarray) -> None:
+    def add_runs(self, gaps: list[float], count: int, at: list[float]) -> None:
         """``count`` requests each saw every gap of ``gaps``, the one ending at ``at[i]`` (a
         fast-forwarded run of decode steps: one pair per step, as :meth:`add` stores each of
         those steps)."""
-        self.values.extend(gaps.tolist())
-        self.counts.extend([count] * int(gaps.size))
-        self.at.extend(at.tolist())
+        self.values.extend(gaps)
+        self.counts.extend([count] * len(gaps))
+        self.at.extend(at)
         self.out_of_order = True
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:

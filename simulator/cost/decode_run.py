@@ -29,6 +29,17 @@ from servesim.hardware import HardwareProfile, OperatorEfficiency
 RECORD_FIELDS = 12
 """``len(StepRecord._fields)``: one column per field (proposal and verify seconds stay 0)."""
 
+MEMO_ROWS = 1 << 18
+"""Rows a cost model's run pricers remember in all (96 bytes each, plus the dict entry: about
+50 MB at most); past it, steps are still priced exactly, just not remembered."""
+
+
+@dataclass(slots=True)
+class MemoBudget:
+    """Rows the run pricers of one cost model may still remember (shared by every batch size)."""
+
+    rows: int = MEMO_ROWS
+
 
 @dataclass(frozen=True, slots=True)
 class _Kind:
@@ -55,7 +66,8 @@ class DecodeRunPricer:
                                                     float, float],
                  attention: list[tuple[AttentionShape, int]], hardware: HardwareProfile,
                  peak_flops: float, kv_bytes: float, step_overhead_s: float,
-                 engine: tuple[EngineRuntime, float, float, float | None] | None) -> None:
+                 engine: tuple[EngineRuntime, float, float, float | None] | None,
+                 budget: MemoBudget) -> None:
         """``part_totals``: the memoised token part's (total, compute, memory, overhead, flops,
         bytes, gemm, elementwise, communication) seconds and work; ``engine``: (runtime, launch,
         CPU, serial or None) host times of a step of ``n`` decodes, or None for the flat runtime
@@ -78,10 +90,59 @@ class DecodeRunPricer:
                                self._n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES,
                                peak_flops * eff.compute.at(self._n), memory_peak, eff.fixed_s * layers))
         self._kinds = tuple(kinds)
+        self._budget = budget
+        self._memo: dict[object, int] = {}
+        """Each priced step's attention key count(s) -> its row of ``_table``."""
+        self._table = np.empty((64, RECORD_FIELDS))
 
     def records(self, context: np.ndarray, first_step: int, steps: int) -> np.ndarray:
         """Rows of the :class:`~servesim.cost.StepRecord` fields of decode steps ``first_step ..
-        first_step + steps - 1`` over ``context`` (``n`` requests' cached tokens at step 0)."""
+        first_step + steps - 1`` over ``context`` (``n`` requests' cached tokens at step 0).
+
+        A decode step's record depends on its requests only through ``n`` and each attention
+        kind's key count, and with KV tiles (every profile's decode kernel reads whole tiles)
+        those counts repeat from run to run: rows already priced are taken from the memo, the
+        others priced together and remembered (while the memo budget lasts)."""
+        keys = [decode_run_keys(context, first_step, steps, kind.shape, self._tile) for kind in self._kinds]
+        if not keys:
+            return self._price(keys, steps)
+        memo = self._memo
+        lookup = keys[0].tolist() if len(keys) == 1 else list(zip(*(k.tolist() for k in keys), strict=True))
+        get = memo.get
+        found = [get(key, -1) for key in lookup]
+        if -1 not in found:
+            return self._table[found]
+        missing = [j for j, row in enumerate(found) if row < 0]
+        if len(missing) == steps:
+            priced = rows = self._price(keys, steps)
+        else:
+            priced = self._price([k[missing] for k in keys], len(missing))
+            rows = np.empty((steps, RECORD_FIELDS))
+            hit = [j for j, row in enumerate(found) if row >= 0]
+            rows[hit] = self._table[[found[j] for j in hit]]
+            rows[missing] = priced
+        self._remember([lookup[j] for j in missing], priced)
+        return rows
+
+    def _remember(self, keys: list[object], priced: np.ndarray) -> None:
+        """Keep ``priced`` rows under their keys, while the shared budget lasts."""
+        budget = self._budget
+        fresh = [(key, i) for i, key in enumerate(keys) if key not in self._memo]
+        fresh = list(dict(fresh).items())  # a key priced twice in one run is kept once
+        if not fresh or budget.rows < len(fresh):
+            return
+        budget.rows -= len(fresh)
+        used = len(self._memo)
+        if used + len(fresh) > self._table.shape[0]:
+            grown = np.empty((max(2 * self._table.shape[0], used + len(fresh)), RECORD_FIELDS))
+            grown[:used] = self._table[:used]
+            self._table = grown
+        self._table[used:used + len(fresh)] = priced[[i for _, i in fresh]]
+        for offset, (key, _) in enumerate(fresh):
+            self._memo[key] = used + offset
+
+    def _price(self, keys: list[np.ndarray], steps: int) -> np.ndarray:
+        """The records of steps whose attention kinds read ``keys`` keys (one array per kind)."""
         total_s, compute_s, memory_s, overhead_s, flops, nbytes, gemm_s, elementwise_s, comm_s = self._part
         n, kv_bytes = self._n, self._kv_bytes
         total: np.ndarray | float = total_s
@@ -91,12 +152,11 @@ class DecodeRunPricer:
         work: np.ndarray | float = flops
         moved: np.ndarray | float = nbytes
         decode: np.ndarray | float = 0.0
-        for kind in self._kinds:
+        for kind, kind_keys in zip(self._kinds, keys, strict=True):
             shape, layers = kind.shape, kind.layers
-            keys = decode_run_keys(context, first_step, steps, shape, self._tile)
             # decode_attention_of, element by element
-            op_flops = keys * shape.decode_flops_per_key
-            op_bytes = (keys + n) * shape.cache_elements_per_token * kv_bytes + kind.io_bytes
+            op_flops = kind_keys * shape.decode_flops_per_key
+            op_bytes = (kind_keys + n) * shape.cache_elements_per_token * kv_bytes + kind.io_bytes
             op_compute = op_flops / kind.compute_peak
             if kind.memory_peak is None:
                 op_memory = op_bytes / (self._bandwidth * kind.eff.memory.at_many(op_bytes))

@@ -44,7 +44,7 @@ from servesim.cost.attention import (
 )
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
-from servesim.cost.decode_run import DecodeRunPricer
+from servesim.cost.decode_run import DecodeRunPricer, MemoBudget
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.quantise import input_quantisation_s
@@ -201,6 +201,7 @@ class CostModel:
         self._moe_cache: dict[int, tuple[tuple[OpCost, ...], float]] = {}
         self._run_pricers: dict[int, DecodeRunPricer] = {}
         """Per batch size, what the steps of a run of that many decodes share (:meth:`decode_run_records`)."""
+        self._run_memo = MemoBudget()
         self._engine = None if self._flat else EngineRuntime(self.runtime, model, hardware, tp,
                                                               self._attn_gemms)
 
@@ -525,7 +526,7 @@ class CostModel:
         totals = (part.total_s, part.compute_s, part.memory_s, part.overhead_s, part.flops,
                   part.hbm_bytes, part.gemm_s, part.elementwise_s, part.comm_s)
         return DecodeRunPricer(n, totals, self._attention_groups, self.hardware, self.bf16_peak,
-                               self._kv_bytes, self._step_overhead_s, host)
+                               self._kv_bytes, self._step_overhead_s, host, self._run_memo)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage
