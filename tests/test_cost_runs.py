@@ -148,3 +148,20 @@ def test_decode_attention_of_a_run_step_is_the_batch_formula() -> None:
            for shape, count in cost._attention_groups]
     assert len(ops) == 2  # sliding and full layers, each its own kernel
     assert records[7, 6] == 0.0 + ops[0].time_s + ops[1].time_s
+
+
+def test_prefill_records_are_remembered_by_their_chunks() -> None:
+    """A prefill-only step's record is memoised by its chunks (tokens, earlier context, emits):
+    asked again, it is the record a fresh cost model prices; a batch that differs in any of them
+    is priced on its own (a later chunk of the same length reads more keys, so costs more)."""
+    cost = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    prompt = BatchShape.build(prefill_tokens=[700, 300])
+    chunk = BatchShape.build(prefill_tokens=[700, 300], prefill_context=[1000, 0])
+    silent = BatchShape.build(prefill_tokens=[700, 300], prefill_emits=[False, True])
+    first = [cost.step_record(b) for b in (prompt, chunk, silent)]
+    fresh = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    assert [cost.step_record(b) for b in (prompt, chunk, silent)] == first
+    assert first == [fresh.step_record(b) for b in (prompt, chunk, silent)]
+    assert len(cost._prefill_records) == 3
+    assert first[1].time_s > first[0].time_s  # the chunk attends to 1,000 earlier tokens
+    assert first[2].gemm_s < first[0].gemm_s  # one fewer LM-head row

@@ -107,6 +107,14 @@ class StepRecord(NamedTuple):
     it would have taken decoding one token per request (inside the other classes, not added)."""
 
 
+PrefillKey = tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]
+"""A prefill-only batch: its chunks' new tokens, earlier context and whether each emits."""
+PREFILL_MEMO_BATCH = 4
+"""Prefill-only steps of at most this many chunks have their records memoised (admissions mostly
+start one or two prompts; larger batches rarely repeat)."""
+PREFILL_MEMO_ENTRIES = 1 << 16
+"""At most this many memoised prefill records per cost model (a few MB)."""
+
 IDLE_RECORD = StepRecord(0.0, BOUNDS.index("overhead"), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
@@ -198,6 +206,8 @@ class CostModel:
         self._attn_gemms = self._attention_projection_shapes()
         self._experts = self._expert_layer()
         self._token_cache: dict[tuple[int, int], _TokenPart] = {}
+        self._prefill_records: dict[PrefillKey, StepRecord] = {}
+        """:meth:`step_record` of small prefill-only batches, by their chunks (a pure function)."""
         self._moe_cache: dict[int, tuple[tuple[OpCost, ...], float]] = {}
         self._run_pricers: dict[int, DecodeRunPricer] = {}
         """Per batch size, what the steps of a run of that many decodes share (:meth:`decode_run_records`)."""
@@ -449,6 +459,20 @@ class CostModel:
         """
         if batch.is_empty:
             return IDLE_RECORD
+        if not batch.num_decodes and batch.num_prefills <= PREFILL_MEMO_BATCH:
+            # A prefill-only step is priced by its chunks alone, and prompt lengths repeat.
+            key = (tuple(batch.prefill_tokens.tolist()), tuple(batch.prefill_context.tolist()),
+                   tuple(batch.prefill_emits.tolist()))
+            record = self._prefill_records.get(key)
+            if record is None:
+                record = self._priced_record(batch)
+                if len(self._prefill_records) < PREFILL_MEMO_ENTRIES:
+                    self._prefill_records[key] = record
+            return record
+        return self._priced_record(batch)
+
+    def _priced_record(self, batch: BatchShape) -> StepRecord:
+        """:meth:`step_record` of a non-empty batch, priced."""
         engine = self._engine
         if engine is None:
             part = self._token_part(batch.num_new_tokens, batch.num_logits)
