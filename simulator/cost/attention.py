@@ -209,8 +209,9 @@ def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: Att
         if tile == 1:
             return (int(context.sum()) + n * js).astype(np.float64) + float(n)
         if n * steps <= SMALL_GRID:  # a few NumPy calls over every (request, step) pair
-            seen = context[:, None] + (js + 1)[None, :]
-            return ((-(-seen // tile) * tile).sum(axis=0)).astype(np.float64)
+            # ceil((c + j + 1) / tile) as a floor, summed, then times tile: integers, so exact
+            rounded_up = (context + (first_step + tile))[:, None] + np.arange(steps, dtype=np.int64)
+            return ((rounded_up // tile).sum(axis=0) * tile).astype(np.float64)
         first = context + first_step + 1
         keys0 = int((-(-first // tile) * tile).sum())
         # seen_i(j) = tile * ceil((c_i + j + 1) / tile) grows by tile from step j - 1 to j exactly
