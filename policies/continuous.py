@@ -126,7 +126,8 @@ class ContinuousBatching(Policy):
         # The tokens computed this step need slots: ceil((context + 1 [+ proposals]) / block_size).
         need = blocks_for(context if proposed is None else context + proposed, pool.block_size,
                           plus=1) - pool.held[running]
-        shortfall = int(need.sum()) - pool.free
+        needed = int(need.sum())
+        shortfall = needed - pool.free
         preempted = 0
         if shortfall > 0:
             preempted = replica.preempt_tail_until(shortfall, need)
@@ -134,9 +135,10 @@ class ContinuousBatching(Policy):
             if running.size == 0:
                 return None
             context, need = context[:running.size], need[:running.size]
+            needed = int(need.sum())
             if proposed is not None:
                 proposed = proposed[:running.size]
-        pool.grow_many(running, need, int(need.sum()))
+        pool.grow_many(running, need, needed)
         if proposed is None:
             return Batch.decodes(running, context, preempted)
         return Batch.speculative_decodes(running, context, proposed,

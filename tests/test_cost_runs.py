@@ -1,9 +1,9 @@
 """The vectorised run pricing gives each step's per-step price, bit for bit.
 
 A fast-forwarded run of pure-decode steps is priced in one NumPy computation
-(``CostModel.decode_run_records``); each vectorised formula sits beside its scalar twin
-(``Curve.at_many`` / ``at``, ``decode_run_keys`` + ``decode_attention_run`` /
-``decode_attention``, ``EngineRuntime.time_run`` / ``time``, ``_record_run`` / ``_record``).
+(``CostModel.decode_run_records``, a ``DecodeRunPricer`` per batch size): ``Curve.at_many`` /
+``at``, ``decode_run_keys`` / ``decode_attention``'s key count, and the pricer's element-wise
+twins of ``decode_attention_of``, ``EngineRuntime.time`` and ``CostModel._record``.
 Here they are compared on random batches over every kind of deployment the cost model prices
 differently: KV tiles, sliding windows, chunked attention, MoE, TP collectives, engine runtimes
 with CUDA-graph padding and overlapped or serial host time, eager steps. Tolerance zero: each
@@ -68,6 +68,29 @@ def test_run_records_are_the_per_step_records(deployment: tuple[str, str, int, s
     fast = cost.decode_run_records(context, steps, first)
     assert fast is not None
     np.testing.assert_array_equal(fast, per_step(cost, context, first, steps))
+    # Priced again from a later step: the steps already priced come from the memo, the rest fresh.
+    later = first + data.draw(st.integers(0, steps))
+    again = cost.decode_run_records(context, steps, later)
+    np.testing.assert_array_equal(again, per_step(cost, context, later, steps))
+
+
+def test_run_pricing_remembers_each_key_count_once() -> None:
+    """With KV tiles of 64 (A100) key counts repeat: the pricer keeps one row per distinct count,
+    serves repeats from it (the same rows as pricing afresh), and past its budget remembers
+    nothing more while still pricing exactly."""
+    cost = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    context = np.array([100, 160, 1000, 4000])
+    first = cost.decode_run_records(context, 200)
+    pricer = cost._run_pricers[4]
+    keys = decode_run_keys(context, 0, 200, cost._attention_groups[0][0], 64)
+    assert len(pricer._memo) == np.unique(keys).size < 200  # tiles make consecutive steps alike
+    shifted = cost.decode_run_records(context + 37, 200)  # partly the same key counts
+    np.testing.assert_array_equal(shifted, per_step(cost, context + 37, 0, 200))
+    np.testing.assert_array_equal(cost.decode_run_records(context, 200), first)
+    broke = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    broke._run_memo.rows = 0
+    np.testing.assert_array_equal(broke.decode_run_records(context, 200), first)
+    assert not broke._run_pricers[4]._memo
 
 
 def test_kv_tiles_count_whole_tiles_per_request() -> None:
@@ -125,3 +148,20 @@ def test_decode_attention_of_a_run_step_is_the_batch_formula() -> None:
            for shape, count in cost._attention_groups]
     assert len(ops) == 2  # sliding and full layers, each its own kernel
     assert records[7, 6] == 0.0 + ops[0].time_s + ops[1].time_s
+
+
+def test_prefill_records_are_remembered_by_their_chunks() -> None:
+    """A prefill-only step's record is memoised by its chunks (tokens, earlier context, emits):
+    asked again, it is the record a fresh cost model prices; a batch that differs in any of them
+    is priced on its own (a later chunk of the same length reads more keys, so costs more)."""
+    cost = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    prompt = BatchShape.build(prefill_tokens=[700, 300])
+    chunk = BatchShape.build(prefill_tokens=[700, 300], prefill_context=[1000, 0])
+    silent = BatchShape.build(prefill_tokens=[700, 300], prefill_emits=[False, True])
+    first = [cost.step_record(b) for b in (prompt, chunk, silent)]
+    fresh = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    assert [cost.step_record(b) for b in (prompt, chunk, silent)] == first
+    assert first == [fresh.step_record(b) for b in (prompt, chunk, silent)]
+    assert len(cost._prefill_records) == 3
+    assert first[1].time_s > first[0].time_s  # the chunk attends to 1,000 earlier tokens
+    assert first[2].gemm_s < first[0].gemm_s  # one fewer LM-head row

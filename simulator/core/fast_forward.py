@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,8 +63,9 @@ class DecodeRun:
     ids: np.ndarray
     context: np.ndarray
     """Each request's cached tokens at the first step."""
-    times: np.ndarray
-    """``steps + 1`` clock values: each step's start, then the run's end."""
+    times: list[float]
+    """``steps + 1`` clock values: each step's start, then the run's end (Python floats: the
+    clock is a sequential sum, and the gaps are read from it one by one)."""
     records: np.ndarray
     """Each step's :class:`~servesim.cost.StepRecord`, one row per step."""
     used_blocks: np.ndarray
@@ -154,29 +156,33 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
         count = limit if fit >= limit else min(limit, int(fit * 1.125) + 2)
     start, t = 0, now
     priced: list[np.ndarray] = []
-    ends: list[np.ndarray] = []
+    times = [now]  # each step's start, then the run's end: the clock, summed in Python floats
     first_row: np.ndarray | None = None
     while True:
         rows = price_steps(cost, context, start, count - start)
         if first_row is None:
             first_row = rows[0]
-        clock = np.add.accumulate(np.concatenate(([t], rows[:, 0])))[1:]
-        inside = int(np.searchsorted(clock >= next_arrival_s, True))  # ending before the arrival
-        arrived = inside < clock.size
-        if arrived and through_arrival and clock[inside] > next_arrival_s:
-            inside += 1  # and the step it arrives in (not one ending at that very instant)
+        inside, arrived = 0, False
+        for duration in rows[:, 0].tolist():
+            end = t + duration
+            if end >= next_arrival_s:  # this step ends at or after the arrival
+                arrived = True
+                if through_arrival and end > next_arrival_s:  # and the arrival falls inside it
+                    times.append(end)
+                    inside += 1
+                break
+            times.append(end)
+            t = end
+            inside += 1
         if inside:
-            priced.append(rows[:inside])
-            ends.append(clock[:inside])
-            t = float(clock[inside - 1])
+            priced.append(rows if inside == rows.shape[0] else rows[:inside])
         if arrived or count == limit:
             break
         start, count = count, min(2 * count, limit)
-    steps = sum(part.shape[0] for part in priced)
+    steps = len(times) - 1
     if steps < MIN_RUN_STEPS:
         return None, first_row
     records = priced[0] if len(priced) == 1 else np.concatenate(priced)
-    times = np.concatenate(([now], *ends))
     grown_by = grown_in(offsets, bs, steps)
     used = pool.total - pool.free + grown_by
     return DecodeRun(ids, context, times, records, used, int(grown_by[steps - 1]),
@@ -209,13 +215,13 @@ def apply_decode_run(state: ReplicaState, run: DecodeRun, steps_log: StepLog, wa
     r.computed[ids] += steps
     generated = r.generated[ids] + steps
     r.generated[ids] = generated
-    last = r.last_token[ids]
-    first_gaps = times[1] - last
-    later = times[2:] - times[1:-1]  # the same subtraction each step-by-step gap is
-    r.itl.add(first_gaps, float(times[1]))
+    second = times[1]
+    first_gaps = second - r.last_token[ids]
+    later = [after - before for before, after in pairwise(times[1:])]  # each step-by-step gap
+    r.itl.add(first_gaps, second)
     r.itl.add_runs(later, n, times[2:])
-    r.max_itl[ids] = np.fmax(np.fmax(r.max_itl[ids], first_gaps), later.max())
-    end = float(times[-1])
+    r.max_itl[ids] = np.fmax(np.fmax(r.max_itl[ids], first_gaps), max(later))
+    end = times[-1]
     r.last_token[ids] = end
     if not run.finished_at_end:
         return ids[:0]

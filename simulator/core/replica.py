@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import simpy
 
-from servesim.core.fast_forward import apply_decode_run, delay_to, plan_decode_run
+from servesim.core.fast_forward import apply_decode_run, delay_to, plan_decode_run, price_steps
 from servesim.core.progress import MAX_IDLE_WAKES, describe, stalled
 from servesim.core.replica_state import ReplicaState
 from servesim.core.step_log import StepLog
@@ -120,7 +120,7 @@ class Replica:
                 run, first = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, now,
                                              next_arrival(), self.sole_replica, policy.run_limit(batch),
                                              decode_guess_s)
-                delay = None if run is None else delay_to(now, float(run.times[-1]))
+                delay = None if run is None else delay_to(now, run.times[-1])
                 if run is not None and delay is not None:
                     waiting = len(state.waiting)
                     yield env.timeout(delay)
@@ -131,11 +131,11 @@ class Replica:
                     self.fast_forwarded_steps += run.steps
                     decode_guess_s = float(run.records[-1, 0])
                     continue
-                if first is not None:  # the run's pricing of this step: step_record's, bit for bit
-                    values = first.tolist()
-                    values[1] = int(values[1])
-                    record = StepRecord(*values)
-                record = step_record(shape) if record is None else record
+                if first is None:  # no run was priced: the run pricer prices this one step (its memo)
+                    first = price_steps(self.run_cost, shape.decode_context, 0, 1)[0]
+                values = first.tolist()  # step_record's record of this step, bit for bit
+                values[1] = int(values[1])
+                record = StepRecord(*values)
                 decode_guess_s = record.time_s
             if record is None:
                 record = step_record(shape)

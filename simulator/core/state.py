@@ -10,6 +10,7 @@ this one rule, applied by :meth:`RequestState.complete_step` for every policy.
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,10 @@ REJECT_REASONS = ("", "prompt + output tokens exceed max_model_len",
 TOO_LONG, KV_NEVER_FITS, DECODE_KV_NEVER_FITS = 1, 2, 3
 
 
+SMALL_GAPS = 64
+"""Up to this many gaps, :meth:`ItlLog.add` groups them in Python (cheaper than NumPy calls)."""
+
+
 class ItlLog:
     """Every inter-token latency of the run, stored as (value, count) pairs.
 
@@ -53,12 +58,25 @@ class ItlLog:
         self.out_of_order = False
 
     def add(self, gaps: np.ndarray, now: float) -> None:
-        if gaps.size == 0:
+        size = int(gaps.size)
+        if size == 0:
+            return
+        if size <= SMALL_GAPS:  # Python's sort of a few floats: np.unique's pairs, without its overhead
+            listed = sorted(gaps.tolist())
+            if listed[0] == listed[-1]:
+                self.values.append(listed[0])
+                self.counts.append(size)
+                self.at.append(now)
+                return
+            counted = Counter(listed)  # insertion order is the sorted order
+            self.values.extend(counted)
+            self.counts.extend(counted.values())
+            self.at.extend([now] * len(counted))
             return
         low, high = gaps.min(), gaps.max()
         if low == high:
             self.values.append(float(low))
-            self.counts.append(int(gaps.size))
+            self.counts.append(size)
             self.at.append(now)
             return
         values, counts = np.unique(gaps, return_counts=True)
@@ -66,13 +84,13 @@ class ItlLog:
         self.counts.extend(counts.tolist())
         self.at.extend([now] * int(values.size))
 
-    def add_runs(self, gaps: np.ndarray, count: int, at: np.ndarray) -> None:
+    def add_runs(self, gaps: list[float], count: int, at: list[float]) -> None:
         """``count`` requests each saw every gap of ``gaps``, the one ending at ``at[i]`` (a
         fast-forwarded run of decode steps: one pair per step, as :meth:`add` stores each of
         those steps)."""
-        self.values.extend(gaps.tolist())
-        self.counts.extend([count] * int(gaps.size))
-        self.at.extend(at.tolist())
+        self.values.extend(gaps)
+        self.counts.extend([count] * len(gaps))
+        self.at.extend(at)
         self.out_of_order = True
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:

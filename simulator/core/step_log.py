@@ -9,6 +9,7 @@ its name), then ``extra_s``.
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -56,12 +57,11 @@ class StepLog:
         self._chunks: list[np.ndarray] = []
         self._current = np.empty(_CHUNK, dtype=ROW)
         self._fill = 0
-        self._runs: list[tuple[int, np.ndarray, int, np.ndarray, int, int, np.ndarray]] = []
-        self._run_steps = 0
+        self._runs = _RunBuffers()
         self._cached: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return len(self._chunks) * _CHUNK + self._fill + self._run_steps
+        return len(self._chunks) * _CHUNK + self._fill + self._runs.steps
 
     def append(self, *values: float) -> None:
         """One step's values, in the order of :data:`ROW`'s fields."""
@@ -72,55 +72,45 @@ class StepLog:
         self._current[self._fill] = values
         self._fill += 1
 
-    def extend_decode_run(self, replica: int, starts: np.ndarray, decodes: int, used_blocks: np.ndarray,
+    def extend_decode_run(self, replica: int, starts: list[float], decodes: int, used_blocks: np.ndarray,
                           waiting: int, preempted: int, records: np.ndarray) -> None:
         """The steps of a fast-forwarded run of pure-decode steps (``servesim.core.fast_forward``):
         each step's start, KV blocks in use and record (one row per step, the
         :class:`~servesim.cost.StepRecord` fields); the rest is the same for every step (only the
-        first may count preempted requests). Kept as one entry per run and written out as the rows
-        :meth:`append` would have got when :meth:`records` is asked for."""
-        self._runs.append((replica, starts, decodes, used_blocks, waiting, preempted, records))
-        self._run_steps += int(records.shape[0])
-
-    def _run_rows(self) -> np.ndarray:
-        """The fast-forwarded runs' rows, in the order the runs were written."""
-        runs = self._runs
-        lengths = np.fromiter((run[1].size for run in runs), dtype=np.int64, count=len(runs))
-        rows = np.empty(int(lengths.sum()), dtype=ROW)
-
-        def per_step(k: int) -> np.ndarray:
-            return np.repeat(np.fromiter((run[k] for run in runs), dtype=np.int64, count=len(runs)), lengths)
-
-        rows["replica"] = per_step(0)
-        rows["start_s"] = np.concatenate([run[1] for run in runs])
-        rows["num_prefills"] = 0
-        rows["num_decodes"] = rows["decode_tokens"] = rows["running"] = per_step(2)
-        rows["prefill_tokens"] = 0
-        rows["kv_blocks_used"] = np.concatenate([run[3] for run in runs])
-        rows["waiting"] = per_step(4)
-        rows["preempted"] = 0
-        firsts = np.cumsum(lengths) - lengths
-        rows["preempted"][firsts] = np.fromiter((run[5] for run in runs), dtype=np.int64, count=len(runs))
-        rows["proposed_tokens"] = rows["accepted_tokens"] = 0  # runs never speculate
-        priced = np.concatenate([run[6] for run in runs])
-        for k, column in enumerate(RECORD_COLUMNS):  # the StepRecord fields, in order
-            rows[column] = priced[:, k]
-        rows["extra_s"] = 0.0
-        return rows
+        first may count preempted requests). Kept in flat buffers (no Python object per run) and
+        written out as the rows :meth:`append` would have got when :meth:`records` is asked for."""
+        self._runs.add(replica, starts, decodes, used_blocks, waiting, preempted, records)
 
     def records(self) -> np.ndarray:
         """Every step's row, in the order the step-by-step loop appends them (read-only: the
         array is kept until another step is logged, so the run's end and its tables share it)."""
         if self._cached is not None and self._cached[0] == len(self):
             return self._cached[1]
-        rows = np.concatenate([*self._chunks, self._current[:self._fill], *(
-            (self._run_rows(),) if self._runs else ())])
-        if self._runs:
-            # Step by step the rows are appended in clock order (start times never decrease), so a
-            # stable sort by start time puts the runs' rows where the reference mode has them.
-            rows = rows[np.argsort(rows["start_s"], kind="stable")]
+        parts = [*self._chunks, self._current[:self._fill]]
+        rows = np.concatenate(parts) if not self._runs.steps else self._merged(parts)
         rows.flags.writeable = False
         self._cached = (len(self), rows)
+        return rows
+
+    def _merged(self, parts: list[np.ndarray]) -> np.ndarray:
+        """The appended rows and the runs' rows in one table, in clock order: step by step the
+        rows are appended in clock order (start times never decrease), so a stable sort by start
+        time puts the runs' rows where the reference mode has them. Written column by column, so
+        that the table is never held twice (the peak memory of a long run)."""
+        runs = self._runs
+        appended = sum(len(part) for part in parts)
+        total = appended + runs.steps
+        column = np.empty(total, dtype=np.float64)
+        _gather(column, parts, "start_s", appended)
+        column[appended:] = runs.column("start_s")
+        order = np.argsort(column, kind="stable")
+        rows = np.empty(total, dtype=ROW)
+        assert ROW.names is not None  # a structured dtype
+        for name in ROW.names:
+            values = column if ROW[name] == np.float64 else np.empty(total, dtype=ROW[name])
+            _gather(values, parts, name, appended)
+            values[appended:] = runs.column(name)
+            rows[name] = values[order]
         return rows
 
     def end_s(self) -> float:
@@ -148,6 +138,62 @@ class StepLog:
         if groups is not None:
             frame.insert(1, "pool", np.asarray(groups, dtype=object)[frame["replica"].to_numpy()])
         return frame
+
+
+class _RunBuffers:
+    """The fast-forwarded runs' step-log values in flat buffers: per step, its start, blocks in
+    use and record (the :class:`~servesim.cost.StepRecord` fields, 12 floats); per run, its
+    replica, length, batch size, queue length and preemptions (what is the same in every step)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self._starts = array("d")
+        self._used = array("q")
+        self._records = array("d")
+        self._per_run = array("q")  # replica, steps, decodes, waiting, preempted; run after run
+
+    def add(self, replica: int, starts: list[float], decodes: int, used_blocks: np.ndarray,
+            waiting: int, preempted: int, records: np.ndarray) -> None:
+        steps = len(starts)
+        self.steps += steps
+        self._starts.extend(starts)
+        self._used.frombytes(used_blocks.astype(np.int64, copy=False).tobytes())
+        self._records.frombytes(np.ascontiguousarray(records, dtype=np.float64).tobytes())
+        self._per_run.extend((replica, steps, decodes, waiting, preempted))
+
+    def column(self, name: str) -> np.ndarray | float:
+        """The runs' values of one step-log column, one per step (or one value for all)."""
+        per_run = np.frombuffer(self._per_run, dtype=np.int64).reshape(-1, 5)
+        lengths = per_run[:, 1]
+        if name == "start_s":
+            return np.frombuffer(self._starts, dtype=np.float64)
+        if name == "kv_blocks_used":
+            return np.frombuffer(self._used, dtype=np.int64)
+        if name == "replica":
+            return np.repeat(per_run[:, 0], lengths)
+        if name in ("num_decodes", "decode_tokens", "running"):
+            return np.repeat(per_run[:, 2], lengths)
+        if name == "waiting":
+            return np.repeat(per_run[:, 3], lengths)
+        if name == "preempted":  # only a run's first step may count preempted requests
+            preempted = np.zeros(self.steps, dtype=np.int64)
+            preempted[np.cumsum(lengths) - lengths] = per_run[:, 4]
+            return preempted
+        if name in RECORD_COLUMNS:
+            records = np.frombuffer(self._records, dtype=np.float64).reshape(-1, len(RECORD_COLUMNS))
+            return records[:, RECORD_COLUMNS.index(name)]
+        # num_prefills, prefill_tokens, proposed_tokens, accepted_tokens (runs never speculate)
+        # and extra_s (nothing beyond the priced pass)
+        return 0
+
+
+def _gather(into: np.ndarray, parts: list[np.ndarray], name: str, count: int) -> None:
+    """``into[:count]`` = the appended rows' ``name`` column, part after part."""
+    offset = 0
+    for part in parts:
+        into[offset:offset + len(part)] = part[name]
+        offset += len(part)
+    assert offset == count
 
 
 def _after(frame: pd.DataFrame, column: str) -> int:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servesim.cost.batch import BatchShape
-from servesim.cost.roofline import OpCost, OpCosts, memory_efficiency, memory_efficiency_many
+from servesim.cost.roofline import OpCost, memory_efficiency
 from servesim.hardware import HardwareProfile
 
 ATTENTION_IO_BYTES = 2.0
@@ -177,7 +177,7 @@ def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: 
     """The decode kernel of ``n`` query rows whose requests read ``keys`` keys in all: the one
     formula :func:`decode_attention`, speculative verification (``pairs``: the query-key pairs
     scored, when a request's several queries share one read) and a fast-forwarded run of decode
-    steps (:meth:`~servesim.cost.CostModel.decode_run_records`) all price with."""
+    steps (:class:`~servesim.cost.decode_run.DecodeRunPricer`, element by element) all price with."""
     eff = hardware.efficiency.attention_decode
     flops = (keys if pairs is None else pairs) * shape.decode_flops_per_key
     nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
@@ -209,8 +209,9 @@ def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: Att
         if tile == 1:
             return (int(context.sum()) + n * js).astype(np.float64) + float(n)
         if n * steps <= SMALL_GRID:  # a few NumPy calls over every (request, step) pair
-            seen = context[:, None] + (js + 1)[None, :]
-            return ((-(-seen // tile) * tile).sum(axis=0)).astype(np.float64)
+            # ceil((c + j + 1) / tile) as a floor, summed, then times tile: integers, so exact
+            rounded_up = (context + (first_step + tile))[:, None] + np.arange(steps, dtype=np.int64)
+            return ((rounded_up // tile).sum(axis=0) * tile).astype(np.float64)
         first = context + first_step + 1
         keys0 = int((-(-first // tile) * tile).sum())
         # seen_i(j) = tile * ceil((c_i + j + 1) / tile) grows by tile from step j - 1 to j exactly
@@ -235,21 +236,6 @@ def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: Att
             seen = -(-seen // tile) * tile
         keys[start:start + part.size] = seen.sum(axis=0).astype(np.float64)
     return keys
-
-
-def decode_attention_run(n: float, keys: np.ndarray, shape: AttentionShape, hardware: HardwareProfile,
-                         peak_flops: float, kv_bytes: float, layers: int) -> OpCosts:
-    """:func:`decode_attention_of` for every step of a run at once (``keys`` per step, from
-    :func:`decode_run_keys`), the same arithmetic element by element: each step's cost is the
-    float its own call gives (``tests/test_cost_runs.py`` compares them)."""
-    eff = hardware.efficiency.attention_decode
-    flops = keys * shape.decode_flops_per_key
-    nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
-              + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
-    compute_s = flops / (peak_flops * eff.compute.at(n))
-    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency_many(eff, nbytes, n))
-    return OpCosts("attn_decode", flops * layers, nbytes * layers, compute_s * layers,
-                   memory_s * layers, eff.fixed_s * layers)
 
 
 def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,

@@ -21,6 +21,9 @@ from servesim.errors import ServesimError
 _INT = np.int64
 _NO_TOKENS = np.empty(0, dtype=_INT)
 _NO_EMITS = np.empty(0, dtype=bool)
+_DECODES_ONLY = {"prefill_tokens": _NO_TOKENS, "prefill_context": _NO_TOKENS, "prefill_emits": _NO_EMITS,
+                 "decode_tokens": None, "num_prefills": 0, "num_prefill_tokens": 0}
+"""What every :meth:`BatchShape.decodes_only` shares."""
 
 
 def _as_tokens(values: Sequence[int] | np.ndarray, field: str) -> np.ndarray:
@@ -92,17 +95,13 @@ class BatchShape:
     @classmethod
     def decodes_only(cls, decode_context: np.ndarray) -> BatchShape:
         """Only decodes, over these contexts (int64, >= 0): the engine's most frequent step,
-        built without re-validating what the engine guarantees."""
+        built without re-validating what the engine guarantees (one update of the frozen
+        instance's attributes)."""
         shape = object.__new__(cls)
-        set_ = object.__setattr__
         decodes = int(decode_context.size)
-        for name, value in (("prefill_tokens", _NO_TOKENS), ("prefill_context", _NO_TOKENS),
-                            ("prefill_emits", _NO_EMITS), ("decode_context", decode_context),
-                            ("decode_tokens", None), ("num_prefills", 0), ("num_decodes", decodes),
-                            ("num_prefill_tokens", 0), ("num_decode_tokens", decodes),
-                            ("num_new_tokens", decodes), ("num_logits", decodes),
-                            ("decode_context_sum", float(decode_context.sum()))):
-            set_(shape, name, value)
+        shape.__dict__.update(_DECODES_ONLY, decode_context=decode_context, num_decodes=decodes,
+                              num_decode_tokens=decodes, num_new_tokens=decodes, num_logits=decodes,
+                              decode_context_sum=float(decode_context.sum()))
         return shape
 
     @classmethod

@@ -27,8 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-
 from servesim.cost.batch import BatchShape
 from servesim.engines.base import RuntimeCosts
 from servesim.hardware import HardwareProfile
@@ -80,8 +78,8 @@ class EngineRuntime:
     def host_s(self, batch: BatchShape, mode: GraphMode) -> tuple[float, float]:
         """(host launch time, CPU time) of ``batch``'s step: what depends on the batch's counts
         alone, so it is the same in every step of a fast-forwarded run (:meth:`time` and
-        :meth:`time_run` both read it here; a new host-time term that depends only on the batch's
-        counts goes here, and both stay in step)."""
+        :class:`~servesim.cost.decode_run.DecodeRunPricer` both read it here; a new host-time term
+        that depends only on the batch's counts goes here, and both stay in step)."""
         cpu = self.runtime.cpu_s(batch.num_prefills + batch.num_decodes, batch.num_new_tokens,
                                  batch.num_logits)
         return self.launch_s(batch, mode), cpu
@@ -100,18 +98,6 @@ class EngineRuntime:
         if self.runtime.has_serial:
             total += self.serial_s(batch)
         return StepTiming(total, total - kernels_s)
-
-    def time_run(self, batch: BatchShape, kernels_s: np.ndarray,
-                 mode: GraphMode) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`time` of every step of a fast-forwarded run of ``batch``'s counts (``kernels_s``
-        per step), element by element: (durations, exposed engine time). The same floats as
-        :meth:`time` step by step (``tests/test_cost_runs.py``)."""
-        launch, cpu = self.host_s(batch, mode)
-        gpu = np.maximum(kernels_s, launch)
-        total = np.maximum(gpu, cpu) if self.runtime.overlap else gpu + cpu
-        if self.runtime.has_serial:
-            total = total + self.serial_s(batch)
-        return total, total - kernels_s
 
 
 def kernels_per_step(model: ModelSpec, attention_gemms: int) -> int:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from servesim.hardware import OperatorEfficiency
 
 
@@ -43,44 +41,9 @@ class OpCost:
         return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
-@dataclass(frozen=True, slots=True)
-class OpCosts:
-    """:class:`OpCost` of one operator class over many steps (a fast-forwarded run): each field a
-    float (the same in every step) or an array with one value per step, combined as
-    :class:`OpCost` combines them, element by element."""
-
-    name: str
-    flops: np.ndarray | float
-    bytes: np.ndarray | float
-    compute_s: np.ndarray | float
-    memory_s: np.ndarray | float
-    fixed_s: float
-
-    @property
-    def roofline_s(self) -> np.ndarray:
-        return np.maximum(self.compute_s, self.memory_s)
-
-    @property
-    def time_s(self) -> np.ndarray:
-        return self.roofline_s + self.fixed_s
-
-    @property
-    def compute_bound(self) -> np.ndarray:
-        """Per step, :attr:`OpCost.bound` == "compute"."""
-        return np.greater_equal(self.compute_s, self.memory_s)
-
-
 def memory_efficiency(eff: OperatorEfficiency, nbytes: float, tokens: float) -> float:
     """The memory curve read on its own axis: the kernel's bytes, or its tokens."""
     return eff.memory.at(nbytes if eff.memory.axis == "bytes" else tokens)
-
-
-def memory_efficiency_many(eff: OperatorEfficiency, nbytes: np.ndarray, tokens: float) -> np.ndarray | float:
-    """:func:`memory_efficiency` of kernels of ``nbytes`` bytes each (an array) at one token count,
-    bit for bit (``Curve.at_many``); a float when the curve reads the tokens."""
-    if eff.memory.axis == "bytes":
-        return eff.memory.at_many(nbytes)
-    return eff.memory.at(tokens)
 
 
 def roofline(name: str, flops: float, nbytes: float, *, peak_flops: float, bandwidth: float,

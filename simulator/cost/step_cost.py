@@ -40,8 +40,6 @@ import numpy as np
 from servesim.cost.attention import (
     AttentionShape,
     decode_attention,
-    decode_attention_run,
-    decode_run_keys,
     prefill_attention,
 )
 from servesim.cost.batch import BatchShape
@@ -52,10 +50,11 @@ from servesim.cost.communication import (
     ring_allgather_s,
     ring_allreduce_s,
 )
+from servesim.cost.decode_run import DecodeRunPricer, MemoBudget
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.quantise import input_quantisation_s
-from servesim.cost.roofline import OpCost, OpCosts, roofline
+from servesim.cost.roofline import OpCost, roofline
 from servesim.dtypes import DType, Precision
 from servesim.engines.base import RuntimeCosts, default_runtime
 from servesim.hardware import HardwareProfile
@@ -113,6 +112,14 @@ class StepRecord(NamedTuple):
     """Speculative decoding: how much longer the target's pass took for verifying proposals than
     it would have taken decoding one token per request (inside the other classes, not added)."""
 
+
+PrefillKey = tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...]]
+"""A prefill-only batch: its chunks' new tokens, earlier context and whether each emits."""
+PREFILL_MEMO_BATCH = 4
+"""Prefill-only steps of at most this many chunks have their records memoised (admissions mostly
+start one or two prompts; larger batches rarely repeat)."""
+PREFILL_MEMO_ENTRIES = 1 << 16
+"""At most this many memoised prefill records per cost model (a few MB)."""
 
 IDLE_RECORD = StepRecord(0.0, BOUNDS.index("overhead"), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
@@ -206,9 +213,12 @@ class CostModel:
         self._attn_gemms = self._attention_projection_shapes()
         self._experts = self._expert_layer()
         self._token_cache: dict[tuple[int, int], _TokenPart] = {}
+        self._prefill_records: dict[PrefillKey, StepRecord] = {}
+        """:meth:`step_record` of small prefill-only batches, by their chunks (a pure function)."""
         self._moe_cache: dict[int, tuple[tuple[OpCost, ...], float]] = {}
-        self._run_batches: dict[int, BatchShape] = {}
-        """A batch of ``n`` decodes per size, for the counts of a run (:meth:`decode_run_records`)."""
+        self._run_pricers: dict[int, DecodeRunPricer] = {}
+        """Per batch size, what the steps of a run of that many decodes share (:meth:`decode_run_records`)."""
+        self._run_memo = MemoBudget()
         self._engine = None if self._flat else EngineRuntime(self.runtime, model, hardware, tp,
                                                               self._attn_gemms)
 
@@ -456,6 +466,20 @@ class CostModel:
         """
         if batch.is_empty:
             return IDLE_RECORD
+        if not batch.num_decodes and batch.num_prefills <= PREFILL_MEMO_BATCH:
+            # A prefill-only step is priced by its chunks alone, and prompt lengths repeat.
+            key = (tuple(batch.prefill_tokens.tolist()), tuple(batch.prefill_context.tolist()),
+                   tuple(batch.prefill_emits.tolist()))
+            record = self._prefill_records.get(key)
+            if record is None:
+                record = self._priced_record(batch)
+                if len(self._prefill_records) < PREFILL_MEMO_ENTRIES:
+                    self._prefill_records[key] = record
+            return record
+        return self._priced_record(batch)
+
+    def _priced_record(self, batch: BatchShape) -> StepRecord:
+        """:meth:`step_record` of a non-empty batch, priced."""
         engine = self._engine
         if engine is None:
             part = self._token_part(batch.num_new_tokens, batch.num_logits)
@@ -503,86 +527,37 @@ class CostModel:
         over ``decode_context + j`` cached tokens (step ``j``, from ``first_step``), in one
         vectorised computation, as rows of the :class:`StepRecord` fields (``steps x 12``): the
         batch's counts (so its token part, CUDA-graph size and mode, host time and collectives)
-        are the same in every step; only the attention keys grow, counted exactly per step
-        (:func:`~servesim.cost.attention.decode_run_keys`: KV tiles, windows, chunks) and priced by
-        :func:`~servesim.cost.attention.decode_attention_run`, then assembled by
-        :meth:`_record_run` and timed by :meth:`EngineRuntime.time_run`, each the element-wise
-        twin of the per-step formula beside it, so every row is the record :meth:`step_record`
-        gives that step, bit for bit. Fast-forward (``servesim.core.fast_forward``) prices its runs
-        with it; None for an empty run."""
+        are the same in every step, computed once per batch size into a
+        :class:`~servesim.cost.decode_run.DecodeRunPricer`; only the attention keys grow, counted
+        exactly per step (:func:`~servesim.cost.attention.decode_run_keys`: KV tiles, windows,
+        chunks) and priced by the element-wise twin of the per-step formulas, so every row is the
+        record :meth:`step_record` gives that step, bit for bit. Fast-forward
+        (``servesim.core.fast_forward``) prices its runs with it; None for an empty run."""
         n = int(decode_context.size)
         if n == 0 or steps <= 0:
             return None
-        batch = self._run_batches.get(n)  # only its counts are read: the same in every step
-        if batch is None:
-            batch = self._run_batches[n] = BatchShape.decode(n, 0)
+        pricer = self._run_pricers.get(n)
+        if pricer is None:
+            pricer = self._run_pricers[n] = self._decode_run_pricer(n)
+        return pricer.records(decode_context, first_step, steps)
+
+    def _decode_run_pricer(self, n: int) -> DecodeRunPricer:
+        """What every step of a run of ``n`` decodes shares: the token part, the engine's host
+        times for the batch's counts, each attention kind's constants."""
+        batch = BatchShape.decode(n, 0)  # only its counts are read: the same in every step
         engine = self._engine
-        timing: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+        host: tuple[EngineRuntime, float, float, float | None] | None = None
         if engine is None:
             part = self._token_part(n, n)
         else:
             priced, mode = engine.plan(batch)
             part = self._token_part(priced, batch.num_logits)
-
-            def timing(kernels_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-                return engine.time_run(batch, kernels_s, mode)
-
-        tile = self.hardware.efficiency.attention_decode.key_tile
-        ops = [decode_attention_run(float(n), decode_run_keys(decode_context, first_step, steps, shape, tile),
-                                    shape, self.hardware, self.bf16_peak, self._kv_bytes, count)
-               for shape, count in self._attention_groups]
-        return self._record_run(part, ops, steps, timing)
-
-    def _record_run(self, part: _TokenPart, batch_ops: list[OpCosts], steps: int,
-                    timing: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None) -> np.ndarray:
-        """:meth:`_record` of every step of a run at once (``batch_ops`` hold one value per step),
-        the same sums in the same order, element by element; rows of the :class:`StepRecord`
-        fields."""
-        total: np.ndarray | float = part.total_s
-        compute_s: np.ndarray | float = part.compute_s
-        memory_s: np.ndarray | float = part.memory_s
-        overhead_s: np.ndarray | float = part.overhead_s
-        flops: np.ndarray | float = part.flops
-        nbytes: np.ndarray | float = part.hbm_bytes
-        gemm_s: np.ndarray | float = part.gemm_s
-        decode_s: np.ndarray | float = 0.0
-        for op in batch_ops:
-            time_s = op.time_s
-            total = total + time_s
-            compute_bound = op.compute_bound
-            if compute_bound.all():
-                compute_s = compute_s + op.compute_s
-            elif not compute_bound.any():
-                memory_s = memory_s + op.memory_s
-            else:  # adding 0.0 leaves a sum as it is, as _record's skipped branch does
-                compute_s = compute_s + np.where(compute_bound, op.compute_s, 0.0)
-                memory_s = memory_s + np.where(compute_bound, 0.0, op.memory_s)
-            overhead_s = overhead_s + op.fixed_s
-            flops = flops + op.flops
-            nbytes = nbytes + op.bytes
-            if op.name == "attn_decode":
-                decode_s = decode_s + time_s
-            else:  # a run holds decodes only; other classes would be GEMMs, as in _record
-                gemm_s = gemm_s + time_s
-        step_overhead: np.ndarray | float = self._step_overhead_s
-        if timing is not None:
-            total, step_overhead = timing(total if isinstance(total, np.ndarray) else np.full(steps, total))
-            overhead_s = overhead_s + step_overhead
-        columns = np.zeros((len(StepRecord._fields), steps))  # one row per field, then transposed
-        sums = columns[:4]  # (compute, memory, communication, overhead) before the fields overwrite it
-        sums[0], sums[1], sums[2], sums[3] = compute_s, memory_s, part.comm_s, overhead_s
-        bound = np.argmax(sums, axis=0)  # the first largest, as sums.index(max(sums))
-        columns[0] = total
-        columns[1] = bound
-        columns[2] = flops
-        columns[3] = nbytes
-        columns[4] = gemm_s
-        columns[5] = 0.0
-        columns[6] = decode_s
-        columns[7] = part.elementwise_s
-        columns[8] = part.comm_s
-        columns[9] = step_overhead
-        return columns.T
+            launch, cpu = engine.host_s(batch, mode)
+            host = (engine, launch, cpu, engine.serial_s(batch) if engine.runtime.has_serial else None)
+        totals = (part.total_s, part.compute_s, part.memory_s, part.overhead_s, part.flops,
+                  part.hbm_bytes, part.gemm_s, part.elementwise_s, part.comm_s)
+        return DecodeRunPricer(n, totals, self._attention_groups, self.hardware, self.bf16_peak,
+                               self._kv_bytes, self._step_overhead_s, host, self._run_memo)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
         m, tp, stage = self.model, self.tp, self.stage
