@@ -7,8 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from servesim.config import validate_document
 from servesim.core.step_log import RECORD_COLUMNS, ROW, StepLog, _per_replica_count, frame_columns
 from servesim.cost import BOUNDS
+from servesim.pipeline import prepare, simulate
+from servesim.pipeline.result import RunResult
 
 RECORD_WIDTH = len(RECORD_COLUMNS)
 
@@ -16,8 +19,9 @@ RECORD_WIDTH = len(RECORD_COLUMNS)
 def row(replica: int, start: float, duration: float, prefills: int, decodes: int, used: int) -> tuple:
     """One appended step: batch fields, then the record (time, bound, flops, ...), then extra_s."""
     batch = (replica, start, prefills, decodes, 100 * prefills, decodes, used, 3, decodes, 0, 0, 0)
-    record = (duration, BOUNDS.index("compute"), 1e12, 2e9, *([duration / 8] * 8), 0.0, 0.0)
-    return (*batch, *record[:RECORD_WIDTH], 0.0)
+    record = (duration, BOUNDS.index("compute"), 1e12, 2e9, *([duration / 6] * 6), 0.0, 0.0)
+    assert len(record) == RECORD_WIDTH
+    return (*batch, *record, 0.0)
 
 
 def run_records(durations: list[float]) -> np.ndarray:
@@ -113,3 +117,39 @@ def test_empty_log() -> None:
     assert log.end_s() == 0.0
     assert all(len(values) == 0 for values in log.columns().values())
     assert len(log.to_frame([1])) == 0
+
+
+def test_a_column_of_one_value_is_held_once() -> None:
+    columns = two_replica_log().columns()
+    for name in ("proposed_tokens", "accepted_tokens", "extra_s", "op_proposal_s"):
+        assert columns[name].strides == (0,) and columns[name].tolist() == [0] * 8, name
+    assert columns["replica"].strides == (8,)  # two replicas: a real column
+    log = StepLog()
+    for start in (0.0, 1.0, 2.0):
+        log.append(*row(0, start, 1.0, 0, 1, 5))
+    assert log.columns()["replica"].strides == (0,) and log.columns()["kv_blocks_used"].tolist() == [5, 5, 5]
+    assert log.to_frame([10])["kv_blocks_total"].tolist() == [10, 10, 10]
+
+
+def small_run(**deployment: int) -> RunResult:
+    document = {"name": "steps", "seed": 0, "model": "llama-3-8b", "hardware": "h100-sxm-80gb",
+                "engine": "vllm-v0", "output": "full", "deployment": deployment,
+                "workload": {"arrival": {"process": "poisson", "rate": 20.0}, "num_requests": 200,
+                             "prompt": {"dist": "uniform", "low": 16, "high": 600},
+                             "output": {"dist": "uniform", "low": 1, "high": 300}}}
+    return simulate(prepare(validate_document(document)))
+
+
+def test_the_summary_keeps_no_steps_table() -> None:
+    """The summary reads a steps table without the label columns and drops it; built from the
+    full table (what ``output: full`` builds first) it is the same summary."""
+    light = small_run(replicas=2)
+    summary = light.summary
+    assert "steps" not in light.__dict__
+    full = small_run(replicas=2)
+    assert list(full.steps.columns) == frame_columns(pooled=False)
+    assert full.summary.to_dict() == summary.to_dict()
+    assert summary.batch.steps == len(full.steps) > 200
+    light_frame = light._summary_steps()
+    assert "step" not in light_frame and "bound" not in light_frame
+    assert light_frame.equals(full.steps.drop(columns=["step", "bound"]))

@@ -48,6 +48,9 @@ ROW = np.dtype([*((name, np.float64 if name == "start_s" else np.int64) for name
 ``op_*_s`` columns sum to ``duration_s - extra_s``."""
 assert set(OP_COLUMNS) <= set(RECORD_COLUMNS)
 _CHUNK = 1 << 15
+LABEL_COLUMNS = ("step", "bound")
+"""Columns of the steps table that only the files and the report read (each step's index in its
+replica, its bound by name): the summary's table goes without them."""
 
 
 class StepLog:
@@ -127,7 +130,7 @@ class StepLog:
             column = values[order] if order is not None else values
             del values
             column.flags.writeable = False
-            columns[name] = column
+            columns[name] = _one_value_once(column)
             if name == RECORD_COLUMNS[-1]:
                 runs.drop_records()
         self._runs = _RunBuffers()
@@ -180,30 +183,42 @@ class StepLog:
                                + runs.column_array("duration_s", runs.steps)).max()))
         return max(ends) if ends else 0.0
 
-    def to_frame(self, blocks_total: list[int], groups: list[str] | None = None) -> pd.DataFrame:
+    def to_frame(self, blocks_total: list[int], groups: list[str] | None = None, *,
+                 labels: bool = True) -> pd.DataFrame:
         """``blocks_total`` and (runs with several replica groups) ``groups`` are per replica
         index; the group names go into the ``pool`` column (its name in the files). The frame
-        reads the log's column arrays without copying them (only the derived columns are new)."""
+        reads the log's column arrays without copying them (only the derived columns are new);
+        ``labels=False`` leaves out :data:`LABEL_COLUMNS` (the summary's table)."""
         import pandas as pd  # here: a run that writes no steps table needs no pandas
 
         columns = self.columns()
         replica = columns["replica"]
-        derived = {"step": _per_replica_count(replica),
-                   "batch_size": columns["num_prefills"] + columns["num_decodes"],
-                   "kv_blocks_total": np.asarray(blocks_total, dtype=np.int64)[replica],
-                   "bound": np.asarray(BOUNDS, dtype=object)[columns["bound"]]}
+        names = frame_columns(groups is not None, labels)
+        derived = {"batch_size": columns["num_prefills"] + columns["num_decodes"],
+                   "kv_blocks_total": np.asarray(blocks_total, dtype=np.int64)[replica]}
+        if labels:
+            derived["step"] = _per_replica_count(replica)
+            derived["bound"] = np.asarray(BOUNDS, dtype=object)[columns["bound"]]
         if groups is not None:
             derived["pool"] = np.asarray(groups, dtype=object)[replica]
-        data = {name: derived[name] if name in derived else columns[name]
-                for name in frame_columns(groups is not None)}
-        return pd.DataFrame(data, copy=False)
+        return pd.DataFrame({name: derived[name] if name in derived else columns[name] for name in names},
+                            copy=False)
 
 
-def frame_columns(pooled: bool) -> list[str]:
+def _one_value_once(column: np.ndarray) -> np.ndarray:
+    """A column of one value throughout (the speculative columns and ``extra_s`` of most runs,
+    ``replica`` with one replica) as that value broadcast to the column's length: 8 bytes instead
+    of 8 per step. Reads, the DataFrame and the parquet writer see the same values."""
+    if len(column) < 2 or not (column == column[0]).all():
+        return column
+    return np.broadcast_to(column[:1].copy(), column.shape)
+
+
+def frame_columns(pooled: bool, labels: bool = True) -> list[str]:
     """The steps table's columns in order: ``replica``, (``pool``), ``step``, ``start_s``,
     ``duration_s``, the batch fields with ``batch_size`` after ``num_decodes``,
     ``kv_blocks_total`` after ``kv_blocks_used`` and ``bound`` after ``preempted``, then the
-    record fields and ``extra_s``."""
+    record fields and ``extra_s``. Without ``labels``, the table leaves out :data:`LABEL_COLUMNS`."""
     assert ROW.names is not None  # a structured dtype
     names = [name for name in ROW.names if name not in ("bound", "duration_s")]
     names.insert(2, "duration_s")
@@ -213,7 +228,7 @@ def frame_columns(pooled: bool) -> list[str]:
         names.insert(names.index(after) + 1, column)
     if pooled:
         names.insert(1, "pool")
-    return names
+    return names if labels else [name for name in names if name not in LABEL_COLUMNS]
 
 
 def _per_replica_count(replica: np.ndarray) -> np.ndarray:
