@@ -7,8 +7,9 @@ reached inside it (Linux: the kernel's high-water mark is reset before each phas
         --hardware h100-sxm-80gb --tp 1
 
 Phases: the plan (workload and topology), the simulation (request state, step log, ITL log),
-the steps table, the request table, the ITL table, the summary, and the three parquet files as
-bytes (what ``servesim run`` writes for ``output: full``). Run it as a benchmark, never as a test.
+the request table, the ITL table, the summary (what ``run_core.py`` and ``output: summary`` stop
+at), then what ``output: full`` adds: the whole steps table and the three parquet files as bytes.
+Run it as a benchmark, never as a test.
 """
 
 from __future__ import annotations
@@ -99,9 +100,8 @@ def main() -> None:
         sizes = {name: len(_parquet(getattr(result, name))) / 2**20 for name in ("steps", "requests", "itl")}
         return ", ".join(f"{name}.parquet {size:.0f} MiB" for name, size in sizes.items())
 
-    for name, work in (("plan", plan), ("simulate", run), ("steps table", steps),
-                       ("request table", requests), ("ITL table", itl), ("summary", summary),
-                       ("parquet files", files)):
+    for name, work in (("plan", plan), ("simulate", run), ("request table", requests), ("ITL table", itl),
+                       ("summary", summary), ("steps table", steps), ("parquet files", files)):
         phase(name, work)
     print(f"peak RSS of the whole process {max(peaks):.0f} MiB; CPU {time.process_time():.1f} s")
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from servesim.config import validate_document
+from servesim.core import step_log
 from servesim.core.step_log import RECORD_COLUMNS, ROW, StepLog, _per_replica_count, frame_columns
 from servesim.cost import BOUNDS
 from servesim.pipeline import prepare, simulate
@@ -64,6 +66,21 @@ def test_rows_and_runs_merge_in_clock_order() -> None:
     assert columns["duration_s"].tolist() == [1.0, 0.5, 1.0, 0.5, 0.25, 0.5, 0.75, 0.5]
     assert all(columns[name].dtype == ROW[name] for name in columns)
     assert log.end_s() == 4.5
+
+
+def test_runs_records_in_several_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs' records kept in blocks of 2 steps (24 floats) come out as from one buffer."""
+    logs = []
+    for block in (step_log._RECORD_BLOCK, 2 * RECORD_WIDTH):
+        monkeypatch.setattr(step_log, "_RECORD_BLOCK", block)
+        logs.append(two_replica_log())
+        logs[-1].extend_decode_run(1, [4.5, 5.0, 5.5], 1, np.array([22, 23, 23]), 0, 0,
+                                   run_records([0.5, 0.5, 0.25]))
+    expected, log = logs
+    assert len(log._runs._full_records) == 2 and not expected._runs._full_records
+    assert log.end_s() == expected.end_s() == 5.75
+    assert log.records().tobytes() == expected.records().tobytes()
+    assert log.columns()["duration_s"].tolist()[-4:] == [0.5, 0.5, 0.5, 0.25]
 
 
 def test_columns_hold_the_steps_once() -> None:

@@ -48,6 +48,8 @@ ROW = np.dtype([*((name, np.float64 if name == "start_s" else np.int64) for name
 ``op_*_s`` columns sum to ``duration_s - extra_s``."""
 assert set(OP_COLUMNS) <= set(RECORD_COLUMNS)
 _CHUNK = 1 << 15
+_RECORD_BLOCK = 1 << 20
+"""Floats per block of the fast-forwarded runs' records (8 MB: some 87,000 steps)."""
 LABEL_COLUMNS = ("step", "bound")
 """Columns of the steps table that only the files and the report read (each step's index in its
 replica, its bound by name): the summary's table goes without them."""
@@ -117,13 +119,16 @@ class StepLog:
             order = np.argsort(starts, kind="stable")
             del starts
         columns: dict[str, np.ndarray] = {}
+        run_records = runs.take_records()
         assert ROW.names is not None  # a structured dtype
-        # the record fields first: the runs' interleaved record buffer goes as soon as they are built
-        for name in sorted(ROW.names, key=lambda field: field not in RECORD_COLUMNS):
+        for name in ROW.names:
             pieces = [piece for piece in (settled.pop(name, None), appended.pop(name, None))
                       if piece is not None]
             if runs.steps:
-                pieces.append(runs.column_array(name, runs.steps))
+                run_part = run_records.pop(name, None)
+                pieces.append(run_part.astype(ROW[name], copy=False) if run_part is not None
+                              else runs.column_array(name, runs.steps))
+                del run_part
             values = np.concatenate(pieces) if len(pieces) > 1 else pieces[0] if pieces \
                 else np.empty(0, dtype=ROW[name])
             del pieces
@@ -131,8 +136,6 @@ class StepLog:
             del values
             column.flags.writeable = False
             columns[name] = _one_value_once(column)
-            if name == RECORD_COLUMNS[-1]:
-                runs.drop_records()
         self._runs = _RunBuffers()
         self._settled = {name: columns[name] for name in ROW.names}
         self._settled_steps = total
@@ -254,6 +257,9 @@ class _RunBuffers:
         self._starts = array("d")
         self._used = array("q")
         self._records = array("d")
+        self._full_records: list[array[float]] = []
+        """Filled record buffers of _RECORD_BLOCK floats or more, in order, then ``_records``:
+        blocks, so that :meth:`take_records` frees them one by one as it moves them out."""
         self._per_run = array("q")  # replica, steps, decodes, waiting, preempted; run after run
 
     def add(self, replica: int, starts: list[float], decodes: int, used_blocks: np.ndarray,
@@ -263,6 +269,9 @@ class _RunBuffers:
         self._starts.extend(starts)
         self._used.frombytes(used_blocks.astype(np.int64, copy=False).tobytes())
         self._records.frombytes(np.ascontiguousarray(records, dtype=np.float64).tobytes())
+        if len(self._records) >= _RECORD_BLOCK:
+            self._full_records.append(self._records)
+            self._records = array("d")
         self._per_run.extend((replica, steps, decodes, waiting, preempted))
 
     def column_array(self, name: str, steps: int) -> np.ndarray:
@@ -272,9 +281,24 @@ class _RunBuffers:
             return values.astype(ROW[name], copy=False)
         return np.full(steps, values, dtype=ROW[name])
 
-    def drop_records(self) -> None:
-        """Free the record buffer once its columns are built (:meth:`StepLog.columns`)."""
-        self._records = array("d")
+    def take_records(self) -> dict[str, np.ndarray]:
+        """The runs' record fields, one array per column, moved out of the row-wise buffers from
+        the last block to the first, each block freed once copied (the two are never both
+        whole); the buffers are left empty."""
+        width = len(RECORD_COLUMNS)
+        blocks = [*self._full_records, self._records]
+        self._full_records, self._records = [], array("d")
+        out = {name: np.empty(self.steps, dtype=np.float64) for name in RECORD_COLUMNS}
+        end = self.steps
+        while blocks:
+            rows = np.frombuffer(blocks.pop(), dtype=np.float64).reshape(-1, width)
+            start = end - len(rows)
+            for index, name in enumerate(RECORD_COLUMNS):
+                out[name][start:end] = rows[:, index]
+            end = start
+            del rows
+        assert end == 0
+        return out
 
     def column(self, name: str) -> np.ndarray | float:
         """The runs' values of one step-log column, one per step (or one value for all)."""
@@ -295,8 +319,9 @@ class _RunBuffers:
             preempted[np.cumsum(lengths) - lengths] = per_run[:, 4]
             return preempted
         if name in RECORD_COLUMNS:
-            records = np.frombuffer(self._records, dtype=np.float64).reshape(-1, len(RECORD_COLUMNS))
-            return records[:, RECORD_COLUMNS.index(name)]
+            index, width = RECORD_COLUMNS.index(name), len(RECORD_COLUMNS)
+            return np.concatenate([np.frombuffer(block, dtype=np.float64).reshape(-1, width)[:, index]
+                                   for block in (*self._full_records, self._records)])
         # num_prefills, prefill_tokens, proposed_tokens, accepted_tokens (runs never speculate)
         # and extra_s (nothing beyond the priced pass)
         return 0
