@@ -19,7 +19,8 @@ CAP_TOKENS = 4096
 """Prompt + output of each resampled pair, at most (the prompt keeps at most CAP - 1)."""
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (``bench_memory.py`` takes the same one)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--rate", type=float, default=None, help="requests/s (default: the config's)")
@@ -30,9 +31,11 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--hardware", default=None)
     parser.add_argument("--tp", type=int, default=None)
-    args = parser.parse_args()
-    started = time.perf_counter()
+    return parser
 
+
+def build_plan(args: argparse.Namespace) -> Any:
+    """The run's plan (after measuring the saturated throughput first, with ``--load``)."""
     import numpy as np
 
     from servesim.config import ExperimentConfig, validate_document
@@ -71,7 +74,15 @@ def main() -> None:
         capacity = simulate(planned(probe)).summary.throughput.requests_per_s
         workload["arrival"]["rate"] = args.load * capacity
         print(f"saturated {capacity:.2f} requests/s; offering {args.load * capacity:.2f}")
-    plan = planned(document)
+    return planned(document)
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    started = time.perf_counter()
+    from servesim.pipeline import simulate
+
+    plan = build_plan(args)
     simulated = time.perf_counter()
     result = simulate(plan, fast_forward=not args.step_by_step)
     summary = result.summary

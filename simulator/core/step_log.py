@@ -48,20 +48,35 @@ ROW = np.dtype([*((name, np.float64 if name == "start_s" else np.int64) for name
 ``op_*_s`` columns sum to ``duration_s - extra_s``."""
 assert set(OP_COLUMNS) <= set(RECORD_COLUMNS)
 _CHUNK = 1 << 15
+_RECORD_BLOCK = 1 << 20
+"""Floats per block of the fast-forwarded runs' records (8 MB: some 87,000 steps)."""
+LABEL_COLUMNS = ("step", "bound")
+"""Columns of the steps table that only the files and the report read (each step's index in its
+replica, its bound by name): the summary's table goes without them."""
 
 
 class StepLog:
-    """The steps table under construction; :meth:`append` is called once per iteration."""
+    """The steps table under construction; :meth:`append` is called once per iteration.
+
+    Steps arrive as rows (:meth:`append`, into preallocated chunks) and as fast-forwarded runs
+    (:meth:`extend_decode_run`, into flat buffers). :meth:`columns` turns them into one array per
+    column in clock order and drops the chunks and buffers they came from, so a finished run's
+    steps are held once (the steps DataFrame and the parquet writer read those arrays without
+    copying them): a long run's peak memory is its steps table, not two or three copies of it.
+    """
 
     def __init__(self) -> None:
         self._chunks: list[np.ndarray] = []
         self._current = np.empty(_CHUNK, dtype=ROW)
         self._fill = 0
         self._runs = _RunBuffers()
+        self._settled: dict[str, np.ndarray] | None = None
+        """The steps logged before the last :meth:`columns` call, column by column in clock order."""
+        self._settled_steps = 0
         self._cached: tuple[int, np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return len(self._chunks) * _CHUNK + self._fill + self._runs.steps
+        return self._settled_steps + len(self._chunks) * _CHUNK + self._fill + self._runs.steps
 
     def append(self, *values: float) -> None:
         """One step's values, in the order of :data:`ROW`'s fields."""
@@ -78,66 +93,158 @@ class StepLog:
         each step's start, KV blocks in use and record (one row per step, the
         :class:`~servesim.cost.StepRecord` fields); the rest is the same for every step (only the
         first may count preempted requests). Kept in flat buffers (no Python object per run) and
-        written out as the rows :meth:`append` would have got when :meth:`records` is asked for."""
+        written out as the rows :meth:`append` would have got when :meth:`columns` is asked for."""
         self._runs.add(replica, starts, decodes, used_blocks, waiting, preempted, records)
 
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every step's values, one read-only array per :data:`ROW` field, in the order the
+        step-by-step loop appends them: step by step the rows are appended in clock order (start
+        times never decrease), so a stable sort by start time puts the runs' rows where the
+        reference mode has them.
+
+        The rows and runs logged so far are moved into these arrays (and dropped from the log,
+        chunk by chunk and column by column, so that the table is never held twice); steps logged
+        afterwards are merged in at the next call (the arrays already built sort first among
+        steps that start at the very same float time)."""
+        total = len(self)
+        if self._settled is not None and self._settled_steps == total:
+            return self._settled
+        runs = self._runs
+        appended = self._take_appended()
+        settled = self._settled or {}
+        order = None
+        if runs.steps or settled:
+            starts = np.concatenate([*(part for part in (settled.get("start_s"), appended.get("start_s"))
+                                       if part is not None), runs.column_array("start_s", runs.steps)])
+            order = np.argsort(starts, kind="stable")
+            del starts
+        columns: dict[str, np.ndarray] = {}
+        run_records = runs.take_records()
+        assert ROW.names is not None  # a structured dtype
+        for name in ROW.names:
+            pieces = [piece for piece in (settled.pop(name, None), appended.pop(name, None))
+                      if piece is not None]
+            if runs.steps:
+                run_part = run_records.pop(name, None)
+                pieces.append(run_part.astype(ROW[name], copy=False) if run_part is not None
+                              else runs.column_array(name, runs.steps))
+                del run_part
+            values = np.concatenate(pieces) if len(pieces) > 1 else pieces[0] if pieces \
+                else np.empty(0, dtype=ROW[name])
+            del pieces
+            column = values[order] if order is not None else values
+            del values
+            column.flags.writeable = False
+            columns[name] = _one_value_once(column)
+        self._runs = _RunBuffers()
+        self._settled = {name: columns[name] for name in ROW.names}
+        self._settled_steps = total
+        return self._settled
+
+    def _take_appended(self) -> dict[str, np.ndarray]:
+        """The appended rows column by column, each chunk dropped once its columns are copied."""
+        parts = self._chunks
+        parts.append(self._current[:self._fill])
+        count = sum(len(part) for part in parts)
+        self._chunks, self._current, self._fill = [], np.empty(_CHUNK, dtype=ROW), 0
+        if not count:
+            return {}
+        assert ROW.names is not None  # a structured dtype
+        out = {name: np.empty(count, dtype=ROW[name]) for name in ROW.names}
+        offset = 0
+        while parts:
+            part = parts.pop(0)
+            for name in ROW.names:
+                out[name][offset:offset + len(part)] = part[name]
+            offset += len(part)
+            del part
+        return out
+
     def records(self) -> np.ndarray:
-        """Every step's row, in the order the step-by-step loop appends them (read-only: the
-        array is kept until another step is logged, so the run's end and its tables share it)."""
+        """Every step's row as one structured array (:data:`ROW`), in the order of
+        :meth:`columns` (read-only: kept until another step is logged). A copy of the columns:
+        what the capacity planner and the tests read; the tables read :meth:`columns`."""
         if self._cached is not None and self._cached[0] == len(self):
             return self._cached[1]
-        parts = [*self._chunks, self._current[:self._fill]]
-        rows = np.concatenate(parts) if not self._runs.steps else self._merged(parts)
+        columns = self.columns()
+        rows = np.empty(len(self), dtype=ROW)
+        for name, values in columns.items():
+            rows[name] = values
         rows.flags.writeable = False
         self._cached = (len(self), rows)
         return rows
 
-    def _merged(self, parts: list[np.ndarray]) -> np.ndarray:
-        """The appended rows and the runs' rows in one table, in clock order: step by step the
-        rows are appended in clock order (start times never decrease), so a stable sort by start
-        time puts the runs' rows where the reference mode has them. Written column by column, so
-        that the table is never held twice (the peak memory of a long run)."""
-        runs = self._runs
-        appended = sum(len(part) for part in parts)
-        total = appended + runs.steps
-        column = np.empty(total, dtype=np.float64)
-        _gather(column, parts, "start_s", appended)
-        column[appended:] = runs.column("start_s")
-        order = np.argsort(column, kind="stable")
-        rows = np.empty(total, dtype=ROW)
-        assert ROW.names is not None  # a structured dtype
-        for name in ROW.names:
-            values = column if ROW[name] == np.float64 else np.empty(total, dtype=ROW[name])
-            _gather(values, parts, name, appended)
-            values[appended:] = runs.column(name)
-            rows[name] = values[order]
-        return rows
-
     def end_s(self) -> float:
-        """When the last step ended (0 without steps)."""
-        records = self.records()
-        return float((records["start_s"] + records["duration_s"]).max()) if records.size else 0.0
+        """When the last step ended (0 without steps); reads the log where it is, building nothing."""
+        ends = [float((part["start_s"] + part["duration_s"]).max())
+                for part in (*self._chunks, self._current[:self._fill]) if len(part)]
+        if self._settled is not None and self._settled_steps:
+            ends.append(float((self._settled["start_s"] + self._settled["duration_s"]).max()))
+        if self._runs.steps:
+            runs = self._runs
+            ends.append(float((runs.column_array("start_s", runs.steps)
+                               + runs.column_array("duration_s", runs.steps)).max()))
+        return max(ends) if ends else 0.0
 
-    def to_frame(self, blocks_total: list[int], groups: list[str] | None = None) -> pd.DataFrame:
+    def to_frame(self, blocks_total: list[int], groups: list[str] | None = None, *,
+                 labels: bool = True) -> pd.DataFrame:
         """``blocks_total`` and (runs with several replica groups) ``groups`` are per replica
-        index; the group names go into the ``pool`` column (its name in the files)."""
+        index; the group names go into the ``pool`` column (its name in the files). The frame
+        reads the log's column arrays without copying them (only the derived columns are new);
+        ``labels=False`` leaves out :data:`LABEL_COLUMNS` (the summary's table)."""
         import pandas as pd  # here: a run that writes no steps table needs no pandas
 
-        rows = self.records()
-        assert ROW.names is not None  # a structured dtype
-        frame = pd.DataFrame({name: rows[name] for name in ROW.names if name != "bound"})
-        frame.insert(2, "duration_s", frame.pop("duration_s"))
-        frame.insert(1, "step", frame.groupby("replica").cumcount().astype(np.int64))
-        frame.insert(_after(frame, "num_decodes"), "batch_size",
-                     frame["num_prefills"] + frame["num_decodes"])
-        totals = np.asarray(blocks_total, dtype=np.int64)
-        frame.insert(_after(frame, "kv_blocks_used"), "kv_blocks_total",
-                     totals[frame["replica"].to_numpy()])
-        frame.insert(_after(frame, "preempted"), "bound",
-                     np.asarray(BOUNDS, dtype=object)[rows["bound"]])
+        columns = self.columns()
+        replica = columns["replica"]
+        names = frame_columns(groups is not None, labels)
+        derived = {"batch_size": columns["num_prefills"] + columns["num_decodes"],
+                   "kv_blocks_total": np.asarray(blocks_total, dtype=np.int64)[replica]}
+        if labels:
+            derived["step"] = _per_replica_count(replica)
+            derived["bound"] = np.asarray(BOUNDS, dtype=object)[columns["bound"]]
         if groups is not None:
-            frame.insert(1, "pool", np.asarray(groups, dtype=object)[frame["replica"].to_numpy()])
-        return frame
+            derived["pool"] = np.asarray(groups, dtype=object)[replica]
+        return pd.DataFrame({name: derived[name] if name in derived else columns[name] for name in names},
+                            copy=False)
+
+
+def _one_value_once(column: np.ndarray) -> np.ndarray:
+    """A column of one value throughout (the speculative columns and ``extra_s`` of most runs,
+    ``replica`` with one replica) as that value broadcast to the column's length: 8 bytes instead
+    of 8 per step. Reads, the DataFrame and the parquet writer see the same values."""
+    if len(column) < 2 or not (column == column[0]).all():
+        return column
+    return np.broadcast_to(column[:1].copy(), column.shape)
+
+
+def frame_columns(pooled: bool, labels: bool = True) -> list[str]:
+    """The steps table's columns in order: ``replica``, (``pool``), ``step``, ``start_s``,
+    ``duration_s``, the batch fields with ``batch_size`` after ``num_decodes``,
+    ``kv_blocks_total`` after ``kv_blocks_used`` and ``bound`` after ``preempted``, then the
+    record fields and ``extra_s``. Without ``labels``, the table leaves out :data:`LABEL_COLUMNS`."""
+    assert ROW.names is not None  # a structured dtype
+    names = [name for name in ROW.names if name not in ("bound", "duration_s")]
+    names.insert(2, "duration_s")
+    names.insert(1, "step")
+    for column, after in (("batch_size", "num_decodes"), ("kv_blocks_total", "kv_blocks_used"),
+                          ("bound", "preempted")):
+        names.insert(names.index(after) + 1, column)
+    if pooled:
+        names.insert(1, "pool")
+    return names if labels else [name for name in names if name not in LABEL_COLUMNS]
+
+
+def _per_replica_count(replica: np.ndarray) -> np.ndarray:
+    """Each step's index among its replica's steps (``groupby("replica").cumcount()``)."""
+    count = len(replica)
+    if not count or (replica == replica[0]).all():
+        return np.arange(count, dtype=np.int64)
+    order = np.argsort(replica, kind="stable")
+    grouped = replica[order]
+    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+    step = np.empty(count, dtype=np.int64)
+    step[order] = np.arange(count, dtype=np.int64) - np.repeat(starts, np.diff(np.r_[starts, count]))
+    return step
 
 
 class _RunBuffers:
@@ -150,6 +257,9 @@ class _RunBuffers:
         self._starts = array("d")
         self._used = array("q")
         self._records = array("d")
+        self._full_records: list[array[float]] = []
+        """Filled record buffers of _RECORD_BLOCK floats or more, in order, then ``_records``:
+        blocks, so that :meth:`take_records` frees them one by one as it moves them out."""
         self._per_run = array("q")  # replica, steps, decodes, waiting, preempted; run after run
 
     def add(self, replica: int, starts: list[float], decodes: int, used_blocks: np.ndarray,
@@ -159,7 +269,36 @@ class _RunBuffers:
         self._starts.extend(starts)
         self._used.frombytes(used_blocks.astype(np.int64, copy=False).tobytes())
         self._records.frombytes(np.ascontiguousarray(records, dtype=np.float64).tobytes())
+        if len(self._records) >= _RECORD_BLOCK:
+            self._full_records.append(self._records)
+            self._records = array("d")
         self._per_run.extend((replica, steps, decodes, waiting, preempted))
+
+    def column_array(self, name: str, steps: int) -> np.ndarray:
+        """:meth:`column` as an array of ``steps`` values (in the column's dtype)."""
+        values = self.column(name)
+        if isinstance(values, np.ndarray):
+            return values.astype(ROW[name], copy=False)
+        return np.full(steps, values, dtype=ROW[name])
+
+    def take_records(self) -> dict[str, np.ndarray]:
+        """The runs' record fields, one array per column, moved out of the row-wise buffers from
+        the last block to the first, each block freed once copied (the two are never both
+        whole); the buffers are left empty."""
+        width = len(RECORD_COLUMNS)
+        blocks = [*self._full_records, self._records]
+        self._full_records, self._records = [], array("d")
+        out = {name: np.empty(self.steps, dtype=np.float64) for name in RECORD_COLUMNS}
+        end = self.steps
+        while blocks:
+            rows = np.frombuffer(blocks.pop(), dtype=np.float64).reshape(-1, width)
+            start = end - len(rows)
+            for index, name in enumerate(RECORD_COLUMNS):
+                out[name][start:end] = rows[:, index]
+            end = start
+            del rows
+        assert end == 0
+        return out
 
     def column(self, name: str) -> np.ndarray | float:
         """The runs' values of one step-log column, one per step (or one value for all)."""
@@ -180,24 +319,9 @@ class _RunBuffers:
             preempted[np.cumsum(lengths) - lengths] = per_run[:, 4]
             return preempted
         if name in RECORD_COLUMNS:
-            records = np.frombuffer(self._records, dtype=np.float64).reshape(-1, len(RECORD_COLUMNS))
-            return records[:, RECORD_COLUMNS.index(name)]
+            index, width = RECORD_COLUMNS.index(name), len(RECORD_COLUMNS)
+            return np.concatenate([np.frombuffer(block, dtype=np.float64).reshape(-1, width)[:, index]
+                                   for block in (*self._full_records, self._records)])
         # num_prefills, prefill_tokens, proposed_tokens, accepted_tokens (runs never speculate)
         # and extra_s (nothing beyond the priced pass)
         return 0
-
-
-def _gather(into: np.ndarray, parts: list[np.ndarray], name: str, count: int) -> None:
-    """``into[:count]`` = the appended rows' ``name`` column, part after part."""
-    offset = 0
-    for part in parts:
-        into[offset:offset + len(part)] = part[name]
-        offset += len(part)
-    assert offset == count
-
-
-def _after(frame: pd.DataFrame, column: str) -> int:
-    """The position just after ``column`` (the frame's columns are unique, so it has one)."""
-    position = frame.columns.get_loc(column)
-    assert isinstance(position, int)
-    return position + 1

@@ -68,9 +68,14 @@ def _stats(values: np.ndarray, counts: np.ndarray | None, name: str, percentiles
     return {key: value * 1e3 for key, value in zip(keys, stats, strict=True)}
 
 
+def _completed(requests: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """The completed requests' ``columns`` (a copy of what is read, not of the whole table)."""
+    return requests.loc[requests["status"] == "completed", columns]
+
+
 def max_output_tokens_per_s(requests: pd.DataFrame, steps: pd.DataFrame) -> float:
     """Most output tokens emitted in one whole second since the first arrival (vLLM's buckets)."""
-    done = requests[requests["status"] == "completed"]
+    done = _completed(requests, ["first_token_s"])
     if not len(done):
         return 0.0
     start = float(requests["arrival_s"].min())
@@ -87,7 +92,7 @@ def max_output_tokens_per_s(requests: pd.DataFrame, steps: pd.DataFrame) -> floa
 
 def max_concurrent_requests(requests: pd.DataFrame) -> int:
     """Most completed requests between arrival and finish at once (half-open intervals)."""
-    done = requests[requests["status"] == "completed"]
+    done = _completed(requests, ["arrival_s", "finish_s"])
     if not len(done):
         return 0
     times = np.concatenate([done["arrival_s"].to_numpy(float), done["finish_s"].to_numpy(float)])
@@ -100,7 +105,7 @@ def benchmark_names(requests: pd.DataFrame, itl: pd.DataFrame, steps: pd.DataFra
                     goodput: float | None, percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
                     ) -> dict[str, Any]:
     """The flat vLLM-named section of ``summary.json`` (see the module docstring)."""
-    done = requests[requests["status"] == "completed"]
+    done = _completed(requests, ["prompt_tokens", "output_tokens", "ttft_s", "tpot_s", "e2e_s"])
     input_tokens = int(done["prompt_tokens"].sum())
     output_tokens = int(done["output_tokens"].sum())
     out: dict[str, Any] = {

@@ -197,8 +197,10 @@ def summarise(requests: pd.DataFrame, itl: pd.DataFrame, *, slo_limits: dict[str
     ``metric_percentiles`` feed the vLLM-named section)."""
     completed = requests["status"] == "completed"
     span = run_span(requests)
-    done = requests[completed]
-    stats = {key: describe(done[key].to_numpy()) for key in SUMMARY_LATENCIES if key != "itl_s"}
+    latencies = [key for key in SUMMARY_LATENCIES if key != "itl_s"]
+    # the columns read, not the whole table: a long run's table is not copied
+    done = requests.loc[completed, [*latencies, "prompt_tokens", "output_tokens"]]
+    stats = {key: describe(done[key].to_numpy()) for key in latencies}
     stats["itl_s"] = describe_weighted(itl["itl_s"].to_numpy(), itl["count"].to_numpy())
     if slo_limits:
         met = slo_met(requests, slo_limits)

@@ -60,7 +60,7 @@ def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None) -
         "tpot_s": latency["tpot_s"],
         "max_itl_s": r.max_itl,
         "e2e_s": latency["e2e_s"],
-    })
+    }, copy=False)  # the finished run's columns, read in place: a long run's table is not held twice
     for name, column in (extra or {}).items():
         frame[name] = column
     return frame
@@ -68,4 +68,4 @@ def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None) -
 
 def itl_frame(r: RequestState) -> pd.DataFrame:
     values, counts = r.itl.arrays()
-    return pd.DataFrame({"itl_s": values, "count": counts})
+    return pd.DataFrame({"itl_s": values, "count": counts}, copy=False)  # arrays() made them

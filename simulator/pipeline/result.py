@@ -65,10 +65,20 @@ class RunResult:
     def steps(self) -> pd.DataFrame:
         """One row per iteration of any replica; with several groups a ``pool`` column names each
         step's group."""
+        return self._steps_frame(labels=True)
+
+    def _steps_frame(self, labels: bool) -> pd.DataFrame:
         topology = self.plan.topology
         blocks = [run.group.limits.num_blocks for run in self.built.groups for _ in run.replicas]
         names = topology.group_of_replica() if len(topology.groups) > 1 else None
-        return self.sim.steps.to_frame(blocks, names)
+        return self.sim.steps.to_frame(blocks, names, labels=labels)
+
+    def _summary_steps(self) -> pd.DataFrame:
+        """The steps table the summary reads: :attr:`steps` when it is built already, otherwise
+        one without the label columns (``step``, ``bound``: no summary figure reads them), which
+        is not kept (a long run that writes only its summary never holds the whole table)."""
+        built = self.__dict__.get("steps")
+        return built if built is not None else self._steps_frame(labels=False)
 
     @cached_property
     def itl(self) -> pd.DataFrame:
@@ -87,7 +97,7 @@ class RunResult:
 
     @cached_property
     def summary(self) -> Summary:
-        plan, steps, requests = self.plan, self.steps, self.requests
+        plan, steps, requests = self.plan, self._summary_steps(), self.requests
         topology = plan.topology
         kv_run = next(run for run in self.built.groups if run.group is topology.kv_group)
         kv_steps = steps if len(topology.groups) == 1 else steps[steps["pool"] == kv_run.group.name]
