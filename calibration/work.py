@@ -24,7 +24,7 @@ from servesim.cost.attention import (
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allreduce_s
 from servesim.cost.quantise import input_quantisation_s, input_quantisation_s_array
-from servesim.cost.roofline import OpCost, roofline
+from servesim.cost.roofline import OpCost, memory_bound_s_many, roofline
 from servesim.dtypes import DType
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 
@@ -264,10 +264,8 @@ def moe_elementwise_s(parts: dict[str, np.ndarray], profile: HardwareProfile) ->
     inside it (the other ranks' rows hold zeros but are summed all the same)."""
     elements = 3.0 * parts["assignments"] * parts["local"] \
         + (parts["all_assignments"] + parts["tokens"]) * parts["hidden"]
-    nbytes = elements * OUT_BYTES
-    eff = profile.efficiency.elementwise
-    x = nbytes / 2.0 if eff.memory.axis == "bytes" else parts["tokens"]
-    return 2.0 * eff.fixed_s + nbytes / (profile.memory.bandwidth_Bps * eff.memory(x))
+    return memory_bound_s_many(elements * OUT_BYTES, 2, profile.efficiency.elementwise,
+                               profile.memory.bandwidth_Bps, parts["tokens"])
 
 
 def moe_work(family: str, table: pd.DataFrame, profile: HardwareProfile) -> Work:

@@ -184,7 +184,6 @@ class Efficiency(FrozenModel):
     quantise: OperatorEfficiency | None = Field(
         None, description="the dynamic activation quantisation an 8-bit GEMM runs first (two "
         "memory-bound kernels, servesim.cost.quantise), when fitted apart; absent, the elementwise class")
-
     moe: OperatorEfficiency | None = Field(
         None, description="fused MoE experts with 16-bit math and 16-bit weights (one call: routing, "
         "both expert GEMMs and what the fused kernel does around them), when fitted apart; absent, "

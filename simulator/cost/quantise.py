@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from servesim.cost.roofline import memory_bound_s_many
 from servesim.hardware import OperatorEfficiency
 
 INPUT_BYTES = 2.0
@@ -52,6 +53,4 @@ def input_quantisation_s_array(rows: np.ndarray, k: np.ndarray, act_bytes: np.nd
                                elementwise: OperatorEfficiency, bandwidth: float) -> np.ndarray:
     """:func:`input_quantisation_s` over arrays (the calibration's vectorised rows)."""
     nbytes = rows * k * (2 * INPUT_BYTES + act_bytes)
-    curve = elementwise.memory
-    efficiency = np.asarray(curve(nbytes / KERNELS if curve.axis == "bytes" else rows), dtype=float)
-    return KERNELS * elementwise.fixed_s + nbytes / (bandwidth * efficiency)
+    return memory_bound_s_many(nbytes, KERNELS, elementwise, bandwidth, rows)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from servesim.hardware import OperatorEfficiency
 
 
@@ -62,3 +64,13 @@ def roofline(name: str, flops: float, nbytes: float, *, peak_flops: float, bandw
     memory_s = nbytes / (bandwidth * memory_eff) if nbytes > 0 else 0.0
     return OpCost(name, flops * repeat, nbytes * repeat, compute_s * repeat, memory_s * repeat,
                   eff.fixed_s * kernels * repeat)
+
+
+def memory_bound_s_many(nbytes: np.ndarray, kernels: float, eff: OperatorEfficiency, bandwidth: float,
+                        tokens: np.ndarray) -> np.ndarray:
+    """Seconds of ``kernels`` memory-bound kernels moving ``nbytes`` in all, per element of the
+    arrays: :func:`roofline`'s memory side and fixed cost with no FLOPs (the memory curve read at
+    one kernel's bytes, or at ``tokens`` when its axis is tokens), for the calibration's
+    vectorised rows."""
+    x = nbytes / kernels if eff.memory.axis == "bytes" else tokens
+    return kernels * eff.fixed_s + nbytes / (bandwidth * np.asarray(eff.memory(x), dtype=float))
