@@ -130,11 +130,17 @@ class ContinuousBatching(Policy):
         shortfall = needed - pool.free
         preempted = 0
         if shortfall > 0:
-            preempted = replica.preempt_tail_until(shortfall, need)
+            # Preempt from the tail until the rest fit, as chunked_prefill and prefill_first do:
+            # with prefix caching a victim's blocks shared with others stay held, so one pass of
+            # the estimate can fall short.
+            while shortfall > 0 and replica.running.size:
+                preempted += replica.preempt_tail_until(shortfall, need)
+                need = need[:replica.running.size]
+                shortfall = int(need.sum()) - pool.free
             running = replica.running
             if running.size == 0:
                 return None
-            context, need = context[:running.size], need[:running.size]
+            context = context[:running.size]
             needed = int(need.sum())
             if proposed is not None:
                 proposed = proposed[:running.size]
