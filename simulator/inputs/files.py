@@ -80,12 +80,7 @@ class _Mark(Exception):
         self.mark, self.problem, self.fix = mark, problem, fix
 
 
-_SAFE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""libyaml's parser when PyYAML was built with it (about 10x faster: ``servesim hardware`` parses
-every profile), else the pure-Python one; the checks below run on the composed nodes either way."""
-
-
-class BoundedLoader(_SAFE_LOADER):
+class BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing what would exhaust the program later (see
     :mod:`servesim.inputs.limits`) and a mapping key given twice (PyYAML keeps the last one
     silently, so a duplicated ``rate:`` would run the value the reader did not look at)."""
@@ -137,9 +132,6 @@ def load_yaml_text(text: str, source: str, field: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         detail = getattr(exc, "problem", None) or "cannot parse"
-        if "maximum nesting depth" in detail:  # libyaml's own depth limit
-            raise ServesimError(field, f"{source}: YAML nested too deeply to read",
-                                "flatten the document") from None
         if isinstance(exc, yaml.reader.ReaderError):  # a control character (YAML forbids them)
             where = f" at line {text.count(chr(10), 0, exc.position) + 1}"
             detail = f"character {exc.character!r} is not allowed in YAML"
