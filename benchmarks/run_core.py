@@ -90,8 +90,9 @@ def main() -> None:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     fast_forwarded = sum(getattr(unit, "fast_forwarded_steps", 0)
                          for run in result.groups for unit in run.replicas)
+    chained = sum(getattr(unit, "chained_runs", 0) for run in result.groups for unit in run.replicas)
     print(f"requests={args.requests} steps={len(result.step_log)} ff_steps={fast_forwarded} "
-          f"setup_s={simulated - started:.3f} "
+          f"chained={chained} setup_s={simulated - started:.3f} "
           f"simulate_s={done - simulated:.3f} cpu_s={time.process_time():.3f} peak_mib={peak_mib:.0f} "
           f"ttft_p50={summary.ttft_s.p50!r} tpot_p50={summary.tpot_s.p50!r} e2e_p99={summary.e2e_s.p99!r}")
 

@@ -8,20 +8,21 @@ system costs nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import simpy
 
-from servesim.core.fast_forward import apply_decode_run, delay_to, plan_decode_run, price_steps
+from servesim.core.fast_forward import DecodeRun, apply_decode_run, delay_to, plan_decode_run, price_steps
 from servesim.core.progress import MAX_IDLE_WAKES, describe, stalled
 from servesim.core.replica_state import ReplicaState
 from servesim.core.step_log import StepLog
 from servesim.cost import BatchShape, CostModel, StepRecord
 
 if TYPE_CHECKING:  # policies are given to replicas; the core never imports them at run time
-    from servesim.policies.base import Policy
+    from servesim.policies.base import Batch, Policy
 
 PromptsDone = Callable[[np.ndarray, float], None]
 """A prefill-only replica's exit: called with the requests whose prompt KV is complete and the
@@ -50,7 +51,8 @@ class StepPricer(Protocol):
 class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
                  cost: CostModel | StepPricer, steps: StepLog, prompts_done: PromptsDone | None = None,
-                 next_arrival: Callable[[], float] | None = None, sole_replica: bool = False) -> None:
+                 next_arrival: Callable[[], float] | None = None, sole_replica: bool = False,
+                 horizon: Callable[[], float] | None = None) -> None:
         """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
         emits nothing here and goes to ``prompts_done`` instead. ``next_arrival`` (when the next
         request enters the deployment) turns fast-forward on: runs of pure-decode steps become one
@@ -58,7 +60,10 @@ class Replica:
         policy declare it. ``sole_replica``: the deployment has no other replica, so its runs may
         go through an arrival (``plan_decode_run``'s ``through_arrival``). A replica that speculates
         (``state.speculation``, priced by a :class:`StepPricer` that adds the proposer's passes)
-        runs step by step whatever ``next_arrival`` says: its accepted tokens are drawn per step."""
+        runs step by step whatever ``next_arrival`` says: its accepted tokens are drawn per step.
+        ``horizon``: the next time something outside reads the requests' state between events
+        (:class:`~servesim.core.sim.Horizon`; None: never), which runs chained through a finish
+        (:meth:`_chain`) end before."""
         self.env = env
         self.state = state
         self.policy = policy
@@ -71,8 +76,11 @@ class Replica:
         """The cost model that prices fast-forwarded runs (None: this replica never fast-forwards)."""
         self.next_arrival = next_arrival if self.run_cost is not None else None
         self.sole_replica = sole_replica
+        self.horizon = horizon
         self.fast_forwarded_steps = 0
         """Steps credited in fast-forwarded runs (the rest were taken one by one)."""
+        self.chained_runs = 0
+        """Runs that went on after a finish inside the same timeout (:meth:`_chain`)."""
         self._idle: simpy.Event | None = None
         self.process = env.process(self._run())
 
@@ -93,9 +101,13 @@ class Replica:
         prompts_done, next_arrival = self.prompts_done, self.next_arrival
         idle_wakes, steps_seen = 0, -1  # the livelock guard: counted on the idle path only
         decode_guess_s: float | None = None  # a recent decode step's duration: sizes run pricing
+        scheduled: tuple[Batch | None] | None = None  # what the policy scheduled at the end of a chain
         while True:
             now = env.now
-            batch = policy.schedule(now)
+            if scheduled is None:
+                batch = policy.schedule(now)
+            else:
+                (batch,), scheduled = scheduled, None
             if batch is None:
                 self._idle = idle = env.event()
                 wake = policy.wake_at(now)
@@ -123,6 +135,12 @@ class Replica:
                 delay = None if run is None else delay_to(now, run.times[-1])
                 if run is not None and delay is not None:
                     waiting = len(state.waiting)
+                    if run.finished_at_end and self._may_chain(run.times[-1]):
+                        end, scheduled, decode_guess_s = self._chain(batch, run, now, waiting)
+                        delay = delay_to(now, end)
+                        assert delay is not None  # _chain checked it for every run it credited
+                        yield env.timeout(delay)
+                        continue
                     yield env.timeout(delay)
                     finished = apply_decode_run(state, run, steps, waiting, batch.preempted)
                     if finished.size:
@@ -161,3 +179,59 @@ class Replica:
                 if finished.size:
                     prompts_done(finished, env.now)
             policy.after_step(batch, finished, env.now)
+
+    def _may_chain(self, end: float) -> bool:
+        """Whether a run ending with a finish at ``end`` may be credited before its timeout ends
+        and followed, in the same timeout, by what the policy schedules then (:meth:`_chain`): it
+        ends before the next arrival (which the policy must see) and may be credited early."""
+        assert self.next_arrival is not None  # only fast-forwarding replicas chain
+        return end < self.next_arrival() and self._may_credit_early(end)
+
+    def _may_credit_early(self, end: float) -> bool:
+        """Whether a run ending at ``end`` may be credited before the clock gets there: nothing
+        outside this replica reads its state before ``end`` (the horizon), and nobody listens to
+        finishes (those listeners start SimPy events of their own). An arrival inside the run only
+        queues its request (``ReplicaState.enqueue`` reads nothing a run changes), as a run's
+        last step already allows on a sole replica."""
+        horizon = math.inf if self.horizon is None else self.horizon()
+        return end < horizon and not self.state.requests.done_listeners
+
+    def _chain(self, batch: Batch, run: DecodeRun, start: float, waiting: int
+               ) -> tuple[float, tuple[Batch | None] | None, float]:
+        """Credit ``run`` (scheduled at ``start``, ending with a finish) now, then ask the policy
+        for the next batch at the run's end, as the step-by-step loop would, and while that is a
+        pure-decode batch whose run also ends before the next arrival and the horizon, credit it
+        too: runs through finishes, all inside the one timeout the caller yields.
+
+        Exact because the replica's state only changes by its own steps until the next arrival
+        (routing reads it then, so every chained run ends strictly before it), nothing else reads
+        it before the horizon, and the policy is asked at each run's end with that end's time and
+        the state the steps before it left, as step by step (``schedule(now)`` reads the clock only
+        through ``now``). Returns the last credited run's end, what the policy scheduled there when
+        no run followed (``(batch,)``, ``(None,)`` for nothing to run; None when the last run ended
+        without a finish, so the loop asks the policy at its end as usual) and the last decode
+        step's duration."""
+        state, policy, cost = self.state, self.policy, self.run_cost
+        assert cost is not None and self.next_arrival is not None
+        while True:
+            end = run.times[-1]
+            finished = apply_decode_run(state, run, self.steps, waiting, batch.preempted)
+            if finished.size:
+                state.drop_finished()
+            policy.after_run(batch, run.steps, finished, end)
+            self.fast_forwarded_steps += run.steps
+            guess_s = float(run.records[-1, 0])
+            if not run.finished_at_end or end >= self.next_arrival():
+                return end, None, guess_s  # the policy is asked at ``end`` after the arrival, as usual
+            following = policy.schedule(end)
+            if following is None or not following.decode_only or following.preempted \
+                    or following.extra_s or following.speculation is not None:
+                return end, (following,), guess_s
+            after, _ = plan_decode_run(state, cost, following.shape.decode_context, following.ids, end,
+                                       self.next_arrival(), self.sole_replica, policy.run_limit(following),
+                                       guess_s)
+            if after is None or not self._may_credit_early(after.times[-1]) \
+                    or delay_to(start, after.times[-1]) is None:
+                return end, (following,), guess_s
+            self.chained_runs += 1
+            batch, run, waiting = following, after, len(state.waiting)

@@ -46,6 +46,22 @@ class NextArrival:
         return self.at
 
 
+class Horizon:
+    """The next time something outside the replicas reads their requests' state between events
+    (infinity: never before the run ends). ``SlicedSimulation`` sets it to each slice's end, where
+    the capacity planner reads what is certain so far; a fast-forwarding replica credits runs that
+    go on through a request's finish before their single timeout ends, so it keeps every such run
+    strictly before the horizon (``Replica``: a run chained through finishes)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+    def __call__(self) -> float:
+        return self.at
+
+
 @dataclass
 class Sim:
     """One simulation's clock, request state and step log, shared by every replica."""
@@ -59,6 +75,7 @@ class Sim:
     """Replicas whose topology, engine and policy declare it may run pure-decode iterations in
     bulk (``servesim.core.fast_forward``); False is the step-by-step reference mode."""
     next_arrival: NextArrival = field(default_factory=NextArrival)
+    horizon: Horizon = field(default_factory=Horizon)
 
     @classmethod
     def start(cls, workload: RequestTable, seed: int, fast_forward: bool = False) -> Sim:

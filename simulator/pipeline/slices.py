@@ -50,6 +50,7 @@ class SlicedSimulation:
             return True
         env = self.sim.env
         started = time.perf_counter()
+        self.sim.horizon.at = until  # the state is read at ``until``: runs credited early end before it
         if until == math.inf:
             env.run()
             self.now = max(self.now, float(env.now))

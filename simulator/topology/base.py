@@ -202,7 +202,7 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
                 and state.speculation is None and policy.fast_forward_ready())
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
                                 next_arrival=sim.next_arrival if fast else None,
-                                sole_replica=sole_group and group.replicas == 1))
+                                sole_replica=sole_group and group.replicas == 1, horizon=sim.horizon))
     return GroupRun(group, replicas, first_index)
 
 
