@@ -48,6 +48,7 @@ class PrefixBlockPool(BlockPool):
     """``total`` blocks of ``block_size`` tokens, shared by prefix across requests."""
 
     __slots__ = (
+        "_looked_up",
         "_lru",
         "_referenced",
         "_releases",
@@ -73,6 +74,10 @@ class PrefixBlockPool(BlockPool):
         self._referenced: dict[int, np.ndarray] = {}  # request -> slots it references, in order
         self._lru: deque[list] = deque()  # [release number, slots to evict first-to-last, cursor]
         self._releases = 0
+        self._looked_up: dict[tuple[int, int], tuple[int, int]] = {}
+        """:meth:`lookup`'s answers since the cache last changed (every change ends in
+        :meth:`_sync`, which empties it): admission looks each request up twice, when the policy
+        prices it (``ReplicaState.prefill_need``) and when it is admitted (:meth:`admit`)."""
 
     # ------------------------------------------------------------------ what the cache holds
     @property
@@ -82,7 +87,12 @@ class PrefixBlockPool(BlockPool):
 
     def lookup(self, request: int, tokens: int) -> tuple[int, int]:
         """(hit blocks, how many of them are evictable) if ``request``, holding nothing, were
-        admitted now to compute ``tokens`` tokens. Pure: changes nothing."""
+        admitted now to compute ``tokens`` tokens. Pure: changes nothing (answers are remembered
+        until the cache changes)."""
+        key = (request, tokens)
+        known = self._looked_up.get(key)
+        if known is not None:
+            return known
         keyed = int(self.index.keyed_blocks[request])
         if keyed == 0 or tokens <= self.block_size:
             return 0, 0
@@ -90,7 +100,8 @@ class PrefixBlockPool(BlockPool):
         refs = self.refs[self.index.slots(request)[:usable]]
         missing = refs < 0
         hit = int(np.argmax(missing)) if missing.any() else usable
-        return hit, int(np.count_nonzero(refs[:hit] == 0))
+        answer = self._looked_up[key] = (hit, int(np.count_nonzero(refs[:hit] == 0)))
+        return answer
 
     def cached_prefix_tokens(self, request: int) -> int:
         """Tokens of ``request``'s prompt whose KV this replica holds, from the start (what a
@@ -187,6 +198,8 @@ class PrefixBlockPool(BlockPool):
 
     # ------------------------------------------------------------------ internals
     def _sync(self) -> None:
+        if self._looked_up:
+            self._looked_up.clear()
         self.free = self.empty + self.evictable
         used = self.total - self.free
         if used > self.peak_used:

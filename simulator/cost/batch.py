@@ -26,6 +26,11 @@ _DECODES_ONLY = {"prefill_tokens": _NO_TOKENS, "prefill_context": _NO_TOKENS, "p
 """What every :meth:`BatchShape.decodes_only` shares."""
 
 
+SMALL_BATCH = 16
+"""Up to this many requests, :meth:`BatchShape.from_requests` classifies them in Python (cheaper
+than NumPy calls on arrays this small)."""
+
+
 def _as_tokens(values: Sequence[int] | np.ndarray, field: str) -> np.ndarray:
     array = np.asarray(values, dtype=_INT).reshape(-1)
     if array.size and array.min() < 0:
@@ -129,6 +134,8 @@ class BatchShape:
         new = np.asarray(new_tokens, dtype=_INT)
         computed = np.asarray(computed_tokens, dtype=_INT)
         total = np.asarray(total_tokens, dtype=_INT)
+        if proposed is None and new.size <= SMALL_BATCH and new.ndim == computed.ndim == total.ndim == 1:
+            return cls._from_few_requests(new.tolist(), computed.tolist(), total.tolist())
         if new.size and new.min() < 1:
             raise ServesimError("new_tokens", "a scheduled request computes at least one token",
                                 "do not schedule requests with no new tokens")
@@ -143,6 +150,42 @@ class BatchShape:
                                 "give proposals to requests past their first token")
         return cls(new[prefill], computed[prefill], computed[prefill] + new[prefill] == total[prefill],
                    computed[is_decode], None if proposed is None else new[is_decode])
+
+    @classmethod
+    def _from_few_requests(cls, new: list[int], computed: list[int], total: list[int]) -> BatchShape:
+        """:meth:`from_requests` of a few requests (most admissions start one or two prompts),
+        with Python's ints instead of a dozen NumPy calls on arrays of one or two elements: the
+        same checks, the same arrays (int64, bool) and the same sums (Python's int sums are
+        exact, as NumPy's int64 ones are here), so the same shape."""
+        if new and min(new) < 1:
+            raise ServesimError("new_tokens", "a scheduled request computes at least one token",
+                                "do not schedule requests with no new tokens")
+        prefill_tokens: list[int] = []
+        prefill_context: list[int] = []
+        prefill_emits: list[bool] = []
+        decode_context: list[int] = []
+        for n, c, t in zip(new, computed, total, strict=True):
+            if c + n > t:
+                raise ServesimError("new_tokens", "computed + new exceeds the request's tokens",
+                                    "schedule at most total - computed new tokens (plus proposals)")
+            if n == 1 and c + 1 == t and c > 0:
+                decode_context.append(c)
+            else:
+                prefill_tokens.append(n)
+                prefill_context.append(c)
+                prefill_emits.append(c + n == t)
+        shape = object.__new__(cls)
+        prefill_sum, decodes = sum(prefill_tokens), len(decode_context)
+        shape.__dict__.update(
+            prefill_tokens=np.array(prefill_tokens, dtype=_INT),
+            prefill_context=np.array(prefill_context, dtype=_INT),
+            prefill_emits=np.array(prefill_emits, dtype=bool),
+            decode_context=np.array(decode_context, dtype=_INT),
+            decode_tokens=None, num_prefills=len(prefill_tokens), num_decodes=decodes,
+            num_prefill_tokens=prefill_sum, num_decode_tokens=decodes, num_new_tokens=prefill_sum + decodes,
+            decode_context_sum=float(sum(decode_context)) if decodes else 0.0,
+            num_logits=decodes + sum(prefill_emits))
+        return shape
 
     # ------------------------------------------------------------------ sums the cost model uses
     # The sums below are computed once, in __post_init__: the engine reads them several times
