@@ -29,6 +29,13 @@ PromptsDone = Callable[[np.ndarray, float], None]
 time (the disaggregated topology sends them to a decode replica)."""
 
 
+Planned = tuple["DecodeRun | None", "np.ndarray | None"]
+"""``plan_decode_run``'s answer for a batch: the run (None: none) and the first step's record."""
+Scheduled = tuple["Batch | None", "Planned | None"]
+"""What the policy scheduled at the end of a chain of runs (None: nothing to run) and, for a
+pure-decode batch, its plan (None: not planned), for the loop to take up once the clock is there."""
+
+
 class ServingUnit(Protocol):
     """What routers and topologies use of a scheduling unit: a :class:`Replica`, or one virtual
     engine's DP rank of a pipelined replica (:class:`~servesim.core.parallel_replica.RankHandle`)."""
@@ -101,13 +108,14 @@ class Replica:
         prompts_done, next_arrival = self.prompts_done, self.next_arrival
         idle_wakes, steps_seen = 0, -1  # the livelock guard: counted on the idle path only
         decode_guess_s: float | None = None  # a recent decode step's duration: sizes run pricing
-        scheduled: tuple[Batch | None] | None = None  # what the policy scheduled at the end of a chain
+        scheduled: Scheduled | None = None  # what the policy scheduled at the end of a chain
+        planned: Planned | None = None
         while True:
             now = env.now
             if scheduled is None:
-                batch = policy.schedule(now)
+                batch, planned = policy.schedule(now), None
             else:
-                (batch,), scheduled = scheduled, None
+                (batch, planned), scheduled = scheduled, None
             if batch is None:
                 self._idle = idle = env.event()
                 wake = policy.wake_at(now)
@@ -131,7 +139,7 @@ class Replica:
                 assert self.run_cost is not None  # set with next_arrival
                 run, first = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, now,
                                              next_arrival(), self.sole_replica, policy.run_limit(batch),
-                                             decode_guess_s)
+                                             decode_guess_s) if planned is None else planned
                 delay = None if run is None else delay_to(now, run.times[-1])
                 if run is not None and delay is not None:
                     waiting = len(state.waiting)
@@ -197,7 +205,7 @@ class Replica:
         return end < horizon and not self.state.requests.done_listeners
 
     def _chain(self, batch: Batch, run: DecodeRun, start: float, waiting: int
-               ) -> tuple[float, tuple[Batch | None] | None, float]:
+               ) -> tuple[float, Scheduled | None, float]:
         """Credit ``run`` (scheduled at ``start``, ending with a finish) now, then ask the policy
         for the next batch at the run's end, as the step-by-step loop would, and while that is a
         pure-decode batch whose run also ends before the next arrival and the horizon, credit it
@@ -208,8 +216,8 @@ class Replica:
         it before the horizon, and the policy is asked at each run's end with that end's time and
         the state the steps before it left, as step by step (``schedule(now)`` reads the clock only
         through ``now``). Returns the last credited run's end, what the policy scheduled there when
-        no run followed (``(batch,)``, ``(None,)`` for nothing to run; None when the last run ended
-        without a finish, so the loop asks the policy at its end as usual) and the last decode
+        no run followed (:data:`Scheduled`; None when the last run ended without a finish or with
+        an arrival inside it, so the loop asks the policy at its end as usual) and the last decode
         step's duration."""
         state, policy, cost = self.state, self.policy, self.run_cost
         assert cost is not None and self.next_arrival is not None
@@ -226,12 +234,15 @@ class Replica:
             following = policy.schedule(end)
             if following is None or not following.decode_only or following.preempted \
                     or following.extra_s or following.speculation is not None:
-                return end, (following,), guess_s
-            after, _ = plan_decode_run(state, cost, following.shape.decode_context, following.ids, end,
-                                       self.next_arrival(), self.sole_replica, policy.run_limit(following),
-                                       guess_s)
+                return end, (following, None), guess_s
+            # The plan the loop would make at ``end`` (the same state, arrival and guess): kept
+            # for it when this run may not be credited early.
+            planned = plan_decode_run(state, cost, following.shape.decode_context, following.ids, end,
+                                      self.next_arrival(), self.sole_replica, policy.run_limit(following),
+                                      guess_s)
+            after = planned[0]
             if after is None or not self._may_credit_early(after.times[-1]) \
                     or delay_to(start, after.times[-1]) is None:
-                return end, (following,), guess_s
+                return end, (following, planned), guess_s
             self.chained_runs += 1
             batch, run, waiting = following, after, len(state.waiting)
