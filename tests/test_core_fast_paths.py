@@ -11,11 +11,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_fast_forward import assert_same, experiment
 
+from servesim.config import validate_document
 from servesim.core.prefix_index import PrefixIndex
 from servesim.core.prefix_pool import PrefixBlockPool
+from servesim.core.replica_state import ReplicaState
 from servesim.cost.batch import SMALL_BATCH, BatchShape
 from servesim.errors import ServesimError
+from servesim.pipeline import prepare, simulate
 from servesim.workloads.requests import RequestTable
 
 
@@ -89,3 +93,27 @@ def test_remembered_lookups_follow_the_cache() -> None:
     assert pool.lookup(1, 81) == (4, 4)
     pool.grow(2, 6)  # takes the 4 empty blocks, then evicts 2 cached ones (the tail first)
     assert pool.lookup(1, 81) == (2, 2)
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill", "priority"])
+def test_one_admission_is_admitted_as_several_are(monkeypatch: pytest.MonkeyPatch, prefix: bool,
+                                                  policy: str) -> None:
+    """``ReplicaState._admit_one`` against the general ``_admit_many`` on whole runs: a tight KV
+    pool (preemptions, so recomputes are admitted again), with and without prefix caching (hits,
+    evictions): every request's times, tokens and blocks and every step are the same."""
+    document = experiment(seed=5, policy={"name": policy}, engine="vllm",
+                          deployment={"num_gpu_blocks": 80, "block_size": 16,
+                                      "enable_prefix_caching": prefix})
+    document["workload"]["arrival"]["rate"] = 40.0
+    if prefix:
+        document["workload"]["shared_prefix"] = {"tokens": 64, "groups": 3}
+    plan = prepare(validate_document(document))
+    fast = simulate(plan, fast_forward=False)
+    monkeypatch.setattr(ReplicaState, "_admit_one",
+                        lambda self, request, blocks, now: self._admit_many([request], [blocks], now))
+    general = simulate(plan, fast_forward=False)
+    assert int(general.request_state.preemptions.sum()) > 0
+    if prefix:
+        assert int(general.request_state.cached_tokens.sum()) > 0
+    assert_same(general, fast)

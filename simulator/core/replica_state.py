@@ -11,6 +11,7 @@ last, as vLLM's scheduler pops the end of its running list).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -220,6 +221,12 @@ class ReplicaState:
         the request this step: with prefix caching a request that has computed nothing is then
         started after its cached prefix (``computed`` = the hit tokens) and references the cached
         blocks instead of allocating them."""
+        if len(admitted) == 1:
+            self._admit_one(admitted[0], blocks[0], now)
+        else:
+            self._admit_many(admitted, blocks, now)
+
+    def _admit_many(self, admitted: list[int], blocks: list[int], now: float) -> None:
         r = self.requests
         ids = np.fromiter(admitted, dtype=np.int64, count=len(admitted))
         counts = np.fromiter(blocks, dtype=np.int64, count=len(blocks))
@@ -241,6 +248,32 @@ class ReplicaState:
         first = ids[first_time]
         r.first_scheduled[first] = now
         self.running = np.concatenate((self.running, ids)) if self.running.size else ids
+
+    def _admit_one(self, request: int, blocks: int, now: float) -> None:
+        """:meth:`admit` of one request (most admissions), with scalar reads and writes instead
+        of a dozen NumPy calls on arrays of one element: the same pool calls (``grow`` is
+        ``grow_many`` of one request) and the same values written as :meth:`_admit_many`
+        (``tests/test_core_fast_paths.py`` compares whole runs both ways)."""
+        r = self.requests
+        first_time = math.isnan(r.first_scheduled[request])
+        cache = self.prefix_cache
+        if cache is None:
+            if blocks:
+                self.pool.grow(request, blocks)
+        elif r.computed[request] == 0 and r.blocks_held[request] == 0:
+            hits = cache.admit(np.array([request], dtype=np.int64),
+                               np.array([r.prompt[request] + r.generated[request]], dtype=np.int64),
+                               np.array([blocks], dtype=np.int64))
+            r.computed[request] = hits[0]
+            if first_time:
+                r.cached_tokens[request] = hits[0]
+        elif blocks:
+            cache.grow(request, blocks)
+        r.status[request] = RUNNING
+        if first_time:
+            r.first_scheduled[request] = now
+        one = np.array([request], dtype=np.int64)
+        self.running = np.concatenate((self.running, one)) if self.running.size else one
 
     def tail_relief_count(self, blocks: int, planned: np.ndarray | None = None,
                           among: int | None = None) -> int:
