@@ -94,9 +94,13 @@ class ChunkedPrefill(Policy):
             full = np.zeros(running.size, dtype=np.int64)
             full[decoding] = proposed
             budget -= int(proposed.sum())
+        if proposed is None and decoding.all():  # every request decodes one token (most steps)
+            need = blocks_for(computed, pool.block_size, plus=1) - pool.held[running]
+            return running, np.ones(running.size, dtype=np.int64), np.maximum(need, 0), None
         prompt_left = np.where(decoding, 0, remaining)
         before = np.cumsum(prompt_left) - prompt_left
-        chunk = np.clip(budget - before, 0, prompt_left)
+        # np.clip's arithmetic (the bounds are ordered: 0 <= prompt_left), without its overhead
+        chunk = np.minimum(np.maximum(budget - before, 0), prompt_left)
         new = np.where(decoding, 1, chunk) if proposed is None else np.where(decoding, 1 + full, chunk)
         scheduled = new > 0
         proposals = None if proposed is None else full
