@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,12 @@ from servesim import HardwareProfile, ModelSpec, load_hardware, load_model
 from servesim.hardware import Memory
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# The parse cache (servesim.inputs.parse_cache) of a test run lives and dies with it: tests never
+# read a developer's cache nor leave entries in ~/.cache (subprocesses inherit the variable).
+_CACHE = tempfile.mkdtemp(prefix="servesim-test-cache-")
+os.environ["SERVESIM_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from servesim.inputs.limits import (
     check_shape,
     plain_children,
 )
+from servesim.inputs.parse_cache import cached_parse
 
 
 def read_text(path: Path, field: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
@@ -147,8 +148,10 @@ def load_yaml_text(text: str, source: str, field: str) -> Any:
 
 
 def read_yaml(path: Path, field: str) -> Any:
-    """The YAML document in ``path`` (None for an empty file)."""
-    return load_yaml_text(read_text(path, field), str(path), field)
+    """The YAML document in ``path`` (None for an empty file); an unchanged text's parse is reused
+    from the per-user cache (:mod:`servesim.inputs.parse_cache`)."""
+    text = read_text(path, field)
+    return cached_parse(text, lambda: load_yaml_text(text, str(path), field))
 
 
 def yaml_mapping(path: Path, field: str, what: str = "key: value pairs") -> dict[str, Any]:
