@@ -56,7 +56,9 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
         "custom_allreduce_perf (graph-captured), comm/nccl nccl_perf all_reduce half]: vLLM's all-reduce "
         "split by vLLM's kernel choice (one-shot / two-shot below 8 MiB), NCCL from nccl-tests; "
         "latency, per-peer latency and efficiency by grid search on mean |log error| over every other "
-        f"message size; {detail}; eager_call_s = median eager minus graphed time of vLLM's all-reduce "
+        "message size, then per group size (efficiency_by_world) the median implied bandwidth fraction "
+        "per octave of wire bytes over the bandwidth-bound fitted rows, kept where it lowers that "
+        f"group's error; {detail}; eager_call_s = median eager minus graphed time of vLLM's all-reduce "
         "up to 64 KiB")
     ep_rows = expert_parallel_report(measured.moe_expert_parallel, prior, fitted)
     for row in ep_rows:
