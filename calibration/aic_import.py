@@ -25,6 +25,7 @@ from servesim.calibration.aiconfigurator import GPUS, VERSIONS, aic_tables
 from servesim.calibration.collective_fit import fit_collectives
 from servesim.calibration.profile_fit import error_stats, fit_profile
 from servesim.calibration.profiles import write_profile
+from servesim.calibration.sibling_profiles import derive_siblings
 from servesim.calibration.work import ape, predict
 from servesim.hardware import HardwareProfile
 from servesim.hardware_io import hardware_from_dict, load_hardware
@@ -121,4 +122,5 @@ def import_aiconfigurator(root: Path, out_dir: Path | None = None, date: str | N
         reports.append(report)
         write_profile(profile, out_dir / f"{GPUS[gpu]}.yaml",
                       f"efficiencies fitted by `servesim calibrate import-aiconfigurator` on {date}")
+    derive_siblings({profile.name: profile for profile in fitted.values()}, out_dir, date)
     return fitted, pd.concat(reports, ignore_index=True)
