@@ -25,6 +25,7 @@ from servesim.calibration.aiconfigurator import GPUS, VERSIONS, aic_tables
 from servesim.calibration.collective_fit import fit_collectives
 from servesim.calibration.profile_fit import error_stats, fit_profile
 from servesim.calibration.profiles import write_profile
+from servesim.calibration.sibling_profiles import derive_siblings
 from servesim.calibration.work import ape, predict
 from servesim.hardware import HardwareProfile
 from servesim.hardware_io import hardware_from_dict, load_hardware
@@ -56,7 +57,9 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
         "custom_allreduce_perf (graph-captured), comm/nccl nccl_perf all_reduce half]: vLLM's all-reduce "
         "split by vLLM's kernel choice (one-shot / two-shot below 8 MiB), NCCL from nccl-tests; "
         "latency, per-peer latency and efficiency by grid search on mean |log error| over every other "
-        f"message size; {detail}; eager_call_s = median eager minus graphed time of vLLM's all-reduce "
+        "message size, then per group size (efficiency_by_world) the median implied bandwidth fraction "
+        "per octave of wire bytes over the bandwidth-bound fitted rows, kept where it lowers that "
+        f"group's error; {detail}; eager_call_s = median eager minus graphed time of vLLM's all-reduce "
         "up to 64 KiB")
     ep_rows = expert_parallel_report(measured.moe_expert_parallel, prior, fitted)
     for row in ep_rows:
@@ -119,4 +122,5 @@ def import_aiconfigurator(root: Path, out_dir: Path | None = None, date: str | N
         reports.append(report)
         write_profile(profile, out_dir / f"{GPUS[gpu]}.yaml",
                       f"efficiencies fitted by `servesim calibrate import-aiconfigurator` on {date}")
+    derive_siblings({profile.name: profile for profile in fitted.values()}, out_dir, date)
     return fitted, pd.concat(reports, ignore_index=True)

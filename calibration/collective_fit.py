@@ -4,7 +4,11 @@ Each implementation is ``latency + latency_per_peer * (world - 1) + wire_bytes /
 * efficiency)`` (:class:`servesim.hardware.CollectiveFit`), ``wire_bytes`` its own
 (:mod:`servesim.cost.communication`: one-shot reads every peer's buffer, two-shot and NCCL's
 ring move ``2 (w-1)/w`` of the message). The three parameters are chosen by a grid search on the
-mean absolute log error, on every other message size (the rest is held out).
+mean absolute log error, on every other message size (the rest is held out); then, where it
+lowers that error, the single bandwidth fraction becomes a curve over the bytes each GPU moves
+(:func:`with_efficiency_curves`, per group size): NCCL switches protocol and algorithm with size (on NVSwitch
+nodes its NVLS all-reduce beats the ring bound for large messages), which one fraction cannot
+follow.
 
 vLLM's all-reduce measurements are split by the engine's own rule (which kernel vLLM runs at
 that size and world, :func:`servesim.cost.communication.allreduce_kind` with vLLM's runtime):
@@ -56,8 +60,42 @@ def wire_bytes(kind: str, message: np.ndarray, world: np.ndarray) -> np.ndarray:
 
 def predict_fit(fit: CollectiveFit, kind: str, message: np.ndarray, world: np.ndarray,
                 link: Link) -> np.ndarray:
-    return (fit.latency_s + fit.latency_per_peer_s * (world - 1)
-            + wire_bytes(kind, message, world) / (link.bandwidth_Bps * fit.efficiency))
+    wire = wire_bytes(kind, message, world)
+    efficiency = np.array([fit.efficiency_at(float(b), int(w)) for b, w in zip(wire, world, strict=True)])
+    return fit.latency_s + fit.latency_per_peer_s * (world - 1) + wire / (link.bandwidth_Bps * efficiency)
+
+
+BANDWIDTH_SHARE = 0.5
+"""Rows whose predicted time is at least this much bandwidth term inform the efficiency curve;
+below it the latency dominates and the implied efficiency is noise."""
+
+
+def with_efficiency_curves(fit: CollectiveFit, kind: str, message: np.ndarray, world: np.ndarray,
+                           time_s: np.ndarray, link: Link) -> CollectiveFit:
+    """``fit`` with, per group size, an efficiency curve over the bytes each GPU moves, where one
+    lowers that group's mean |log error| on the rows it is fitted to: the latencies stay, and each
+    bandwidth-bound row's implied efficiency (``wire / (bandwidth * (time - latency))``) is taken
+    per octave of wire bytes, as the operator classes' curves are
+    (:func:`servesim.calibration.fit.fit_curve`)."""
+    from servesim.calibration.fit import fit_curve
+
+    wire = wire_bytes(kind, message, world)
+    transfer = time_s - (fit.latency_s + fit.latency_per_peer_s * (world - 1))
+    informative = (transfer >= BANDWIDTH_SHARE * time_s) & (wire > 0)
+    curves = {}
+    for size in np.unique(world):
+        mine = world == size
+        rows = informative & mine
+        if rows.sum() < 2:
+            continue
+        implied = np.clip(wire[rows] / (link.bandwidth_Bps * transfer[rows]), 1e-4, 1.0)
+        curve = fit_curve(wire[rows], implied, "bytes")
+        candidate = fit.model_copy(update={"efficiency_by_world": {int(size): curve}})
+        before = predict_fit(fit, kind, message[mine], world[mine], link)
+        after = predict_fit(candidate, kind, message[mine], world[mine], link)
+        if np.mean(np.abs(np.log(after / time_s[mine]))) < np.mean(np.abs(np.log(before / time_s[mine]))):
+            curves[int(size)] = curve
+    return fit.model_copy(update={"efficiency_by_world": curves or None})
 
 
 def fit_one(kind: str, message: np.ndarray, world: np.ndarray, time_s: np.ndarray,
@@ -94,6 +132,7 @@ def fit_collectives(nccl: pd.DataFrame, custom: pd.DataFrame, profile: HardwareP
         held = holdout_mask(table, "allreduce")
         message, world, time_s = (table[c].to_numpy(float) for c in ("bytes", "world", "time_s"))
         fit = fit_one(kind, message[~held], world[~held], time_s[~held], link)
+        fit = with_efficiency_curves(fit, kind, message[~held], world[~held], time_s[~held], link)
         fits[kind] = fit
         predicted = predict_fit(fit, kind, message, world, link)
         prior = np.array([ring_allreduce_s(b, int(w), link) for b, w in zip(message, world, strict=True)])

@@ -46,9 +46,9 @@ REQUIRED = ("backend", "model_path", "system", "mode", "isl", "osl", "tp_size", 
             "silicon_ttft_ms", "silicon_tpot_ms")
 KEY_EXCLUDED = ("id", "silicon_data_source")
 HARDWARE = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "b200_sxm": "b200", "b300_sxm": "b300",
-            "gb200": "gb200-nvl72"}
-"""AIConfigurator systems -> hardware profiles (GB300 has none yet)."""
-FP4_SYSTEMS = frozenset({"b200_sxm", "b300_sxm", "gb200"})
+            "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}
+"""AIConfigurator systems -> hardware profiles."""
+FP4_SYSTEMS = frozenset({"b200_sxm", "b300_sxm", "gb200", "gb300"})
 """Systems whose profiles price FP4 GEMMs (Blackwell; with the FP8 GEMM curve, an estimate)."""
 MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
           "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",

@@ -260,6 +260,18 @@ class CollectiveFit(FrozenModel):
     latency_s: float = Field(ge=0)
     latency_per_peer_s: float = Field(0.0, ge=0)
     efficiency: float = Field(gt=0, le=1, description="achieved / peak link bandwidth")
+    efficiency_by_world: dict[int, Curve] | None = Field(
+        None, description="per group size, achieved / peak link bandwidth by the bytes each GPU "
+        "moves (axis 'bytes'), replacing `efficiency` for the group sizes it names: NCCL changes "
+        "protocol and algorithm with the message size and the group (on an NVSwitch node its NVLS "
+        "all-reduce of 8 GPUs passes the ring bound for large messages, 2 GPUs stay near 0.7), so "
+        "one bandwidth fraction cannot fit a 1 MiB and a 1 GiB all-reduce")
+
+    def efficiency_at(self, wire_bytes: float, world: int) -> float:
+        """The achieved bandwidth fraction for a call of ``world`` GPUs moving ``wire_bytes`` each."""
+        curves = self.efficiency_by_world
+        curve = None if curves is None else curves.get(world)
+        return self.efficiency if curve is None else curve.at(wire_bytes)
 
 
 class Collectives(FrozenModel):

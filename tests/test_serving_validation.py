@@ -66,7 +66,7 @@ def serving_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lines.append(duplicate)
     lines += [line("Qwen/Qwen3-32B", 8, 16, 100, 10, mode="disagg"),
               line("Qwen/Qwen3-32B", 8, 16, 100, 10, precision="fp4"),
-              line("Qwen/Qwen3-32B", 4, 16, 100, 10, system="gb300"),
+              line("Qwen/Qwen3-32B", 4, 16, 100, 10, system="mi355x"),
               line("acme/Unknown-1B", 4, 16, 100, 10),
               line("Qwen/Qwen3-32B", 4, 16, 100, 10, silicon_data_source="db-dump/2026-04-27"),
               # expressible, but 671B parameters in bf16 do not fit 8 H100s: the simulator refuses it
@@ -84,7 +84,7 @@ def test_every_row_is_replayed_or_counted_with_its_reason(serving_file: Path) ->
     assert (data.total, data.duplicates, len(data.rows)) == (12, 1, 6)
     assert data.skipped_by_reason() == {
         "disaggregated row without worker counts (AIConfigurator's own reader refuses these too)": 1,
-        "fp4 on h100_sxm (no FP4 GEMMs)": 1, "GPU system gb300 has no profile": 1,
+        "fp4 on h100_sxm (no FP4 GEMMs)": 1, "GPU system mi355x has no profile": 1,
         "model acme/Unknown-1B not in the catalogue": 1, "no client concurrency recorded": 1}
     row = data.rows[0]
     assert (row.model, row.tp, row.concurrency, row.isl, row.osl) == ("llama-3.1-8b", 1, 2, 256, 12)

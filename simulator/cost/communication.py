@@ -55,7 +55,7 @@ def oneshot_wire_bytes(message_bytes: float, world: int) -> float:
 def fitted_collective_s(fit: CollectiveFit, wire_bytes: float, world: int, link: Link) -> float:
     """One call of a measured implementation (:class:`~servesim.hardware.CollectiveFit`)."""
     return (fit.latency_s + fit.latency_per_peer_s * (world - 1)
-            + wire_bytes / (link.bandwidth_Bps * fit.efficiency))
+            + wire_bytes / (link.bandwidth_Bps * fit.efficiency_at(wire_bytes, world)))
 
 
 def allreduce_kind(message_bytes: float, world: int, runtime: RuntimeCosts) -> str:
