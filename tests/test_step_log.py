@@ -105,7 +105,8 @@ def test_runs_expand_to_every_step_exactly() -> None:
     total = sum(len(records) for _, records, _ in runs)
     assert len(log) == total
     expected_bytes = log._runs.nbytes()
-    varying = sum((records[1:] != records[0]).any(axis=0).sum() * (len(records) - 1) for _, records, _ in runs)
+    varying = sum((records[1:] != records[0]).any(axis=0).sum() * (len(records) - 1)
+                  for _, records, _ in runs)
     # per run: 5 int32, the first start and record (13 floats), 12 flags; per step: int32 blocks
     assert expected_bytes == len(runs) * (5 * 4 + 13 * 8 + RECORD_WIDTH) + total * 4 + int(varying) * 8
     columns = log.columns()
@@ -129,8 +130,7 @@ def test_runs_expand_to_every_step_exactly() -> None:
 
 
 def test_end_is_the_last_runs_clock() -> None:
-    log, runs = random_runs(3, 20)
-    columns_end = None
+    log, _ = random_runs(3, 20)
     end = log.end_s()
     columns = log.columns()
     columns_end = float((columns["start_s"] + columns["duration_s"]).max())
