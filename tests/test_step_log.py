@@ -155,7 +155,8 @@ def test_row_chunks_are_kept_narrow(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chunk["num_decodes"].dtype == np.int16  # up to 280
     assert chunk["num_prefills"].strides == (0,)  # 1 throughout
     assert chunk["kv_blocks_used"].dtype == np.int16 and chunk["replica"].dtype == np.int8
-    assert log.column("num_decodes").dtype == np.int32  # what the summary reads: int32 at least
+    assert log.column("num_decodes").dtype == np.int16  # what the summary reads: as narrow
+    assert log.column("replica").dtype == np.int8
     columns = log.columns()
     assert columns["num_decodes"].tolist() == [40 * i for i in range(10)]
     assert columns["kv_blocks_used"].tolist() == [5 + 100 * i for i in range(10)]
@@ -249,5 +250,5 @@ def test_the_summary_keeps_no_steps_table() -> None:
     light_frame = light._summary_steps()
     assert list(light_frame) == [name for name in full.steps if name in SUMMARY_COLUMNS]
     assert "steps" not in light.__dict__ and len(light.step_log._chunks) + light.step_log._runs.steps > 0
-    for name in light_frame:  # the same numbers; integers in int32 where they fit
+    for name in light_frame:  # the same numbers; integers as narrow as they fit
         assert np.array_equal(light_frame[name].to_numpy(), full.steps[name].to_numpy()), name

@@ -153,8 +153,9 @@ class StepLog:
     def column(self, name: str, *, narrow: bool = True) -> np.ndarray:
         """Every step's values of one :data:`ROW` field in clock order, expanded from the compact
         log without building the others (read-only). ``narrow``: integers in the narrowest dtype
-        from int32 up that holds them (the same numbers: what the summary reads), else in the
-        table's dtype; a column of one value is that value broadcast."""
+        that holds them (the same numbers: what the summary reads, whose figures convert them to
+        floats or compare them), else in the table's dtype; a column of one value is that value
+        broadcast."""
         if self._settled is not None and self._settled_steps == len(self):
             return self._settled[name]
         pieces = self._pieces(name)
@@ -165,7 +166,7 @@ class StepLog:
         if order is not None:
             values = values[order]
         if values.dtype.kind == "i":
-            values = narrow_ints(values, np.int32) if narrow else values.astype(ROW[name], copy=False)
+            values = narrow_ints(values) if narrow else values.astype(ROW[name], copy=False)
         elif values.dtype != ROW[name]:
             values = values.astype(ROW[name])
         values = _one_value_once(values)
@@ -223,7 +224,8 @@ class StepLog:
         reads the log's column arrays without copying them (only the derived columns are new);
         ``labels=False`` leaves out :data:`LABEL_COLUMNS` (the summary's table). ``only``: just
         these of the table's columns (:data:`SUMMARY_COLUMNS`), expanded one by one from the
-        compact log (integers in int32 where they fit) without building or keeping the others."""
+        compact log (integers in the narrowest dtype that holds them) without building or keeping
+        the others."""
         import pandas as pd  # here: a run that writes no steps table needs no pandas
 
         names = frame_columns(groups is not None, labels)
@@ -247,12 +249,14 @@ class StepLog:
 
 
 def _add(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """``first + second`` of two integer columns, in a dtype that holds the sum: int64 when
-    either is, or when the largest values could pass int32's range."""
-    if first.dtype == np.int64 or second.dtype == np.int64 \
-            or (len(first) and int(first.max()) + int(second.max()) > INT32_MAX):
-        return first.astype(np.int64) + second
-    return first + second
+    """``first + second`` of two integer columns, in the narrowest dtype that holds every sum
+    (int64 when either column is: the table's own dtype)."""
+    if first.dtype == np.int64 or second.dtype == np.int64 or not len(first):
+        return first.astype(np.int64, copy=False) + second
+    high = int(first.max()) + int(second.max())
+    low = int(first.min()) + int(second.min())
+    dtype = narrow_ints(np.array([low, high], dtype=np.int64)).dtype
+    return np.add(first, second, dtype=dtype)
 
 
 def _per_replica(values: np.ndarray, replica: np.ndarray) -> np.ndarray:
