@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from servesim.config import validate_document
-from servesim.core import step_log
+from servesim.core import step_log, step_runs
 from servesim.core.step_log import (
     RECORD_COLUMNS,
     ROW,
@@ -104,6 +104,7 @@ def test_runs_expand_to_every_step_exactly() -> None:
     log, runs = random_runs(7, 60)
     total = sum(len(records) for _, records, _ in runs)
     assert len(log) == total
+    log._runs._compact()  # the staged rows reduced to run-length form
     expected_bytes = log._runs.nbytes()
     varying = sum((records[1:] != records[0]).any(axis=0).sum() * (len(records) - 1)
                   for _, records, _ in runs)
@@ -127,6 +128,16 @@ def test_runs_expand_to_every_step_exactly() -> None:
     assert columns["waiting"].tolist() == np.repeat(np.arange(len(runs)), lengths).tolist()
     first = np.cumsum(lengths) - lengths
     assert np.flatnonzero(columns["preempted"]).tolist() == [int(f) for i, f in enumerate(first) if i % 2]
+
+
+def test_runs_compacted_in_staged_blocks_expand_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs compacted a few at a time (a stage of 50 floats) give the same columns as all at once."""
+    whole = random_runs(9, 300)[0].columns()
+    monkeypatch.setattr(step_runs, "STAGE_FLOATS", 50)
+    log = random_runs(9, 300)[0]
+    assert len(log._runs._first) > 0 and len(log._runs._staged) < 50 + 40 * RECORD_WIDTH
+    for name, values in log.columns().items():
+        assert np.ascontiguousarray(values).tobytes() == np.ascontiguousarray(whole[name]).tobytes(), name
 
 
 def test_end_is_the_last_runs_clock() -> None:

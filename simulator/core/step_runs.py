@@ -36,8 +36,17 @@ _PER_RUN_INTS = 5
 run lengths are all below the request count, which the run-size check keeps far below 2^31)."""
 
 
+STAGE_FLOATS = 1 << 20
+"""Record floats staged before they are compacted (8 MB, some 87,000 steps): a run is appended as
+it comes (a microsecond), and its staged block is reduced to run-length form in one NumPy pass."""
+
+
 class DecodeRuns:
-    """Fast-forwarded runs as run-length records (see the module docstring)."""
+    """Fast-forwarded runs as run-length records (see the module docstring).
+
+    :meth:`add` stages a run's record rows as they are; every :data:`STAGE_FLOATS` floats (and
+    before any read) the staged runs are compacted together: which columns vary in each run,
+    and those columns' values of its later steps, one buffer per column."""
 
     def __init__(self, record_columns: tuple[str, ...]) -> None:
         self.record_columns = record_columns
@@ -47,10 +56,14 @@ class DecodeRuns:
         self.max_end = -np.inf
         """The latest end of a run's last step (each run's steps end in order, so its last ends last)."""
         self._ints = array("i")  # _PER_RUN_INTS per run
-        self._first = array("d")  # per run: the first step's start, then its record's fields
-        self._varies = array("B")  # per run: one byte per record column, 1 where it changes in the run
-        self._varying = array("d")  # per run: steps 1 .. L-1 of each varying column in turn
+        self._start = array("d")  # per run: its first step's start
+        self._first = array("d")  # per compacted run: its first step's record
+        self._varies = array("B")  # per compacted run: one byte per record column, 1 where it changes
+        self._varying = [array("d") for _ in record_columns]
+        """Per record column: its values in steps 1 .. L-1 of each run where it varies, run after run."""
         self._used = array("i")  # per step: KV blocks in use
+        self._staged = array("d")  # record rows of the runs not yet compacted
+        self._staged_runs = 0
 
     def add(self, replica: int, starts: list[float], decodes: int, used_blocks: np.ndarray,
             waiting: int, preempted: int, records: np.ndarray) -> None:
@@ -63,33 +76,53 @@ class DecodeRuns:
         self.steps += steps
         self.runs += 1
         self._ints.extend((replica, steps, decodes, waiting, preempted))
-        self._first.append(starts[0])
-        self._first.frombytes(records[0].tobytes())
-        varies = (records[1:] != records[0]).any(axis=0)
-        self._varies.frombytes(varies.tobytes())
-        if steps > 1 and varies.any():
-            self._varying.frombytes(np.ascontiguousarray(records[1:, varies].T).tobytes())
+        self._start.append(starts[0])
         self._used.frombytes(used_blocks.astype(np.int32).tobytes())
+        self._staged.frombytes(records.tobytes())
+        self._staged_runs += 1
+        if len(self._staged) >= STAGE_FLOATS:
+            self._compact()
         end = starts[-1] + float(records[-1, 0])  # the run's clock: its last start plus its last duration
         if end > self.max_end:
             self.max_end = end
 
+    def _compact(self) -> None:
+        """Reduce the staged runs to run-length form (first row, flags, varying values)."""
+        count = self._staged_runs
+        if not count:
+            return
+        rows = np.frombuffer(self._staged, dtype=np.float64).reshape(-1, self.width)
+        lengths = self._per_run()[-count:, 1].astype(np.int64)
+        first_index = np.cumsum(lengths) - lengths
+        firsts = rows[first_index]
+        same = rows == np.repeat(firsts, lengths, axis=0)
+        varies = ~np.logical_and.reduceat(same, first_index, axis=0)
+        del same
+        self._first.frombytes(firsts.tobytes())
+        self._varies.frombytes(varies.tobytes())
+        later = np.ones(len(rows), dtype=np.bool_)
+        later[first_index] = False
+        for column in np.flatnonzero(varies.any(axis=0)).tolist():
+            keep = later & np.repeat(varies[:, column], lengths)
+            self._varying[column].frombytes(rows[keep, column].tobytes())
+        del rows
+        self._staged = array("d")
+        self._staged_runs = 0
+
     def nbytes(self) -> int:
         """Bytes the runs hold (their buffers' contents)."""
-        return sum(len(part) * part.itemsize
-                   for part in (self._ints, self._first, self._varies, self._varying, self._used))
+        parts = (self._ints, self._start, self._first, self._varies, self._used, self._staged, *self._varying)
+        return sum(len(part) * part.itemsize for part in parts)
 
     # ------------------------------------------------------------------ expansion
     def _per_run(self) -> np.ndarray:
         return np.frombuffer(self._ints, dtype=np.int32).reshape(-1, _PER_RUN_INTS)
 
-    def _firsts(self) -> np.ndarray:
-        return np.frombuffer(self._first, dtype=np.float64).reshape(-1, 1 + self.width)
-
     def column(self, name: str) -> np.ndarray | int:
         """One column's values, one per step in the order the runs were added (a record column,
         ``start_s``, ``kv_blocks_used`` or a batch field), or 0 for a column that is 0 in every
         run step (prefill and speculative counts, ``extra_s``)."""
+        self._compact()
         per_run = self._per_run()
         lengths = per_run[:, 1]
         if name == "start_s":
@@ -113,24 +146,14 @@ class DecodeRuns:
     def _record_column(self, index: int, lengths: np.ndarray) -> np.ndarray:
         """Record field ``index`` of every step: the first step's value throughout each run, then
         the stored values of steps 1 .. L-1 where the column varies in the run."""
-        firsts = self._firsts()
-        out = np.repeat(firsts[:, 1 + index], lengths)
-        varies = np.frombuffer(self._varies, dtype=np.bool_).reshape(-1, self.width)
-        mine = varies[:, index]
-        if not mine.any():
+        firsts = np.frombuffer(self._first, dtype=np.float64).reshape(-1, self.width)
+        out = np.repeat(firsts[:, index], lengths)
+        varies = np.frombuffer(self._varies, dtype=np.bool_).reshape(-1, self.width)[:, index]
+        if not varies.any():
             return out
-        later = lengths.astype(np.int64) - 1  # values per varying column of each run
-        # each run's block in the varying buffer: its varying columns' values, column after column
-        block_start = np.cumsum(varies.sum(axis=1) * later) - varies.sum(axis=1) * later
-        rank = varies[:, :index].sum(axis=1)  # varying columns before this one in the run's block
-        runs = np.flatnonzero(mine)
-        counts = later[runs]
-        source = block_start[runs] + rank[runs] * counts
-        target = (np.cumsum(lengths, dtype=np.int64) - lengths)[runs] + 1
-        total = int(counts.sum())
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        values = np.frombuffer(self._varying, dtype=np.float64)
-        out[np.repeat(target, counts) + within] = values[np.repeat(source, counts) + within]
+        later = np.ones(self.steps, dtype=np.bool_)
+        later[np.cumsum(lengths, dtype=np.int64) - lengths] = False
+        out[later & np.repeat(varies, lengths)] = np.frombuffer(self._varying[index], dtype=np.float64)
         return out
 
     def _starts(self, lengths: np.ndarray) -> np.ndarray:
@@ -142,7 +165,7 @@ class DecodeRuns:
             return starts
         durations = self._record_column(0, lengths)
         first_index = np.cumsum(lengths, dtype=np.int64) - lengths
-        starts[first_index] = self._firsts()[:, 0]
+        starts[first_index] = np.frombuffer(self._start, dtype=np.float64)
         by_length = np.argsort(-lengths, kind="stable")
         descending = lengths[by_length]
         longest = int(descending[0])
