@@ -1,4 +1,4 @@
-"""Per-request state in the narrowest dtypes that hold it (issue #18): int32 token counters unless
+"""Per-request state in the narrowest dtypes that hold it (issue #18): int32 cold counters unless
 a request could pass int32's range, int32 event counters that refuse to wrap, disaggregated
 columns only where a run uses them, and the ITL log moved (not copied) into its arrays."""
 
@@ -17,18 +17,22 @@ def table(prompt: list[int], output: list[int]) -> RequestTable:
                         np.asarray(output, dtype=np.int64))
 
 
-def test_token_counters_are_int32_unless_a_request_could_pass_it() -> None:
+def test_cold_counters_are_int32_unless_a_request_could_pass_it() -> None:
+    """Counters written at admission or preemption are int32; those every step updates stay in the
+    batches' int64 (narrowing them cost CPU in mixed-dtype casts)."""
     state = RequestState(table([100, 8000], [10, 4000]))
-    for name in ("computed", "generated", "blocks_held", "cached_tokens"):
-        assert getattr(state, name).dtype == np.int32, name
+    assert state.cached_tokens.dtype == np.int32
+    for name in ("computed", "generated", "blocks_held"):
+        assert getattr(state, name).dtype == np.int64, name
     for name in ("preemptions", "swaps_out", "swaps_in", "replica"):
         assert getattr(state, name).dtype == np.int32, name
     edge = INT32_MAX - TOKEN_HEADROOM
     assert token_dtype(np.array([edge - 2]), np.array([1])) is np.int32
     assert token_dtype(np.array([edge - 1]), np.array([1])) is np.int64  # refused as too long, never wraps
     huge = RequestState(table([3_000_000_000], [5]))
-    huge.computed[0] += 3_000_000_005
-    assert int(huge.computed[0]) == 3_000_000_005
+    assert huge.cached_tokens.dtype == np.int64
+    huge.cached_tokens[0] = 3_000_000_000
+    assert int(huge.cached_tokens[0]) == 3_000_000_000
 
 
 def test_a_wrapped_event_counter_is_refused() -> None:

@@ -111,7 +111,8 @@ class DecodeRuns:
 
     def nbytes(self) -> int:
         """Bytes the runs hold (their buffers' contents)."""
-        parts = (self._ints, self._start, self._first, self._varies, self._used, self._staged, *self._varying)
+        parts: tuple[array[int] | array[float], ...] = (self._ints, self._start, self._first, self._varies,
+                                                         self._used, self._staged, *self._varying)
         return sum(len(part) * part.itemsize for part in parts)
 
     # ------------------------------------------------------------------ expansion
