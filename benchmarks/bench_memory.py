@@ -80,7 +80,9 @@ def main() -> None:
         r = result.request_state
         per_request = sum(v.nbytes for v in vars(r).values() if hasattr(v, "nbytes"))
         itl_values, itl_counts = r.itl.arrays()
-        return (f"{len(result.step_log):,} steps; request state {per_request / 2**20:.0f} MiB; "
+        log = result.step_log
+        return (f"{len(log):,} steps; step log {log.nbytes() / 2**20:.0f} MiB; "
+                f"request state {per_request / 2**20:.0f} MiB; "
                 f"ITL log {(itl_values.nbytes + itl_counts.nbytes) / 2**20:.0f} MiB")
 
     def steps() -> str:

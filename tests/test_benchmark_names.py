@@ -90,3 +90,29 @@ def test_cli_flag_sets_the_percentiles_and_default_runs_keep_their_names(tmp_pat
     assert "metric_percentiles:\n- 25.0\n- 75.0\n" in (tmp_path / "config.resolved.yaml").read_text()
     bad = cli("run", "quickstart", "--metric-percentiles", "p99", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "--metric-percentiles: 'p99' is not a list of numbers" in bad.stderr
+
+
+def test_peak_tokens_per_second_by_chunks_is_one_bincount(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bucketing the steps a few at a time gives the very float of one ``bincount`` over every
+    emission (whole-token sums are exact in any order), on narrow integer columns too."""
+    from servesim.metrics import benchmark_names
+
+    rng = np.random.default_rng(11)
+    n = 300
+    arrival = np.sort(rng.uniform(0.5, 50.0, n))
+    requests = pd.DataFrame({"arrival_s": arrival, "first_token_s": arrival + rng.uniform(0, 2, n),
+                             "status": np.where(rng.random(n) < 0.9, "completed", "unfinished")})
+    starts = np.sort(rng.uniform(0.0, 60.0, 5000))
+    steps = pd.DataFrame({"start_s": starts, "duration_s": rng.uniform(0.0, 0.05, 5000),
+                          "decode_tokens": rng.integers(0, 300, 5000).astype(np.int16)})
+    done = requests[requests["status"] == "completed"]
+    ends = (steps["start_s"] + steps["duration_s"]).to_numpy()
+    t = np.concatenate([done["first_token_s"].to_numpy(), ends])
+    w = np.concatenate([np.ones(len(done)), steps["decode_tokens"].to_numpy(float)])
+    buckets = np.floor(t - arrival.min()).astype(np.int64)
+    keep = (buckets >= 0) & (w > 0)
+    expected = float(np.bincount(buckets[keep], weights=w[keep]).max())
+    for chunk in (1 << 20, 7, 1):
+        monkeypatch.setattr(benchmark_names, "BUCKET_CHUNK", chunk)
+        assert max_output_tokens_per_s(requests, steps) == expected
+    assert expected > 300 * 10  # many steps per second: a real peak

@@ -9,9 +9,17 @@ import pandas as pd
 import pytest
 
 from servesim.config import validate_document
-from servesim.core import step_log
-from servesim.core.step_log import RECORD_COLUMNS, ROW, StepLog, _per_replica_count, frame_columns
+from servesim.core import step_log, step_runs
+from servesim.core.step_log import (
+    RECORD_COLUMNS,
+    ROW,
+    SUMMARY_COLUMNS,
+    StepLog,
+    _per_replica_count,
+    frame_columns,
+)
 from servesim.cost import BOUNDS
+from servesim.errors import ServesimError
 from servesim.pipeline import prepare, simulate
 from servesim.pipeline.result import RunResult
 
@@ -68,19 +76,102 @@ def test_rows_and_runs_merge_in_clock_order() -> None:
     assert log.end_s() == 4.5
 
 
-def test_runs_records_in_several_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs' records kept in blocks of 2 steps (24 floats) come out as from one buffer."""
-    logs = []
-    for block in (step_log._RECORD_BLOCK, 2 * RECORD_WIDTH):
-        monkeypatch.setattr(step_log, "_RECORD_BLOCK", block)
-        logs.append(two_replica_log())
-        logs[-1].extend_decode_run(1, [4.5, 5.0, 5.5], 1, np.array([22, 23, 23]), 0, 0,
-                                   run_records([0.5, 0.5, 0.25]))
-    expected, log = logs
-    assert len(log._runs._full_records) == 2 and not expected._runs._full_records
-    assert log.end_s() == expected.end_s() == 5.75
-    assert log.records().tobytes() == expected.records().tobytes()
-    assert log.columns()["duration_s"].tolist()[-4:] == [0.5, 0.5, 0.5, 0.25]
+def random_runs(seed: int, count: int) -> tuple[StepLog, list[tuple[float, np.ndarray, np.ndarray]]]:
+    """``count`` runs of 1-40 steps, each record column constant in some runs and varying in
+    others; each run's starts are its clock (the first start, then start + duration in turn)."""
+    rng = np.random.default_rng(seed)
+    log, runs = StepLog(), []
+    t = 0.0
+    for index in range(count):
+        steps = int(rng.integers(1, 41))
+        records = np.tile(rng.random(RECORD_WIDTH), (steps, 1))
+        records[:, 1] = BOUNDS.index("memory")
+        for column in np.flatnonzero(rng.random(RECORD_WIDTH) < 0.4):
+            records[:, column] = rng.random(steps)
+        used = 10 + np.cumsum(rng.integers(0, 3, size=steps))
+        starts = [t]
+        for duration in records[:-1, 0].tolist():
+            starts.append(starts[-1] + duration)
+        log.extend_decode_run(index % 3, starts, steps + 1, used, index, index % 2, records)
+        runs.append((t, records, used))
+        t = starts[-1] + float(records[-1, 0])
+    return log, runs
+
+
+def test_runs_expand_to_every_step_exactly() -> None:
+    """A run-length record gives back each step's record, blocks, start (the same floats as the
+    run's clock, summed in Python) and batch fields; per step it keeps only the varying columns."""
+    log, runs = random_runs(7, 60)
+    total = sum(len(records) for _, records, _ in runs)
+    assert len(log) == total
+    log._runs._compact()  # the staged rows reduced to run-length form
+    expected_bytes = log._runs.nbytes()
+    varying = sum((records[1:] != records[0]).any(axis=0).sum() * (len(records) - 1)
+                  for _, records, _ in runs)
+    # per run: 5 int32, the first start and record (13 floats), 12 flags; per step: int32 blocks
+    assert expected_bytes == len(runs) * (5 * 4 + 13 * 8 + RECORD_WIDTH) + total * 4 + int(varying) * 8
+    columns = log.columns()
+    assert all(columns[name].dtype == ROW[name] for name in columns)
+    every = np.concatenate([records for _, records, _ in runs])
+    for index, name in enumerate(RECORD_COLUMNS):
+        expected = every[:, index].astype(ROW[name])
+        assert columns[name].tobytes() == np.ascontiguousarray(expected).tobytes(), name
+    starts = []
+    for t, records, _ in runs:
+        starts.append(t)
+        for duration in records[:-1, 0].tolist():
+            starts.append(starts[-1] + duration)
+    assert columns["start_s"].tolist() == starts  # bit for bit
+    assert columns["kv_blocks_used"].tolist() == np.concatenate([used for *_, used in runs]).tolist()
+    lengths = [len(records) for _, records, _ in runs]
+    assert columns["num_decodes"].tolist() == np.repeat([n + 1 for n in lengths], lengths).tolist()
+    assert columns["waiting"].tolist() == np.repeat(np.arange(len(runs)), lengths).tolist()
+    first = np.cumsum(lengths) - lengths
+    assert np.flatnonzero(columns["preempted"]).tolist() == [int(f) for i, f in enumerate(first) if i % 2]
+
+
+def test_runs_compacted_in_staged_blocks_expand_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs compacted a few at a time (a stage of 50 floats) give the same columns as all at once."""
+    whole = random_runs(9, 300)[0].columns()
+    monkeypatch.setattr(step_runs, "STAGE_FLOATS", 50)
+    log = random_runs(9, 300)[0]
+    assert len(log._runs._first) > 0 and len(log._runs._staged) < 50 + 40 * RECORD_WIDTH
+    for name, values in log.columns().items():
+        assert np.ascontiguousarray(values).tobytes() == np.ascontiguousarray(whole[name]).tobytes(), name
+
+
+def test_end_is_the_last_runs_clock() -> None:
+    log, _ = random_runs(3, 20)
+    end = log.end_s()
+    columns = log.columns()
+    columns_end = float((columns["start_s"] + columns["duration_s"]).max())
+    assert end == columns_end == log.end_s()
+
+
+def test_a_pool_beyond_int32_is_refused() -> None:
+    log = StepLog()
+    with pytest.raises(ServesimError, match="KV pool counts 2,147,483,648 blocks"):
+        log.extend_decode_run(0, [0.0, 1.0], 1, np.array([1, 2**31]), 0, 0, run_records([1.0, 1.0]))
+
+
+def test_row_chunks_are_kept_narrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full chunks of appended rows keep each integer column in the narrowest dtype that holds it
+    and a column of one value once; the table reads the same values in its own dtypes."""
+    monkeypatch.setattr(step_log, "_CHUNK", 4)
+    log = StepLog()
+    for index in range(10):
+        log.append(*row(index % 2, float(index), 1.0, 1, 40 * index, 5 + 100 * index))
+    assert len(log._chunks) == 2 and log._fill == 2
+    chunk = log._chunks[1]  # steps 4..7
+    assert chunk["num_decodes"].dtype == np.int16  # up to 280
+    assert chunk["num_prefills"].strides == (0,)  # 1 throughout
+    assert chunk["kv_blocks_used"].dtype == np.int16 and chunk["replica"].dtype == np.int8
+    assert log.column("num_decodes").dtype == np.int16  # what the summary reads: as narrow
+    assert log.column("replica").dtype == np.int8
+    columns = log.columns()
+    assert columns["num_decodes"].tolist() == [40 * i for i in range(10)]
+    assert columns["kv_blocks_used"].tolist() == [5 + 100 * i for i in range(10)]
+    assert all(columns[name].dtype == ROW[name] for name in columns)
 
 
 def test_columns_hold_the_steps_once() -> None:
@@ -168,5 +259,7 @@ def test_the_summary_keeps_no_steps_table() -> None:
     assert full.summary.to_dict() == summary.to_dict()
     assert summary.batch.steps == len(full.steps) > 200
     light_frame = light._summary_steps()
-    assert "step" not in light_frame and "bound" not in light_frame
-    assert light_frame.equals(full.steps.drop(columns=["step", "bound"]))
+    assert list(light_frame) == [name for name in full.steps if name in SUMMARY_COLUMNS]
+    assert "steps" not in light.__dict__ and len(light.step_log._chunks) + light.step_log._runs.steps > 0
+    for name in light_frame:  # the same numbers; integers as narrow as they fit
+        assert np.array_equal(light_frame[name].to_numpy(), full.steps[name].to_numpy()), name

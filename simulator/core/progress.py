@@ -49,7 +49,9 @@ def stalled(now: float, where: str, why: str) -> StalledError:
 
 
 def check_finished(requests: RequestState, states: Iterable[ReplicaState], now: float) -> None:
-    """After the clock ran out of events: every request must be done or rejected."""
+    """After the clock ran out of events: every request must be done or rejected (and no event
+    counter wrapped, :meth:`RequestState.check_counters`)."""
+    requests.check_counters()
     status = requests.status
     left = int(np.count_nonzero((status != DONE) & (status != REJECTED)))
     if not left:

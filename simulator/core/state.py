@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from servesim.errors import ServesimError
+
 if TYPE_CHECKING:
     from servesim.workloads.requests import RequestTable
 
@@ -34,6 +36,22 @@ REJECT_REASONS = ("", "prompt + output tokens exceed max_model_len",
 TOO_LONG, KV_NEVER_FITS, DECODE_KV_NEVER_FITS = 1, 2, 3
 
 
+INT32_MAX = int(np.iinfo(np.int32).max)
+TOKEN_HEADROOM = 1 << 20
+"""Tokens a request's counters may pass its prompt + output by (speculative proposals beyond
+its last token are counted, then dropped), kept clear of int32's end."""
+
+
+def token_dtype(prompt: np.ndarray, output: np.ndarray) -> type[np.integer]:
+    """The narrowest dtype that holds a request's token count (cached prompt tokens; none exceeds
+    prompt + output and a few proposals): int32 unless the workload has a request of some two
+    billion tokens (such a request is refused as too long, but its counters still must not
+    wrap), then int64."""
+    if prompt.size and int(prompt.max()) + int(output.max()) >= INT32_MAX - TOKEN_HEADROOM:
+        return np.int64
+    return np.int32
+
+
 SMALL_GAPS = 64
 """Up to this many gaps, :meth:`ItlLog.add` groups them in Python (cheaper than NumPy calls)."""
 
@@ -49,13 +67,16 @@ class ItlLog:
     back in the order the step-by-step loop writes them (by time).
     """
 
-    __slots__ = ("at", "counts", "out_of_order", "values")
+    __slots__ = ("_settled", "at", "counts", "out_of_order", "values")
 
     def __init__(self) -> None:
         self.values = array("d")
         self.counts = array("q")
         self.at = array("d")
         self.out_of_order = False
+        self._settled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        """The pairs written before the last :meth:`arrays` call, in time order (values, counts,
+        times): the buffers they came from are dropped, so the log is held once."""
 
     def add(self, gaps: np.ndarray, now: float) -> None:
         size = int(gaps.size)
@@ -94,12 +115,30 @@ class ItlLog:
         self.out_of_order = True
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        values = np.frombuffer(self.values, dtype=np.float64).copy()
-        counts = np.frombuffer(self.counts, dtype=np.int64).copy()
-        if self.out_of_order:  # step by step the pairs are written in time order: a stable sort
-            order = np.argsort(np.frombuffer(self.at, dtype=np.float64), kind="stable")
-            values, counts = values[order], counts[order]
-        return values, counts
+        """Every pair's value and count (read-only), in the order the step-by-step loop writes
+        them (by time: a stable sort when runs wrote theirs late). The pairs move out of the
+        append buffers into these arrays (built once, without an intermediate copy); pairs
+        written later are merged in at the next call, after those at the same time."""
+        if self._settled is not None and not len(self.values):
+            return self._settled[0], self._settled[1]
+        values = np.frombuffer(self.values, dtype=np.float64)
+        counts = np.frombuffer(self.counts, dtype=np.int64)
+        at = np.frombuffer(self.at, dtype=np.float64)
+        if self._settled is not None:
+            values, counts, at = (np.concatenate(pair) for pair in zip(self._settled, (values, counts, at),
+                                                                     strict=True))
+        if self.out_of_order or self._settled is not None:  # step by step the pairs are in time order
+            order = np.argsort(at, kind="stable")
+            settled = values[order], counts[order], at[order]
+        else:
+            settled = values.copy(), counts.copy(), at.copy()
+        del values, counts, at
+        self.values, self.counts, self.at = array("d"), array("q"), array("d")
+        self.out_of_order = False
+        for column in settled:
+            column.flags.writeable = False
+        self._settled = settled
+        return settled[0], settled[1]
 
 
 class RequestState:
@@ -112,6 +151,9 @@ class RequestState:
         self.arrival = table.arrival_s if table.links is None else table.arrival_s.copy()
         self.prompt = table.prompt_tokens
         self.output = table.output_tokens
+        # The counters every step updates stay int64, the dtype of the batches' arrays they meet:
+        # int32 there cost about 6% of a run's CPU in NumPy's mixed-dtype casts, for 12 MB per
+        # million requests (measured on the core benchmark). The cold ones are narrow.
         self.computed = np.zeros(n, dtype=np.int64)
         self.generated = np.zeros(n, dtype=np.int64)
         self.first_scheduled = np.full(n, np.nan)
@@ -119,27 +161,62 @@ class RequestState:
         self.last_token = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.max_itl = np.full(n, np.nan)
-        self.preemptions = np.zeros(n, dtype=np.int64)
-        self.swaps_out = np.zeros(n, dtype=np.int64)  # preemptions that kept the KV in host memory
-        self.swaps_in = np.zeros(n, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int32)  # counters: checked for wrapping (check_counters)
+        self.swaps_out = np.zeros(n, dtype=np.int32)  # preemptions that kept the KV in host memory
+        self.swaps_in = np.zeros(n, dtype=np.int32)
         self.status = np.zeros(n, dtype=np.int8)
         self.reject_reason = np.zeros(n, dtype=np.int8)
-        self.replica = np.full(n, -1, dtype=np.int64)
-        self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica
-        self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found in the prefix cache
+        self.replica = np.full(n, -1, dtype=np.int32)
+        self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica (hot, as above)
+        # prompt tokens found in the prefix cache (written at admission)
+        self.cached_tokens = np.zeros(n, dtype=token_dtype(self.prompt, self.output))
         self.itl = ItlLog()
         self.done_listeners: list[Callable[[np.ndarray, float], None]] = []
         """Called with the requests that just completed and the time (requests released by
         completions, :mod:`servesim.core.release`, and autoscalers listen here)."""
-        # Disaggregated serving only (NaN / -1 otherwise): ``replica`` is then the prefill replica.
-        self.decode_replica = np.full(n, -1, dtype=np.int64)
-        self.prefill_end = np.full(n, np.nan)
+        self._transit: dict[str, np.ndarray] = {}
+        """Disaggregated serving's columns (:data:`TRANSIT_COLUMNS`), made on first use: a
+        colocated run never holds them."""
+
+    # Disaggregated serving only (NaN / -1 otherwise): ``replica`` is then the prefill replica.
+    def _transit_column(self, name: str) -> np.ndarray:
+        column = self._transit.get(name)
+        if column is None:
+            column = self._transit[name] = (np.full(len(self), -1, dtype=np.int32) if name == "decode_replica"
+                                            else np.full(len(self), np.nan))
+        return column
+
+    @property
+    def decode_replica(self) -> np.ndarray:
+        return self._transit_column("decode_replica")
+
+    @property
+    def prefill_end(self) -> np.ndarray:
         """The prompt's KV is complete on the prefill replica."""
-        self.transfer_queued = np.full(n, np.nan)
+        return self._transit_column("prefill_end")
+
+    @property
+    def transfer_queued(self) -> np.ndarray:
         """The decode replica reserved its blocks and asked the link for a channel."""
-        self.transfer_start = np.full(n, np.nan)
-        self.transfer_end = np.full(n, np.nan)
+        return self._transit_column("transfer_queued")
+
+    @property
+    def transfer_start(self) -> np.ndarray:
+        return self._transit_column("transfer_start")
+
+    @property
+    def transfer_end(self) -> np.ndarray:
         """The KV has arrived on the decode replica: the first token is emitted then."""
+        return self._transit_column("transfer_end")
+
+    def check_counters(self) -> None:
+        """Refuse a run whose int32 event counters wrapped (each grows by one per event, so a
+        wrap shows as a negative count): never a silently wrong table."""
+        for name in ("preemptions", "swaps_out", "swaps_in"):
+            column = getattr(self, name)
+            if column.size and int(column.min()) < 0:
+                raise ServesimError(name, f"a request was counted more than {INT32_MAX:,} times",
+                                    "simulate fewer requests or a shorter window")
 
     def __len__(self) -> int:
         return int(self.arrival.size)

@@ -9,11 +9,12 @@ its name), then ``extra_s``.
 
 from __future__ import annotations
 
-from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from servesim.core.step_runs import INT32_MAX, DecodeRuns, compact_chunk, narrow_ints
 from servesim.cost import BOUNDS, OP_CLASSES, StepRecord
 
 if TYPE_CHECKING:
@@ -48,41 +49,52 @@ ROW = np.dtype([*((name, np.float64 if name == "start_s" else np.int64) for name
 ``op_*_s`` columns sum to ``duration_s - extra_s``."""
 assert set(OP_COLUMNS) <= set(RECORD_COLUMNS)
 _CHUNK = 1 << 15
-_RECORD_BLOCK = 1 << 20
-"""Floats per block of the fast-forwarded runs' records (8 MB: some 87,000 steps)."""
 LABEL_COLUMNS = ("step", "bound")
 """Columns of the steps table that only the files and the report read (each step's index in its
 replica, its bound by name): the summary's table goes without them."""
+SUMMARY_COLUMNS = ("replica", "pool", "start_s", "duration_s", "num_prefills", "num_decodes", "batch_size",
+                   "decode_tokens", "kv_blocks_used", "kv_blocks_total", "proposed_tokens", "op_proposal_s",
+                   "verify_extra_s")
+"""The steps table's columns that the summary reads (``metrics.usage``: KV use, batch sizes, busy
+time; ``metrics.benchmark_names``: tokens per second; the groups' sections; the speculative
+section): its table is only these, expanded one by one, so it never holds the whole table. A
+summary figure that reads another column adds it here."""
 
 
 class StepLog:
     """The steps table under construction; :meth:`append` is called once per iteration.
 
-    Steps arrive as rows (:meth:`append`, into preallocated chunks) and as fast-forwarded runs
-    (:meth:`extend_decode_run`, into flat buffers). :meth:`columns` turns them into one array per
-    column in clock order and drops the chunks and buffers they came from, so a finished run's
-    steps are held once (the steps DataFrame and the parquet writer read those arrays without
-    copying them): a long run's peak memory is its steps table, not two or three copies of it.
+    Steps arrive as rows (:meth:`append`, into a preallocated chunk; a full chunk is kept column
+    by column in the narrowest dtypes that hold it, :func:`~servesim.core.step_runs.compact_chunk`)
+    and as fast-forwarded runs (:meth:`extend_decode_run`, kept as run-length records,
+    :class:`~servesim.core.step_runs.DecodeRuns`). Nothing is expanded to a row per step until a
+    reader asks: :meth:`column` expands one column in clock order (the summary reads the few it
+    needs, :data:`SUMMARY_COLUMNS`), :meth:`columns` every column (the steps table, its parquet
+    file), after which the log holds those arrays and drops its compact sources.
     """
 
     def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []
+        self._chunks: list[dict[str, np.ndarray]] = []
+        """Full chunks of appended rows, compacted column by column, in the order appended."""
+        self._chunk_steps = 0
         self._current = np.empty(_CHUNK, dtype=ROW)
         self._fill = 0
-        self._runs = _RunBuffers()
+        self._runs = DecodeRuns(RECORD_COLUMNS)
         self._settled: dict[str, np.ndarray] | None = None
         """The steps logged before the last :meth:`columns` call, column by column in clock order."""
         self._settled_steps = 0
         self._cached: tuple[int, np.ndarray] | None = None
+        self._order: tuple[int, np.ndarray | None] | None = None
+        """(steps, the permutation that puts the log's pieces in clock order, None if they are)."""
 
     def __len__(self) -> int:
-        return self._settled_steps + len(self._chunks) * _CHUNK + self._fill + self._runs.steps
+        return self._settled_steps + self._chunk_steps + self._fill + self._runs.steps
 
     def append(self, *values: float) -> None:
         """One step's values, in the order of :data:`ROW`'s fields."""
         if self._fill == _CHUNK:
-            self._chunks.append(self._current)
-            self._current = np.empty(_CHUNK, dtype=ROW)
+            self._chunks.append(compact_chunk(self._current))
+            self._chunk_steps += _CHUNK
             self._fill = 0
         self._current[self._fill] = values
         self._fill += 1
@@ -92,73 +104,92 @@ class StepLog:
         """The steps of a fast-forwarded run of pure-decode steps (``servesim.core.fast_forward``):
         each step's start, KV blocks in use and record (one row per step, the
         :class:`~servesim.cost.StepRecord` fields); the rest is the same for every step (only the
-        first may count preempted requests). Kept in flat buffers (no Python object per run) and
-        written out as the rows :meth:`append` would have got when :meth:`columns` is asked for."""
+        first may count preempted requests). Kept as a run-length record (the starts follow
+        from the first and the durations) and expanded into the rows :meth:`append` would have
+        got when a reader asks."""
         self._runs.add(replica, starts, decodes, used_blocks, waiting, preempted, records)
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """Every step's values, one read-only array per :data:`ROW` field, in the order the
-        step-by-step loop appends them: step by step the rows are appended in clock order (start
-        times never decrease), so a stable sort by start time puts the runs' rows where the
-        reference mode has them.
+    def nbytes(self) -> int:
+        """Bytes the log holds now (compact chunks, the chunk being filled, runs, settled columns)."""
+        held = self._current.nbytes + self._runs.nbytes()
+        held += sum(values.nbytes for chunk in self._chunks for values in chunk.values()
+                    if values.strides != (0,))
+        if self._settled is not None:
+            held += sum(values.nbytes for values in self._settled.values() if values.strides != (0,))
+        return held
 
-        The rows and runs logged so far are moved into these arrays (and dropped from the log,
-        chunk by chunk and column by column, so that the table is never held twice); steps logged
-        afterwards are merged in at the next call (the arrays already built sort first among
-        steps that start at the very same float time)."""
+    def _pieces(self, name: str) -> list[np.ndarray]:
+        """One column's values, piece by piece in the order the clock sort expects: the settled
+        columns, the appended rows, the runs."""
+        pieces = [] if self._settled is None else [self._settled[name]]
+        pieces.extend(chunk[name] for chunk in self._chunks)
+        if self._fill:
+            pieces.append(self._current[name][:self._fill].copy())
+        runs = self._runs
+        if runs.steps:
+            values = runs.column(name)
+            pieces.append(values if isinstance(values, np.ndarray)
+                          else np.broadcast_to(np.array(values, dtype=ROW[name]), (runs.steps,)))
+        return pieces
+
+    def _clock_order(self) -> np.ndarray | None:
+        """The stable sort by start time of the pieces of :meth:`_pieces` (None when they are in
+        clock order already, as rows appended step by step always are): step by step the rows are
+        appended in clock order, so a stable sort puts the runs' rows where the reference mode
+        has them (a settled column sorts first among steps starting at the very same float)."""
+        total = len(self)
+        if self._order is not None and self._order[0] == total:
+            return self._order[1]
+        order = None
+        if self._runs.steps or self._settled is not None:
+            starts = np.concatenate(self._pieces("start_s"))
+            if starts.size > 1 and not (starts[1:] >= starts[:-1]).all():
+                order = np.argsort(starts, kind="stable")
+                if total <= INT32_MAX:
+                    order = order.astype(np.int32)
+        self._order = (total, order)
+        return order
+
+    def column(self, name: str, *, narrow: bool = True) -> np.ndarray:
+        """Every step's values of one :data:`ROW` field in clock order, expanded from the compact
+        log without building the others (read-only). ``narrow``: integers in the narrowest dtype
+        that holds them (the same numbers: what the summary reads, whose figures convert them to
+        floats or compare them), else in the table's dtype; a column of one value is that value
+        broadcast."""
+        if self._settled is not None and self._settled_steps == len(self):
+            return self._settled[name]
+        pieces = self._pieces(name)
+        values = np.concatenate(pieces) if len(pieces) > 1 else pieces[0] if pieces \
+            else np.empty(0, dtype=ROW[name])
+        del pieces
+        order = self._clock_order()
+        if order is not None:
+            values = values[order]
+        if values.dtype.kind == "i":
+            values = narrow_ints(values) if narrow else values.astype(ROW[name], copy=False)
+        elif values.dtype != ROW[name]:
+            values = values.astype(ROW[name])
+        values = _one_value_once(values)
+        values.flags.writeable = False
+        return values
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every step's values, one read-only array per :data:`ROW` field in its dtype, in the
+        order the step-by-step loop appends them (see :meth:`_clock_order`).
+
+        The log then holds these arrays and drops the compact chunks and runs they came from;
+        steps logged afterwards are merged in at the next call."""
         total = len(self)
         if self._settled is not None and self._settled_steps == total:
             return self._settled
-        runs = self._runs
-        appended = self._take_appended()
-        settled = self._settled or {}
-        order = None
-        if runs.steps or settled:
-            starts = np.concatenate([*(part for part in (settled.get("start_s"), appended.get("start_s"))
-                                       if part is not None), runs.column_array("start_s", runs.steps)])
-            order = np.argsort(starts, kind="stable")
-            del starts
-        columns: dict[str, np.ndarray] = {}
-        run_records = runs.take_records()
         assert ROW.names is not None  # a structured dtype
-        for name in ROW.names:
-            pieces = [piece for piece in (settled.pop(name, None), appended.pop(name, None))
-                      if piece is not None]
-            if runs.steps:
-                run_part = run_records.pop(name, None)
-                pieces.append(run_part.astype(ROW[name], copy=False) if run_part is not None
-                              else runs.column_array(name, runs.steps))
-                del run_part
-            values = np.concatenate(pieces) if len(pieces) > 1 else pieces[0] if pieces \
-                else np.empty(0, dtype=ROW[name])
-            del pieces
-            column = values[order] if order is not None else values
-            del values
-            column.flags.writeable = False
-            columns[name] = _one_value_once(column)
-        self._runs = _RunBuffers()
-        self._settled = {name: columns[name] for name in ROW.names}
+        columns = {name: self.column(name, narrow=False) for name in ROW.names}
+        self._chunks, self._chunk_steps, self._fill = [], 0, 0
+        self._runs = DecodeRuns(RECORD_COLUMNS)
+        self._settled = columns
         self._settled_steps = total
-        return self._settled
-
-    def _take_appended(self) -> dict[str, np.ndarray]:
-        """The appended rows column by column, each chunk dropped once its columns are copied."""
-        parts = self._chunks
-        parts.append(self._current[:self._fill])
-        count = sum(len(part) for part in parts)
-        self._chunks, self._current, self._fill = [], np.empty(_CHUNK, dtype=ROW), 0
-        if not count:
-            return {}
-        assert ROW.names is not None  # a structured dtype
-        out = {name: np.empty(count, dtype=ROW[name]) for name in ROW.names}
-        offset = 0
-        while parts:
-            part = parts.pop(0)
-            for name in ROW.names:
-                out[name][offset:offset + len(part)] = part[name]
-            offset += len(part)
-            del part
-        return out
+        self._order = (total, None)
+        return columns
 
     def records(self) -> np.ndarray:
         """Every step's row as one structured array (:data:`ROW`), in the order of
@@ -175,37 +206,64 @@ class StepLog:
         return rows
 
     def end_s(self) -> float:
-        """When the last step ended (0 without steps); reads the log where it is, building nothing."""
-        ends = [float((part["start_s"] + part["duration_s"]).max())
-                for part in (*self._chunks, self._current[:self._fill]) if len(part)]
-        if self._settled is not None and self._settled_steps:
-            ends.append(float((self._settled["start_s"] + self._settled["duration_s"]).max()))
+        """When the last step ended (0 without steps); reads the log where it is, building nothing
+        (a run's last step ends last among its steps: each starts where the one before ended)."""
+        filling = {name: self._current[name][:self._fill] for name in ("start_s", "duration_s")}
+        parts = [*self._chunks, filling]
+        if self._settled is not None:
+            parts.append(self._settled)
+        ends = [float((part["start_s"] + part["duration_s"]).max()) for part in parts if len(part["start_s"])]
         if self._runs.steps:
-            runs = self._runs
-            ends.append(float((runs.column_array("start_s", runs.steps)
-                               + runs.column_array("duration_s", runs.steps)).max()))
+            ends.append(self._runs.max_end)
         return max(ends) if ends else 0.0
 
     def to_frame(self, blocks_total: list[int], groups: list[str] | None = None, *,
-                 labels: bool = True) -> pd.DataFrame:
+                 labels: bool = True, only: tuple[str, ...] | None = None) -> pd.DataFrame:
         """``blocks_total`` and (runs with several replica groups) ``groups`` are per replica
         index; the group names go into the ``pool`` column (its name in the files). The frame
         reads the log's column arrays without copying them (only the derived columns are new);
-        ``labels=False`` leaves out :data:`LABEL_COLUMNS` (the summary's table)."""
+        ``labels=False`` leaves out :data:`LABEL_COLUMNS` (the summary's table). ``only``: just
+        these of the table's columns (:data:`SUMMARY_COLUMNS`), expanded one by one from the
+        compact log (integers in the narrowest dtype that holds them) without building or keeping
+        the others."""
         import pandas as pd  # here: a run that writes no steps table needs no pandas
 
-        columns = self.columns()
-        replica = columns["replica"]
         names = frame_columns(groups is not None, labels)
-        derived = {"batch_size": columns["num_prefills"] + columns["num_decodes"],
-                   "kv_blocks_total": np.asarray(blocks_total, dtype=np.int64)[replica]}
-        if labels:
-            derived["step"] = _per_replica_count(replica)
-            derived["bound"] = np.asarray(BOUNDS, dtype=object)[columns["bound"]]
-        if groups is not None:
-            derived["pool"] = np.asarray(groups, dtype=object)[replica]
-        return pd.DataFrame({name: derived[name] if name in derived else columns[name] for name in names},
+        if only is None:
+            columns = self.columns()
+            get = columns.__getitem__
+        else:
+            names = [name for name in names if name in only]
+            get = self.column
+        replica = get("replica")
+        derived: dict[str, Callable[[], np.ndarray]] = {
+            "batch_size": lambda: _add(get("num_prefills"), get("num_decodes")),
+            "kv_blocks_total": lambda: _per_replica(np.asarray(blocks_total, dtype=np.int64), replica),
+            "step": lambda: _per_replica_count(replica),
+            "bound": lambda: np.asarray(BOUNDS, dtype=object)[get("bound")],
+            "pool": lambda: np.asarray(groups, dtype=object)[replica]}
+        if not labels:
+            del derived["step"], derived["bound"]
+        return pd.DataFrame({name: derived[name]() if name in derived else get(name) for name in names},
                             copy=False)
+
+
+def _add(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """``first + second`` of two integer columns, in the narrowest dtype that holds every sum
+    (int64 when either column is: the table's own dtype)."""
+    if first.dtype == np.int64 or second.dtype == np.int64 or not len(first):
+        return first.astype(np.int64, copy=False) + second
+    high = int(first.max()) + int(second.max())
+    low = int(first.min()) + int(second.min())
+    dtype = narrow_ints(np.array([low, high], dtype=np.int64)).dtype
+    return np.add(first, second, dtype=dtype)
+
+
+def _per_replica(values: np.ndarray, replica: np.ndarray) -> np.ndarray:
+    """``values[replica]``; one replica throughout (a broadcast column) stays one value."""
+    if len(replica) and replica.strides == (0,):
+        return np.broadcast_to(values[replica[:1]], replica.shape)
+    return values[replica]
 
 
 def _one_value_once(column: np.ndarray) -> np.ndarray:
@@ -247,81 +305,3 @@ def _per_replica_count(replica: np.ndarray) -> np.ndarray:
     return step
 
 
-class _RunBuffers:
-    """The fast-forwarded runs' step-log values in flat buffers: per step, its start, blocks in
-    use and record (the :class:`~servesim.cost.StepRecord` fields, 12 floats); per run, its
-    replica, length, batch size, queue length and preemptions (what is the same in every step)."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self._starts = array("d")
-        self._used = array("q")
-        self._records = array("d")
-        self._full_records: list[array[float]] = []
-        """Filled record buffers of _RECORD_BLOCK floats or more, in order, then ``_records``:
-        blocks, so that :meth:`take_records` frees them one by one as it moves them out."""
-        self._per_run = array("q")  # replica, steps, decodes, waiting, preempted; run after run
-
-    def add(self, replica: int, starts: list[float], decodes: int, used_blocks: np.ndarray,
-            waiting: int, preempted: int, records: np.ndarray) -> None:
-        steps = len(starts)
-        self.steps += steps
-        self._starts.extend(starts)
-        self._used.frombytes(used_blocks.astype(np.int64, copy=False).tobytes())
-        self._records.frombytes(np.ascontiguousarray(records, dtype=np.float64).tobytes())
-        if len(self._records) >= _RECORD_BLOCK:
-            self._full_records.append(self._records)
-            self._records = array("d")
-        self._per_run.extend((replica, steps, decodes, waiting, preempted))
-
-    def column_array(self, name: str, steps: int) -> np.ndarray:
-        """:meth:`column` as an array of ``steps`` values (in the column's dtype)."""
-        values = self.column(name)
-        if isinstance(values, np.ndarray):
-            return values.astype(ROW[name], copy=False)
-        return np.full(steps, values, dtype=ROW[name])
-
-    def take_records(self) -> dict[str, np.ndarray]:
-        """The runs' record fields, one array per column, moved out of the row-wise buffers from
-        the last block to the first, each block freed once copied (the two are never both
-        whole); the buffers are left empty."""
-        width = len(RECORD_COLUMNS)
-        blocks = [*self._full_records, self._records]
-        self._full_records, self._records = [], array("d")
-        out = {name: np.empty(self.steps, dtype=np.float64) for name in RECORD_COLUMNS}
-        end = self.steps
-        while blocks:
-            rows = np.frombuffer(blocks.pop(), dtype=np.float64).reshape(-1, width)
-            start = end - len(rows)
-            for index, name in enumerate(RECORD_COLUMNS):
-                out[name][start:end] = rows[:, index]
-            end = start
-            del rows
-        assert end == 0
-        return out
-
-    def column(self, name: str) -> np.ndarray | float:
-        """The runs' values of one step-log column, one per step (or one value for all)."""
-        per_run = np.frombuffer(self._per_run, dtype=np.int64).reshape(-1, 5)
-        lengths = per_run[:, 1]
-        if name == "start_s":
-            return np.frombuffer(self._starts, dtype=np.float64)
-        if name == "kv_blocks_used":
-            return np.frombuffer(self._used, dtype=np.int64)
-        if name == "replica":
-            return np.repeat(per_run[:, 0], lengths)
-        if name in ("num_decodes", "decode_tokens", "running"):
-            return np.repeat(per_run[:, 2], lengths)
-        if name == "waiting":
-            return np.repeat(per_run[:, 3], lengths)
-        if name == "preempted":  # only a run's first step may count preempted requests
-            preempted = np.zeros(self.steps, dtype=np.int64)
-            preempted[np.cumsum(lengths) - lengths] = per_run[:, 4]
-            return preempted
-        if name in RECORD_COLUMNS:
-            index, width = RECORD_COLUMNS.index(name), len(RECORD_COLUMNS)
-            return np.concatenate([np.frombuffer(block, dtype=np.float64).reshape(-1, width)[:, index]
-                                   for block in (*self._full_records, self._records)])
-        # num_prefills, prefill_tokens, proposed_tokens, accepted_tokens (runs never speculate)
-        # and extra_s (nothing beyond the priced pass)
-        return 0

@@ -73,21 +73,47 @@ def _completed(requests: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return requests.loc[requests["status"] == "completed", columns]
 
 
+BUCKET_CHUNK = 1 << 20
+"""Steps bucketed at a time by :func:`max_output_tokens_per_s` (a long run's steps table is not
+copied whole into temporaries)."""
+
+
 def max_output_tokens_per_s(requests: pd.DataFrame, steps: pd.DataFrame) -> float:
-    """Most output tokens emitted in one whole second since the first arrival (vLLM's buckets)."""
+    """Most output tokens emitted in one whole second since the first arrival (vLLM's buckets).
+
+    Each bucket's sum is of whole token counts (exact in floats, in any order), so the steps are
+    bucketed a chunk at a time and the chunks' sums added: the same number as one ``bincount``
+    over every emission, without holding every step's end, bucket and weight at once."""
     done = _completed(requests, ["first_token_s"])
     if not len(done):
         return 0.0
     start = float(requests["arrival_s"].min())
-    times = [done["first_token_s"].to_numpy(float)]
-    weights = [np.ones(len(done))]
+    first = done["first_token_s"].to_numpy(float)
+    totals = _bucket_sums(np.zeros(0), first, np.ones(len(done)), start)
     if len(steps):
-        times.append((steps["start_s"] + steps["duration_s"]).to_numpy(float))
-        weights.append(steps["decode_tokens"].to_numpy(float))
-    t, w = np.concatenate(times), np.concatenate(weights)
-    buckets = np.floor(t - start).astype(np.int64)
-    keep = (buckets >= 0) & (w > 0)
-    return float(np.bincount(buckets[keep], weights=w[keep]).max()) if keep.any() else 0.0
+        begins, durations = steps["start_s"].to_numpy(), steps["duration_s"].to_numpy()
+        tokens = steps["decode_tokens"].to_numpy()
+        for low in range(0, len(steps), BUCKET_CHUNK):
+            high = low + BUCKET_CHUNK
+            totals = _bucket_sums(totals, (begins[low:high] + durations[low:high]).astype(float, copy=False),
+                                  tokens[low:high].astype(float), start)
+    return float(totals.max()) if totals.size else 0.0
+
+
+def _bucket_sums(totals: np.ndarray, times: np.ndarray, weights: np.ndarray, start: float) -> np.ndarray:
+    """``totals`` plus the ``weights`` of the emissions at ``times`` summed per whole second since
+    ``start`` (emissions before it, or of no token, are left out)."""
+    buckets = np.floor(times - start).astype(np.int64)
+    keep = (buckets >= 0) & (weights > 0)
+    if not keep.any():
+        return totals
+    sums = np.bincount(buckets[keep], weights=weights[keep])
+    if sums.size > totals.size:
+        sums[:totals.size] += totals
+        return sums
+    totals = totals.copy()
+    totals[:sums.size] += sums
+    return totals
 
 
 def max_concurrent_requests(requests: pd.DataFrame) -> int:

@@ -33,7 +33,7 @@ def weighted_percentile(
     v = np.asarray(values, dtype=float).ravel()
     w = np.ones_like(v) if counts is None else np.asarray(counts, dtype=float).ravel()
     keep = np.isfinite(v) & (w > 0)
-    x, merged = merge_weighted(v[keep], w[keep])
+    x, merged = merge_weighted(v, w) if keep.all() else merge_weighted(v[keep], w[keep])
     q_arr = np.asarray(q, dtype=float)
     if x.size == 0:
         result = np.full(q_arr.shape, np.nan)
@@ -55,17 +55,39 @@ def weighted_percentile(
     return float(result) if result.ndim == 0 else result
 
 
+MERGE_CHUNK = 1 << 20
+"""Values merged at a time by :func:`merge_weighted` (a long run's millions of ITL pairs are not
+sorted in one piece)."""
+
+
 def merge_weighted(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct values and the total weight of each."""
+    """Sorted distinct values and the total weight of each.
+
+    Chunk by chunk, then the chunks' distinct values merged: a weight that is a count of tokens
+    (a whole number) sums exactly in any order, so this is ``np.unique`` + ``np.bincount`` over
+    the whole sample, without its sort's copies of every value."""
     if values.size == 0:
         return np.empty(0), np.empty(0)
-    x, inverse = np.unique(values, return_inverse=True)
-    return x, np.bincount(inverse, weights=weights)
+    if values.size <= MERGE_CHUNK or not _whole_numbers(weights):
+        x, inverse = np.unique(values, return_inverse=True)
+        return x, np.bincount(inverse, weights=weights)
+    parts = [merge_weighted(values[low:low + MERGE_CHUNK], weights[low:low + MERGE_CHUNK])
+             for low in range(0, values.size, MERGE_CHUNK)]
+    x, inverse = np.unique(np.concatenate([part[0] for part in parts]), return_inverse=True)
+    return x, np.bincount(inverse, weights=np.concatenate([part[1] for part in parts]))
+
+
+def _whole_numbers(weights: np.ndarray) -> bool:
+    """Whether every weight is a whole number whose sums stay exact in floats (below 2^53)."""
+    if weights.dtype.kind in "iu":
+        return True
+    return bool(np.all(weights == np.floor(weights))) and float(np.abs(weights).sum()) < 2.0**53
 
 
 def describe_weighted(values: np.ndarray, counts: np.ndarray) -> dict[str, float | None]:
     keep = (counts > 0) & np.isfinite(values)
-    values, counts = values[keep], counts[keep]
+    if not keep.all():  # (a long run's ITL pairs all count: no copy of them)
+        values, counts = values[keep], counts[keep]
     if values.size == 0:
         return dict.fromkeys(STAT_KEYS)
     points = weighted_percentile(values, counts, np.asarray(PERCENTILES, dtype=float))

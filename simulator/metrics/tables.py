@@ -41,7 +41,7 @@ def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None) -
     latency = request_latencies(r)
     frame = pd.DataFrame({
         "request_id": np.arange(len(r), dtype=np.int64),
-        "replica": r.replica,
+        "replica": _int64(r.replica),
         "arrival_s": r.arrival,
         "prompt_tokens": r.prompt,
         "output_tokens": r.output,
@@ -51,10 +51,10 @@ def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None) -
         "first_scheduled_s": r.first_scheduled,
         "first_token_s": r.first_token,
         "finish_s": r.finish,
-        "preemptions": r.preemptions,
-        "swaps_out": r.swaps_out,
-        "swaps_in": r.swaps_in,
-        "cached_tokens": r.cached_tokens,
+        "preemptions": _int64(r.preemptions),
+        "swaps_out": _int64(r.swaps_out),
+        "swaps_in": _int64(r.swaps_in),
+        "cached_tokens": _int64(r.cached_tokens),
         "queueing_s": latency["queueing_s"],
         "ttft_s": latency["ttft_s"],
         "tpot_s": latency["tpot_s"],
@@ -64,6 +64,11 @@ def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None) -
     for name, column in (extra or {}).items():
         frame[name] = column
     return frame
+
+
+def _int64(column: np.ndarray) -> np.ndarray:
+    """A request-state counter (held in int32 while the run runs) in the table's dtype."""
+    return column.astype(np.int64, copy=False)
 
 
 def itl_frame(r: RequestState) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import pandas as pd
 from servesim.core.replica_state import ReplicaState
 from servesim.core.sim import Sim
 from servesim.core.state import RequestState
-from servesim.core.step_log import StepLog
+from servesim.core.step_log import SUMMARY_COLUMNS, StepLog
 from servesim.metrics.sessions import session_columns, session_section
 from servesim.metrics.summary import Summary, prefix_cache_stats, run_span, summarise
 from servesim.metrics.tables import itl_frame, request_frame
@@ -67,18 +67,19 @@ class RunResult:
         step's group."""
         return self._steps_frame(labels=True)
 
-    def _steps_frame(self, labels: bool) -> pd.DataFrame:
+    def _steps_frame(self, labels: bool, only: tuple[str, ...] | None = None) -> pd.DataFrame:
         topology = self.plan.topology
         blocks = [run.group.limits.num_blocks for run in self.built.groups for _ in run.replicas]
         names = topology.group_of_replica() if len(topology.groups) > 1 else None
-        return self.sim.steps.to_frame(blocks, names, labels=labels)
+        return self.sim.steps.to_frame(blocks, names, labels=labels, only=only)
 
     def _summary_steps(self) -> pd.DataFrame:
         """The steps table the summary reads: :attr:`steps` when it is built already, otherwise
-        one without the label columns (``step``, ``bound``: no summary figure reads them), which
-        is not kept (a long run that writes only its summary never holds the whole table)."""
+        only the columns a summary figure reads (:data:`~servesim.core.step_log.SUMMARY_COLUMNS`),
+        expanded one by one from the compact step log and not kept (a long run that writes only
+        its summary never holds the whole table)."""
         built = self.__dict__.get("steps")
-        return built if built is not None else self._steps_frame(labels=False)
+        return built if built is not None else self._steps_frame(labels=False, only=SUMMARY_COLUMNS)
 
     @cached_property
     def itl(self) -> pd.DataFrame:

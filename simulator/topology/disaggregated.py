@@ -212,7 +212,7 @@ class Disaggregated(Topology):
     # ------------------------------------------------------------------ after a run
     def request_columns(self, sim: Sim) -> dict[str, np.ndarray]:
         r = sim.requests
-        return dict(zip(REQUEST_COLUMNS, (r.decode_replica, r.prefill_end, r.transfer_queued,
+        return dict(zip(REQUEST_COLUMNS, (r.decode_replica.astype(np.int64), r.prefill_end, r.transfer_queued,
                                           r.transfer_start, r.transfer_end), strict=True))
 
     def summary_sections(self, sim: Sim, built: Built, requests: pd.DataFrame, steps: pd.DataFrame,
