@@ -17,11 +17,15 @@ def test_shipped_siblings_carry_the_b200_fit_and_their_own_specs() -> None:
     for name, (source, _why) in SIBLINGS.items():
         sibling = load_hardware(name)
         assert source == "b200" and sibling.spec_only
-        assert sibling.efficiency == b200.efficiency and sibling.collectives == b200.collectives
+        # compared as data: the curves' cached NumPy arrays make object equality ambiguous
+        assert sibling.efficiency.model_dump() == b200.efficiency.model_dump()
+        assert sibling.collectives is not None and b200.collectives is not None
+        assert sibling.collectives.model_dump() == b200.collectives.model_dump()
         assert "borrowed" in sibling.provenance["efficiency.moe_fp8"]
     gb300, b300 = load_hardware("gb300-nvl72"), load_hardware("b300")
-    assert gb300.peak_flops == b300.peak_flops and gb300.memory == b300.memory
-    assert gb300.fast_domain_gpus == 72 and gb300.host_link == load_hardware("gb200-nvl72").host_link
+    assert gb300.peak_flops == b300.peak_flops and gb300.memory.model_dump() == b300.memory.model_dump()
+    assert gb300.fast_domain_gpus == 72
+    assert gb300.host_link.model_dump() == load_hardware("gb200-nvl72").host_link.model_dump()
 
 
 def test_a_sibling_prices_a_memory_bound_step_in_proportion_to_its_bandwidth() -> None:
@@ -48,4 +52,5 @@ def test_derive_siblings_writes_only_siblings_of_what_was_fitted(tmp_path: Path)
     assert derive_siblings({"h100-sxm-80gb": load_hardware("h100-sxm-80gb")}, tmp_path, "2026-11-24") == []
     written = derive_siblings({"b200": b200}, tmp_path, "2026-11-24")
     assert sorted(p.name for p in written) == sorted(f"{name}.yaml" for name in SIBLINGS)
-    assert load_hardware(tmp_path / "gb200-nvl72.yaml").efficiency == b200.efficiency
+    derived = load_hardware(tmp_path / "gb200-nvl72.yaml")
+    assert derived.efficiency.model_dump() == b200.efficiency.model_dump()
