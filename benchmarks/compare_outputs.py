@@ -90,6 +90,10 @@ def compare_sweeps(a: Path, b: Path, allow_new_zero_columns: bool = False) -> li
 def main() -> None:
     allow = ALLOW_NEW_ZERO_COLUMNS in sys.argv[1:]
     a, b = (Path(arg) for arg in sys.argv[1:] if arg != ALLOW_NEW_ZERO_COLUMNS)
+    for folder in (a, b):  # a failed run leaves no folder: "identical" would hide it
+        if not any((folder / name).is_file() for name in (*RUN_FILES, "results.parquet")):
+            sys.exit(f"{folder}: no run or sweep results here ({', '.join(RUN_FILES)} or results.parquet); "
+                     "did the run fail?")
     problems = (compare_sweeps(a, b, allow) if (a / "results.parquet").is_file()
                 else compare_runs(a, b, allow))
     for line in problems:
