@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from servesim.calibration.fit import fit_curve
 from servesim.calibration.profile_fit import error_stats
 from servesim.calibration.schema import holdout_mask
 from servesim.cost.communication import allreduce_kind, ring_allreduce_s
@@ -77,8 +78,6 @@ def with_efficiency_curves(fit: CollectiveFit, kind: str, message: np.ndarray, w
     bandwidth-bound row's implied efficiency (``wire / (bandwidth * (time - latency))``) is taken
     per octave of wire bytes, as the operator classes' curves are
     (:func:`servesim.calibration.fit.fit_curve`)."""
-    from servesim.calibration.fit import fit_curve
-
     wire = wire_bytes(kind, message, world)
     transfer = time_s - (fit.latency_s + fit.latency_per_peer_s * (world - 1))
     informative = (transfer >= BANDWIDTH_SHARE * time_s) & (wire > 0)
