@@ -28,6 +28,7 @@ GRIDS: dict[str, np.ndarray] = {
     "per_token_s": np.concatenate([[0.0], np.geomspace(1e-9, 5e-5, 40)]),
     "serial_fixed_s": np.concatenate([[0.0], np.geomspace(1e-6, 5e-3, 40)]),
     "serial_per_seq_s": np.concatenate([[0.0], np.geomspace(1e-8, 1e-4, 40)]),
+    "frontend_s": np.concatenate([[0.0], np.geomspace(1e-4, 0.5, 60)]),
 }
 """Where the coordinate descent looks (seconds). Every coefficient is >= 0; the serial fixed
 cost stops at 5 ms per step, above any host work a CUDA-graph engine leaves exposed at batch 1."""
@@ -49,6 +50,9 @@ class Measurement:
     """What it belongs to for leave-one-out (a model)."""
     weights: np.ndarray | None = None
     """Per selected request, its weight in the mean (None: equal), when one number was measured."""
+    concurrency: int = 0
+    """The closed loop's clients (0: not a fixed concurrency): which measurements are light enough
+    to show the front end's latency (:func:`fit_front_end`)."""
 
     def predicted(self, c: Coefficients) -> tuple[np.ndarray, np.ndarray]:
         """Predicted TTFT and TPOT comparable with ``ttft_s`` / ``tpot_s`` (means when those
@@ -195,15 +199,43 @@ def _with(c: Coefficients, name: str, value: float) -> Coefficients:
         return replace(c, serial_fixed_s=float(value))
     if name == "serial_per_seq_s":
         return replace(c, serial_per_seq_s=float(value))
+    if name == "frontend_s":
+        return replace(c, frontend_s=float(value))
     raise ValueError(f"unknown coefficient {name!r}")
 
 
+FRONT_END_MAX_CONCURRENCY = 16
+"""The closed loops whose TTFT the front end's latency is fitted to: at most this many clients.
+There a request rarely queues behind others, so what the replay's TTFT misses is mostly the
+request's way through the front end; at higher concurrency the miss is dominated by queueing
+and prefill scheduling, which the latency must not be bent to absorb."""
+
+
+def fit_front_end(measurements: Sequence[Measurement], start: Coefficients) -> Coefficients:
+    """``start`` with the front end's latency fitted to the TTFT of the lightly loaded
+    measurements (:data:`FRONT_END_MAX_CONCURRENCY`; a user's own run, of unknown concurrency,
+    counts as light): a fixed time per request, >= 0, that the step loop does not see. TTFT
+    only, since it changes nothing else."""
+    light = [m for m in measurements if m.concurrency <= FRONT_END_MAX_CONCURRENCY]
+    if not light:
+        return start
+    return fit(light, ("frontend_s",), start=start, metrics=("ttft",))
+
+
+def fit_engine(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s", "per_seq_s"),
+               metrics: Sequence[str] = METRICS, front_end: bool = False) -> Coefficients:
+    """:func:`fit` of the CPU coefficients, then (``front_end``) the front end's latency on top."""
+    c = fit(measurements, params, metrics=metrics)
+    return fit_front_end(measurements, c) if front_end else c
+
+
 def leave_one_model_out(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s", "per_seq_s"),
-                        metrics: Sequence[str] = METRICS) -> dict[str, Coefficients]:
-    """For each group (model), the coefficients fitted on every other group's measurements."""
+                        metrics: Sequence[str] = METRICS, front_end: bool = False) -> dict[str, Coefficients]:
+    """For each group (model), the coefficients fitted on every other group's measurements
+    (:func:`fit_engine`: the front end's latency too, if asked)."""
     groups = sorted({m.group for m in measurements})
     out = {}
     for group in groups:
         others = [m for m in measurements if m.group != group]
-        out[group] = fit(others, params, metrics=metrics) if others else Coefficients()
+        out[group] = fit_engine(others, params, metrics, front_end) if others else Coefficients()
     return out

@@ -29,7 +29,7 @@ import pandas as pd
 
 from servesim.atomic_io import atomic_write_text
 from servesim.calibration.benchmark_result import BenchmarkRun, read_benchmark
-from servesim.calibration.engine_fit import Measurement, fit, loss
+from servesim.calibration.engine_fit import Measurement, fit, fit_front_end, loss
 from servesim.calibration.profiles import write_profile
 from servesim.calibration.replay import KERNEL_CLASSES, ZERO_CPU, Coefficients, ScheduleTrace, trace_run
 from servesim.calibration.serving_validate import runtime_profile_yaml
@@ -150,16 +150,18 @@ def from_benchmark(result_path: Path, config_path: Path, overrides: list[str] | 
     group = plan.topology.kv_group
     engine = group.engine
     cpu = engine.cpu(group.hardware.name)
-    before = Coefficients(cpu.fixed_s, cpu.per_seq_s, cpu.per_token_s)
+    before = Coefficients(cpu.fixed_s, cpu.per_seq_s, cpu.per_token_s, frontend_s=cpu.frontend_s)
     open_loop = run.max_concurrency is None and not math.isinf(run.request_rate)
     measured = np.arange(len(run))
     ttft_s, tpot_s = run.ttft_s[order], run.tpot_s[order]
 
-    def trace_with(c: Coefficients) -> ScheduleTrace:
-        cpu_knobs = ZERO_CPU if not open_loop else c.knobs()
+    def trace_with(c: Coefficients, sends_fixed: bool = open_loop) -> ScheduleTrace:
+        """The schedule to re-time: with no CPU work when it does not depend on the step times,
+        else (``sends_fixed``) the run simulated with ``c``, its requests' sends held fixed."""
+        cpu_knobs = ZERO_CPU if not sends_fixed else c.knobs()
         doc = {**document, "engine": {**document["engine"], **cpu_knobs}}
         result = simulate(prepare(validate_document(doc), workload=table))
-        return trace_run(result, open_loop=open_loop, cpu=c if open_loop else None)
+        return trace_run(result, open_loop=sends_fixed, cpu=c if sends_fixed else None)
 
     trace = trace_with(before)
     measurement = Measurement(trace, measured, ttft_s, tpot_s)
@@ -167,8 +169,19 @@ def from_benchmark(result_path: Path, config_path: Path, overrides: list[str] | 
     if open_loop:
         after, measurement = _fit_open_loop(lambda c: Measurement(trace_with(c), measured, ttft_s, tpot_s),
                                             before, measurement, scale_classes)
-    else:
+        after = fit_front_end([measurement], after)  # the rounds fit TPOT; TTFT shows the front end
+    else:  # a closed loop's schedule is fixed: CPU work and front end fitted together
         after = fit([measurement], CPU_PARAMS, scale_classes, start=before)
+        after = fit([measurement], (*CPU_PARAMS, "frontend_s"), scale_classes, start=after)
+        if after.frontend_s > 0 and run.max_concurrency is not None:
+            # Its clients' requests enter a front-end latency after they are sent, mid-step while
+            # others run: the schedule depends on the step times after all. Refine as for an
+            # open loop, from the fixed-schedule answer.
+            after, measurement = _fit_open_loop(
+                lambda c: Measurement(trace_with(c, sends_fixed=True), measured, ttft_s, tpot_s),
+                after, Measurement(trace_with(after, sends_fixed=True), measured, ttft_s, tpot_s),
+                scale_classes)
+            after = fit_front_end([measurement], after)
     predicted_after = measurement.predicted(after)
     metrics = _metric_table(ttft_s, tpot_s, {"before": predicted_before, "after": predicted_after})
     requests = pd.DataFrame({"prompt_tokens": table.prompt_tokens, "output_tokens": table.output_tokens,
@@ -193,7 +206,8 @@ def _fit_open_loop(measure: Callable[[Coefficients], Measurement], start: Coeffi
 
     With arrivals fixed in time, a schedule traced at other step times has other batches, and
     re-timing it slides requests' first steps before they were sent; so each round fits TPOT
-    alone (step times over each request's own span), re-simulates, and keeps the round whose
+    alone (step times over each request's own span), then the front end's latency to TTFT (it
+    decides when each request enters), re-simulates, and keeps the round whose
     fresh simulation is closest to the run in TTFT and TPOT. The rounds converge because the
     batches follow the step times: at the answer the trace is the run itself and exact (tested:
     a serial vLLM's 1.5 ms + 40 us per sequence recovered to 1e-6 in six rounds)."""
@@ -201,6 +215,7 @@ def _fit_open_loop(measure: Callable[[Coefficients], Measurement], start: Coeffi
     current = start
     for _ in range(OPEN_LOOP_ROUNDS):
         current = fit([measurement], CPU_PARAMS, scale_classes, start=current, metrics=("tpot",))
+        current = fit_front_end([measurement], current)  # when requests enter moves the schedule too
         measurement = measure(current)
         current_loss = loss([measurement], current)
         if current_loss < best_loss:
@@ -233,6 +248,7 @@ def describe(result: BenchmarkFit) -> str:
     c = result.after
     scales = ", ".join(f"{k} x{s:.3g}" for k, s in zip(KERNEL_CLASSES, c.scales, strict=True) if s != 1.0)
     return (f"{result.engine}: CPU {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us per "
-            f"sequence + {c.per_token_s * 1e9:.1f} ns per new token" + (f"; {scales}" if scales else ""))
+            f"sequence + {c.per_token_s * 1e9:.1f} ns per new token; front end {c.frontend_s * 1e3:.1f} ms "
+            f"per request" + (f"; {scales}" if scales else ""))
 
 

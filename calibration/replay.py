@@ -26,8 +26,9 @@ from servesim.pipeline import RunResult, prepare, simulate
 from servesim.workloads.requests import RequestTable
 
 ZERO_CPU = {"step_overhead_s": 0.0, "cpu_per_seq_s": 0.0, "cpu_per_token_s": 0.0, "cpu_per_sample_s": 0.0,
-            "serial_overhead_s": 0.0, "serial_per_seq_s": 0.0}
-"""Engine knobs that make a run's steps take their GPU time alone."""
+            "serial_overhead_s": 0.0, "serial_per_seq_s": 0.0, "frontend_latency_s": 0.0}
+"""Engine knobs that make a run's steps take their GPU time alone (and requests enter the
+deployment as they are sent)."""
 KERNEL_CLASSES = tuple(name for name in OP_CLASSES if name not in ("overhead", "proposal"))
 """The kernel classes a run can be rescaled by (not the host overhead, nor the speculative proposer's
 passes, which are priced from the same kernels)."""
@@ -45,11 +46,14 @@ class Coefficients:
     scales: tuple[float, ...] = (1.0,) * len(KERNEL_CLASSES)
     serial_fixed_s: float = 0.0
     serial_per_seq_s: float = 0.0
+    frontend_s: float = 0.0
+    """The front end's latency per request (``CpuCosts.frontend_s``): added to every TTFT."""
 
     def knobs(self) -> dict[str, float]:
         return {"step_overhead_s": self.fixed_s, "cpu_per_seq_s": self.per_seq_s,
                 "cpu_per_token_s": self.per_token_s, "cpu_per_sample_s": 0.0,
-                "serial_overhead_s": self.serial_fixed_s, "serial_per_seq_s": self.serial_per_seq_s}
+                "serial_overhead_s": self.serial_fixed_s, "serial_per_seq_s": self.serial_per_seq_s,
+                "frontend_latency_s": self.frontend_s}
 
     def cpu_s(self, seqs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Host time per step that may overlap the GPU."""
@@ -92,7 +96,14 @@ class ScheduleTrace:
 
     def evaluate(self, c: Coefficients) -> tuple[np.ndarray, np.ndarray]:
         """Per request: TTFT and TPOT in seconds (NaN for requests not completed, and TPOT NaN
-        for one-token outputs)."""
+        for one-token outputs).
+
+        The front end's latency (``c.frontend_s``) is added to each TTFT on the traced schedule,
+        which is the one of requests entering as they are sent: exact when the engine is idle
+        while they cross the front end (a closed loop's clients in lock-step, one client, or
+        open-loop arrivals to an idle replica); where other requests keep it busy meanwhile, a
+        request that enters mid-step waits up to one step more than the re-timed TTFT says (the
+        simulation itself delays the entry and is exact)."""
         times = self.step_times(c)
         if self.release_s is None:
             ends = np.concatenate([[0.0], np.cumsum(times)])
@@ -110,14 +121,15 @@ class ScheduleTrace:
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.done & (self.outputs > 1),
                             (ends[last + 1] - ends[f + 1]) / (self.outputs - 1), np.nan)
-        return ttft, tpot
+        return ttft + c.frontend_s, tpot
 
 
 def trace_run(result: RunResult, open_loop: bool = False, cpu: Coefficients | None = None) -> ScheduleTrace:
     """The schedule of ``result``, a run whose engine did no CPU work (``ZERO_CPU``).
 
-    ``open_loop``: the requests arrived at their own times; the trace keeps those and when the
-    replica woke up from idle. Such a run may have had CPU work (``cpu``, the coefficients it
+    ``open_loop``: the requests arrived at their own times; the trace keeps those (as they
+    entered the deployment, after the front end's latency of ``cpu``, which re-timing adds back)
+    and when the replica woke up from idle. Such a run may have had CPU work (``cpu``, the coefficients it
     ran with): its GPU time per step is then recovered from the step's duration (less the CPU
     time when serial; the whole duration when overlapped and longer than the CPU time, else the
     kernels alone, whose launches the CPU time hid), so launch-bound time is kept."""
@@ -159,7 +171,7 @@ def trace_run(result: RunResult, open_loop: bool = False, cpu: Coefficients | No
         arrival_step=step_at(arrival, starts),
         first_step=step_at(safe[0], ends), last_step=step_at(safe[1], ends),
         outputs=requests["output_tokens"].to_numpy(int), done=done,
-        arrival_s=arrival if open_loop else None, release_s=release)
+        arrival_s=(arrival + (cpu.frontend_s if cpu else 0.0)) if open_loop else None, release_s=release)
 
 
 def simulate_document(document: dict[str, Any], workload: RequestTable | None = None,

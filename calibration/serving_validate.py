@@ -44,7 +44,13 @@ import numpy as np
 import pandas as pd
 
 from servesim.atomic_io import atomic_write_text
-from servesim.calibration.engine_fit import Measurement, fit, leave_one_model_out, weighted_mean
+from servesim.calibration.engine_fit import (
+    FRONT_END_MAX_CONCURRENCY,
+    Measurement,
+    fit_engine,
+    leave_one_model_out,
+    weighted_mean,
+)
 from servesim.calibration.replay import ZERO_CPU, Coefficients, ScheduleTrace, simulate_document, trace_run
 from servesim.calibration.serving_data import HARDWARE, ServingFile, ServingRow, read_serving_file
 from servesim.config import validate_document
@@ -75,7 +81,9 @@ FIT_PARAMS = ("fixed_s", "per_seq_s")
 FIT_METRICS = ("tpot",)
 """The CPU work per step sets the step time, which TPOT measures directly; a closed loop's TTFT
 is mostly queueing and prefill, set by the scheduler (and by engine flags the file does not
-record), so TTFT validates the fit instead of steering it."""
+record), so TTFT validates the fit instead of steering it, except for the one thing only TTFT
+shows: the front end's latency per request, fitted after the CPU work to the TTFT of the rows at
+low concurrency (:func:`~servesim.calibration.engine_fit.fit_front_end`)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,8 @@ class TracedRow:
         total = self.trace.done.size
         return Measurement(self.trace, np.arange(total), np.array([self.row.ttft_s]),
                            np.array([self.row.tpot_s]), group=self.row.model,
-                           weights=round_weights(self.row.concurrency, warmup, total))
+                           weights=round_weights(self.row.concurrency, warmup, total),
+                           concurrency=self.row.concurrency)
 
 
 def replayable(row: ServingRow) -> bool:
@@ -153,7 +162,7 @@ def shipped_coefficients(engine: str, hardware: str) -> Coefficients:
     """The engine's CPU coefficients as ``servesim run`` would use them on ``hardware``."""
     cpu = make_engine(engine, {}).cpu(hardware)
     return Coefficients(cpu.fixed_s, cpu.per_seq_s, cpu.per_token_s, serial_fixed_s=cpu.serial_fixed_s,
-                        serial_per_seq_s=cpu.serial_per_seq_s)
+                        serial_per_seq_s=cpu.serial_per_seq_s, frontend_s=cpu.frontend_s)
 
 
 def prediction_rows(traced: list[TracedRow], coefficients: dict[int, Coefficients], warmup: int,
@@ -278,20 +287,22 @@ class ServingFit:
 
 def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: int = MEASURED,
                 engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
-                params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS) -> ServingFit:
-    """Each engine's CPU coefficients fitted to its rows of ``path``, and the leave-one-model-out
-    error of that fit."""
+                params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS,
+                front_end: bool = True) -> ServingFit:
+    """Each engine's CPU coefficients (and front-end latency) fitted to its rows of ``path``, and
+    the leave-one-model-out error of that fit."""
     data = read_serving_file(path)
     traced = trace_rows([r for r in data.rows if r.engine in engines], warmup, measured, workers)
-    return fit_traced(data, traced, workers, warmup, measured, engines, params, metrics)
+    return fit_traced(data, traced, workers, warmup, measured, engines, params, metrics,
+                      front_end=front_end)
 
 
 def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, warmup: int = WARMUP,
                measured: int = MEASURED, engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
                params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS,
-               simulate: bool = True) -> ServingFit:
+               simulate: bool = True, front_end: bool = True) -> ServingFit:
     """:func:`fit_serving` on rows already traced (``simulate`` False: leave the simulated rows'
-    predictions out, to compare fits quickly)."""
+    predictions out, to compare fits quickly; ``front_end`` False: no front-end latency)."""
     fitted: dict[str, Coefficients] = {}
     lomo: dict[int, Coefficients] = {}
     used: dict[str, int] = {}
@@ -301,8 +312,8 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
         if not mine:
             continue
         measurements = [t.measurement(warmup) for t in mine]
-        fitted[engine] = fit(measurements, params, metrics=metrics)
-        per_model = leave_one_model_out(measurements, params, metrics)
+        fitted[engine] = fit_engine(measurements, params, metrics, front_end)
+        per_model = leave_one_model_out(measurements, params, metrics, front_end)
         for t in traced:
             if t.row.engine == engine and (t.trace is not None or t.simulated):
                 # a model with no re-timed rows is predicted from all of them (none are its own)
@@ -325,6 +336,8 @@ def runtime_profile_yaml(engine: str, c: Coefficients, provenance: str) -> str:
     if c.serial_fixed_s or c.serial_per_seq_s:
         entry.update(serial_fixed_s=float(f"{c.serial_fixed_s:.4g}"),
                      serial_per_seq_s=float(f"{c.serial_per_seq_s:.4g}"))
+    if c.frontend_s:
+        entry["frontend_s"] = float(f"{c.frontend_s:.4g}")
     entry["provenance"] = provenance
     return yaml.safe_dump({"engine": engine, "cpu_costs": {"default": entry}}, sort_keys=False, width=100)
 
@@ -340,11 +353,14 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
                            f"TPOT median {r['tpot_median_ape_%']:.1f}%" for _, r in part.iterrows())
         serial = ("the serial part the GPU waits for also fitted, >= 0, at most 5 ms + 100 us per sequence"
                   if c.serial_fixed_s or c.serial_per_seq_s else "no serial part (not fitted)")
+        front = (f"; the front end's latency per request fitted after them to the mean TTFT of the rows at "
+                 f"<= {FRONT_END_MAX_CONCURRENCY} clients ({c.frontend_s * 1e3:.1f} ms, >= 0, a fixed time "
+                 f"per request outside the steps)")
         provenance = (f"fitted {date} by servesim calibrate fit-serving to the mean TPOT of "
                       f"{result.rows_used[engine]} measured closed-loop deployments of {source} "
                       f"(single-group rows, re-timed; host time per step and per scheduled sequence that "
                       f"overlaps the GPU, >= 0; {serial}; with the kernels fixed, it also absorbs "
-                      f"what the kernels' prices miss end to end, so it is an effective cost); "
+                      f"what the kernels' prices miss end to end, so it is an effective cost){front}; "
                       f"leave-one-model-out median APE by GPU: {errors or 'n/a'}")
         path = Path(out_dir) / f"{engine}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)

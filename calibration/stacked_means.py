@@ -85,7 +85,7 @@ class StackedMeans:
         cpu = c.cpu_s(self.seqs, self.tokens)
         busy = np.where(self.overlap, np.maximum(self.gpu_s, cpu), self.gpu_s + cpu)
         ends = np.concatenate([[0.0], np.cumsum(busy + c.serial_s(self.seqs))])
-        ttft = np.where(self.done, ends[self.first] - ends[self.start], np.nan)
+        ttft = np.where(self.done, ends[self.first] - ends[self.start] + c.frontend_s, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.done & (self.outputs > 1),
                             (ends[self.last] - ends[self.first]) / (self.outputs - 1), np.nan)

@@ -97,8 +97,9 @@ def test_a_closed_loops_schedule_does_not_depend_on_step_times() -> None:
 
 
 TRUTH = {"name": "vllm", "async_scheduling": False, "step_overhead_s": 1.5e-3, "cpu_per_seq_s": 4e-5,
-         "cpu_per_token_s": 0.0}
-"""A serial vLLM whose host spends 1.5 ms per step and 40 us per sequence."""
+         "cpu_per_token_s": 0.0, "frontend_latency_s": 0.03}
+"""A serial vLLM whose host spends 1.5 ms per step and 40 us per sequence, behind a front end that
+takes 30 ms per request."""
 
 
 def test_vllm_result_recovers_the_engines_cpu_coefficients(tmp_path: Path) -> None:
@@ -111,6 +112,7 @@ def test_vllm_result_recovers_the_engines_cpu_coefficients(tmp_path: Path) -> No
     assert fitted.after.fixed_s == pytest.approx(1.5e-3, rel=0.05)
     assert fitted.after.per_seq_s == pytest.approx(4e-5, rel=0.05)
     assert fitted.after.per_token_s < 1e-8
+    assert fitted.after.frontend_s == pytest.approx(0.03, rel=0.05)
     after = fitted.metrics.set_index(["metric", "stat"])
     assert (after["after_error_%"].abs() < 1.0).all()
     assert abs(after.loc[("tpot_ms", "mean"), "before_error_%"]) > 5  # the shipped coefficients differ

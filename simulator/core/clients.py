@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import simpy
@@ -40,11 +41,13 @@ class Clients:
     """Sends requests into ``entry`` on behalf of a fixed set of clients (see the module docstring)."""
 
     def __init__(self, env: simpy.Environment, requests: RequestState, entry: Entry,
-                 loop: ClosedLoop) -> None:
+                 loop: ClosedLoop, latency_s: float = 0.0) -> None:
         self.env = env
         self.requests = requests
         self.entry = entry
         self.loop = loop
+        self.latency_s = latency_s
+        """The front end's latency: a request enters the deployment this long after it is sent."""
         self._next = 0
         self._client_of = np.full(len(requests), -1, dtype=np.int64)
         self._ready: deque[int] = deque()
@@ -103,8 +106,19 @@ class Clients:
                     continue
                 self._client_of[request] = client
                 self.requests.arrival[request] = now
-                self.entry(request, now)
-                if self.requests.status[request] == REJECTED:  # refused at the door: answered now
-                    self.done(np.array([request], dtype=np.int64), now)
+                if self.latency_s > 0:
+                    timer = self.env.timeout(self.latency_s)
+                    timer.callbacks.append(partial(self._enter_later, request))
+                else:
+                    self._enter(request, now)
         finally:
             self._sending = False
+
+    def _enter(self, request: int, now: float) -> None:
+        self.entry(request, now)
+        if self.requests.status[request] == REJECTED:  # refused at the door: answered now
+            self.done(np.array([request], dtype=np.int64), now)
+
+    def _enter_later(self, request: int, _: simpy.Event) -> None:
+        """A request that crossed the front end enters the deployment (and may be refused)."""
+        self._enter(request, self.env.now)

@@ -37,8 +37,10 @@ class Releases:
     """Counts down what each waiting request waits for and sends it when the count reaches 0."""
 
     def __init__(self, env: simpy.Environment, requests: RequestState, table: RequestTable,
-                 links: RequestLinks, send: Send) -> None:
+                 links: RequestLinks, send: Send, latency_s: float = 0.0) -> None:
         self.env = env
+        self.latency_s = latency_s
+        """The front end's latency: every request enters the deployment this long after it is sent."""
         self.requests = requests
         self.send = send
         self.earliest = table.arrival_s
@@ -83,6 +85,17 @@ class Releases:
         self._enter(request, now)
 
     def _enter(self, request: int, now: float) -> None:
+        if self.latency_s > 0:
+            timer = self.env.timeout(self.latency_s)
+            timer.callbacks.append(partial(self._cross, request))
+            return
+        self._send(request, now)
+
+    def _cross(self, request: int, _: simpy.Event) -> None:
+        """A request that crossed the front end enters the deployment."""
+        self._send(request, self.env.now)
+
+    def _send(self, request: int, now: float) -> None:
         self.send(request, now)
         if self.requests.status[request] == REJECTED:  # refused at the door: its client carries on
             self.done(np.array([request], dtype=np.int64), now)

@@ -88,11 +88,14 @@ class Sim:
 
 
 def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry,
-             next_arrival: NextArrival | None = None) -> Generator[simpy.Event, object, None]:
-    """Hand each request to ``entry`` at its arrival time, in table order (keeping
-    ``next_arrival`` at the next one's event time)."""
+             next_arrival: NextArrival | None = None,
+             latency_s: float = 0.0) -> Generator[simpy.Event, object, None]:
+    """Hand each request to ``entry`` at its arrival time plus the front end's ``latency_s``, in
+    table order (keeping ``next_arrival`` at the next one's event time). The request keeps its
+    table time as its arrival: the client sent it then, and its latencies count from there."""
     upcoming = NextArrival() if next_arrival is None else next_arrival
-    for request, at in enumerate(workload.arrival_s.tolist()):
+    times = workload.arrival_s if latency_s == 0.0 else workload.arrival_s + latency_s
+    for request, at in enumerate(times.tolist()):
         if at > env.now:
             # now + (at - now) can round one ulp below ``at``; step up so that the clock never
             # runs before a trace's arrival time (else a queueing delay of -1e-17 s appears).
@@ -106,32 +109,36 @@ def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry,
 
 
 def run_until_done(sim: Sim, entry: Entry, progress: Progress | None,
-                   closed_loop: ClosedLoop | None = None) -> None:
+                   closed_loop: ClosedLoop | None = None, latency_s: float = 0.0) -> None:
     """Feed the workload into ``entry`` and run until every request is finished or refused (the
     event queue then empties). Requests that wait for others (sessions, agent chains) are sent
     by :class:`~servesim.core.release.Releases` when those end, not by the arrival loop.
     ``closed_loop``: clients send the requests, each its next one when its previous one is done
     (:mod:`servesim.core.clients`), instead of at the table's times (the workload schema refuses
-    closed loops of sessions or workflows, which are closed loops already)."""
-    start_run(sim, entry, progress, closed_loop)
+    closed loops of sessions or workflows, which are closed loops already). ``latency_s``: the
+    engine front end's latency per request (:attr:`~servesim.engines.base.CpuCosts.frontend_s`),
+    between a client's send and the request's entry into the deployment."""
+    start_run(sim, entry, progress, closed_loop, latency_s)
     sim.env.run()
 
 
 def start_run(sim: Sim, entry: Entry, progress: Progress | None,
-              closed_loop: ClosedLoop | None = None) -> None:
+              closed_loop: ClosedLoop | None = None, latency_s: float = 0.0) -> None:
     """Everything :func:`run_until_done` does before it runs the clock: start the arrivals (or
     the clients) and the progress monitor. A caller that runs the clock in slices
     (``env.run(until=...)``, e.g. the capacity planner stopping a probe whose verdict is settled)
     starts the run with this; slicing only reads state between events, so it changes nothing."""
     links = sim.workload.links
     if closed_loop is not None:
-        Clients(sim.env, sim.requests, entry, closed_loop).start()
-    else:
-        if links is not None:
-            from servesim.core.release import Releases
+        Clients(sim.env, sim.requests, entry, closed_loop, latency_s).start()
+    elif links is not None:
+        from servesim.core.release import Releases
 
-            entry = Releases(sim.env, sim.requests, sim.workload, links, entry).entry
+        # the releases delay every request they send, the arrival loop's included
+        entry = Releases(sim.env, sim.requests, sim.workload, links, entry, latency_s).entry
         sim.env.process(arrivals(sim.env, sim.workload, entry, sim.next_arrival))
+    else:
+        sim.env.process(arrivals(sim.env, sim.workload, entry, sim.next_arrival, latency_s))
     if progress is not None:
         sim.env.process(_monitor(sim.env, sim.requests, progress,
                                  every_s=max(1.0, sim.workload.duration_s / 200)))

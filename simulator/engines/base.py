@@ -89,6 +89,9 @@ class RuntimeCosts:
     serial_per_seq_s: float = 0.0
     serial_per_token_s: float = 0.0
     serial_per_sample_s: float = 0.0
+    frontend_s: float = 0.0
+    """The front end's latency on every request's path (see :attr:`CpuCosts.frontend_s`): not a
+    step cost, so the cost model never reads it; the simulation delays each request's entry by it."""
 
     @classmethod
     def none(cls) -> RuntimeCosts:
@@ -243,6 +246,10 @@ class EngineKnobs(FrozenModel):
     serial_per_seq_s: float | None = Field(
         None, ge=0, allow_inf_nan=False,
         description="CPU time per iteration per scheduled sequence that the GPU waits for even with overlap")
+    frontend_latency_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="the front end's latency per request (HTTP server, tokenisation, hand-off to the "
+        "scheduler, the first token's way back), added to every TTFT and end-to-end latency")
     profile: Path | None = Field(
         None, description="an engine runtime profile YAML (written by `servesim calibrate "
         "from-benchmark` or `fit-serving`) whose CPU coefficients replace the engine's")
@@ -263,19 +270,27 @@ class CpuCosts:
     """Host time per iteration the GPU waits for even when the rest overlaps it (see
     :class:`RuntimeCosts`)."""
     serial_per_seq_s: float = 0.0
+    frontend_s: float = 0.0
+    """The front end's latency per request, outside the step loop: from the client's send until
+    the scheduler holds the request (HTTP server, tokenisation, hand-off to the engine process)
+    plus the first token's way back (detokenisation, streaming). Every request pays it once, in
+    TTFT and end-to-end latency; it is not in any step's time, so TPOT and throughput do not see
+    it. A fixed delay is the same to a client wherever on the round trip it falls, so the
+    simulation adds it on the way in (:func:`servesim.core.sim.arrivals`)."""
 
     def runtime(self, **engine: Any) -> RuntimeCosts:
         """These host costs with the rest of an engine's runtime (overlap, graphs, all-reduce)."""
         return RuntimeCosts(step_overhead_s=self.fixed_s, provenance=self.provenance,
                             cpu_per_seq_s=self.per_seq_s, cpu_per_token_s=self.per_token_s,
                             cpu_per_sample_s=self.per_sample_s, serial_fixed_s=self.serial_fixed_s,
-                            serial_per_seq_s=self.serial_per_seq_s, **engine)
+                            serial_per_seq_s=self.serial_per_seq_s, frontend_s=self.frontend_s, **engine)
 
     def replace_from(self, knobs: EngineKnobs) -> CpuCosts:
         """These costs with every coefficient the experiment sets replaced."""
         values = {"fixed_s": knobs.step_overhead_s, "per_seq_s": knobs.cpu_per_seq_s,
                   "per_token_s": knobs.cpu_per_token_s, "per_sample_s": knobs.cpu_per_sample_s,
-                  "serial_fixed_s": knobs.serial_overhead_s, "serial_per_seq_s": knobs.serial_per_seq_s}
+                  "serial_fixed_s": knobs.serial_overhead_s, "serial_per_seq_s": knobs.serial_per_seq_s,
+                  "frontend_s": knobs.frontend_latency_s}
         given: dict[str, float] = {k: v for k, v in values.items() if v is not None}
         if not given:
             return self
@@ -292,7 +307,7 @@ UNFITTED_CPU = CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms p
 
 _KNOB_OF = {"fixed_s": "step_overhead_s", "per_seq_s": "cpu_per_seq_s", "per_token_s": "cpu_per_token_s",
             "per_sample_s": "cpu_per_sample_s", "serial_fixed_s": "serial_overhead_s",
-            "serial_per_seq_s": "serial_per_seq_s"}
+            "serial_per_seq_s": "serial_per_seq_s", "frontend_s": "frontend_latency_s"}
 
 
 def by_prefix(table: dict[str, Any], hardware_name: str) -> Any:
@@ -378,8 +393,9 @@ class Engine(ABC):
         cpu = self.cpu(hardware_name)
         if self._is_constant_only(cpu):
             if self.knobs.step_overhead_s is not None:
-                return RuntimeCosts(cpu.fixed_s, "engine.step_overhead_s in the experiment")
-            return RuntimeCosts(cpu.fixed_s, cpu.provenance)
+                return RuntimeCosts(cpu.fixed_s, "engine.step_overhead_s in the experiment",
+                                    frontend_s=cpu.frontend_s)
+            return RuntimeCosts(cpu.fixed_s, cpu.provenance, frontend_s=cpu.frontend_s)
         return cpu.runtime()
 
     @staticmethod
@@ -415,6 +431,7 @@ class _CpuEntry(StrictModel):
     per_sample_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     serial_fixed_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     serial_per_seq_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    frontend_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     provenance: str = ""
 
 
@@ -430,7 +447,7 @@ class RuntimeProfile(StrictModel):
     def table(self) -> dict[str, CpuCosts]:
         return {("" if prefix == "default" else prefix):
                 CpuCosts(e.fixed_s, e.per_seq_s, e.per_token_s, e.per_sample_s, e.provenance,
-                         e.serial_fixed_s, e.serial_per_seq_s)
+                         e.serial_fixed_s, e.serial_per_seq_s, e.frontend_s)
                 for prefix, e in self.cpu_costs.items()}
 
 

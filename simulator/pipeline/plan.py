@@ -50,6 +50,13 @@ class RunPlan:
         return ClosedLoop(arrival.concurrency, arrival.think_time_s or 0.0)
 
     @property
+    def frontend_s(self) -> float:
+        """The engine front end's latency per request (``CpuCosts.frontend_s``): every request
+        enters the deployment this long after its client sent it. The front end serves the whole
+        deployment; its engine's value on the entry group's GPUs."""
+        return self.topology.groups[0].runtime.frontend_s
+
+    @property
     def policy_label(self) -> str:
         """The policy as summaries name it: the group's, or the topology's kind when its groups
         schedule on their own (``disaggregated``, as servesim 0.1 named it)."""

@@ -22,7 +22,7 @@ def simulate(plan: RunPlan, progress: Progress | None = None, *, fast_forward: b
     # closed-loop clients send requests at completion times the request table does not hold
     sim = Sim.start(plan.workload, plan.seed, fast_forward and plan.closed_loop is None)
     built = plan.topology.build(sim, plan.reject_codes)
-    run_until_done(sim, built.entry, progress, plan.closed_loop)
+    run_until_done(sim, built.entry, progress, plan.closed_loop, plan.frontend_s)
     check_finished(sim.requests, (state for group in built.groups for state in group.states), sim.env.now)
     end = sim.steps.end_s()
     for link in built.links:

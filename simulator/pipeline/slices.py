@@ -35,7 +35,7 @@ class SlicedSimulation:
         started = time.perf_counter()
         self.sim = Sim.start(plan.workload, plan.seed, fast_forward and plan.closed_loop is None)
         self.built = plan.topology.build(self.sim, plan.reject_codes)
-        start_run(self.sim, self.built.entry, None, plan.closed_loop)
+        start_run(self.sim, self.built.entry, None, plan.closed_loop, plan.frontend_s)
         self._wall_s = time.perf_counter() - started
         self.done = self.sim.env.peek() == math.inf
 
