@@ -29,6 +29,14 @@ ZERO_CPU = {"step_overhead_s": 0.0, "cpu_per_seq_s": 0.0, "cpu_per_token_s": 0.0
             "serial_overhead_s": 0.0, "serial_per_seq_s": 0.0, "frontend_latency_s": 0.0}
 """Engine knobs that make a run's steps take their GPU time alone (and requests enter the
 deployment as they are sent)."""
+TRACE_FRONTEND_S = 1e-5
+"""The front end's latency a closed loop is traced with (10 us, shorter than any step): a request
+then enters just after its client sends it, never in the step that starts as it is sent, as with
+every real front end, and re-timing stands for any latency (:func:`closed_loop_ends`). With none
+at all, each request would join the step that starts the instant its predecessor ends, which no
+engine does; in a closed loop whose clients have drifted apart (vLLM V1, TensorRT-LLM) that
+changes the batches: a 1 ms front end turns a 64-client vLLM Kimi-K2 row's mean TTFT from 159 to
+290 ms in simulation."""
 KERNEL_CLASSES = tuple(name for name in OP_CLASSES if name not in ("overhead", "proposal"))
 """The kernel classes a run can be rescaled by (not the host overhead, nor the speculative proposer's
 passes, which are priced from the same kernels)."""
@@ -86,6 +94,11 @@ class ScheduleTrace:
     all at t = 0), whose schedule does not depend on step times."""
     release_s: np.ndarray | None = None
     """Open loop: per step, the time the replica woke up for it after being idle (0 if it was busy)."""
+    waited: np.ndarray | None = None
+    """Closed loop: per step, whether the replica sat idle before it, waiting for a request to
+    cross the front end (it starts the front end's latency after the step before ended)."""
+    admit_step: np.ndarray | None = None
+    """Closed loop: per request, the step that first scheduled it."""
 
     def step_times(self, c: Coefficients) -> np.ndarray:
         kernels = self.kernel_s @ np.asarray(c.scales)
@@ -96,36 +109,73 @@ class ScheduleTrace:
 
     def evaluate(self, c: Coefficients) -> tuple[np.ndarray, np.ndarray]:
         """Per request: TTFT and TPOT in seconds (NaN for requests not completed, and TPOT NaN
-        for one-token outputs).
-
-        The front end's latency (``c.frontend_s``) is added to each TTFT on the traced schedule,
-        which is the one of requests entering as they are sent: exact when the engine is idle
-        while they cross the front end (a closed loop's clients in lock-step, one client, or
-        open-loop arrivals to an idle replica); where other requests keep it busy meanwhile, a
-        request that enters mid-step waits up to one step more than the re-timed TTFT says (the
-        simulation itself delays the entry and is exact)."""
+        for one-token outputs), with the front end's latency ``c.frontend_s`` counted as the
+        simulation counts it (see :func:`closed_loop_ends`)."""
         times = self.step_times(c)
+        a, f, last = self.arrival_step, self.first_step, self.last_step
         if self.release_s is None:
-            ends = np.concatenate([[0.0], np.cumsum(times)])
+            ends, extra = closed_loop_ends(times, self.waited, self.admit_step, a, c.frontend_s)
+            ttft = np.where(self.done, ends[f + 1] - ends[a] + extra, np.nan)
         else:  # e_k = max(e_{k-1}, release_k) + t_k, in closed form over prefix sums
             cumulative = np.cumsum(times)
             before = cumulative - times
             ends = np.concatenate([[0.0], cumulative + np.maximum.accumulate(
                 np.maximum(self.release_s - before, 0.0))])
-        a, f, last = self.arrival_step, self.first_step, self.last_step
-        if self.arrival_s is None:
-            ttft = np.where(self.done, ends[f + 1] - ends[a], np.nan)
-        else:  # re-timed faster, a request's first step may slide before it was sent: it still
-            # takes at least that step (exact when the times are the traced run's own)
-            ttft = np.where(self.done, np.maximum(ends[f + 1] - self.arrival_s, times[f]), np.nan)
+        if self.arrival_s is not None:
+            # re-timed faster, a request's first step may slide before it was sent: it still takes
+            # at least that step (exact when the times are the traced run's own); its front end's
+            # latency is in the traced entries, and the client counts it again from its send
+            ttft = np.where(self.done, np.maximum(ends[f + 1] - self.arrival_s, times[f]) + c.frontend_s,
+                            np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.done & (self.outputs > 1),
                             (ends[last + 1] - ends[f + 1]) / (self.outputs - 1), np.nan)
-        return ttft + c.frontend_s, tpot
+        return ttft, tpot
+
+
+def retimes_exactly(trace: ScheduleTrace, c: Coefficients) -> bool:
+    """Whether re-timing ``trace`` with ``c`` is what simulating with ``c`` gives: always without
+    a front end; with one, when the trace recorded its waits and every request waited at least
+    the latency for the step that first scheduled it (it entered an idle replica, or queued
+    behind others longer than it took to cross the front end), so entering later changes no
+    batch. A request that would join a busy replica's next step sooner than that may miss it,
+    and then the schedule itself moves (``validate-serving`` simulates such rows)."""
+    if c.frontend_s == 0.0 or trace.release_s is not None:
+        return True
+    if trace.waited is None or trace.admit_step is None:
+        return False
+    _, extra = closed_loop_ends(trace.step_times(c), trace.waited, trace.admit_step, trace.arrival_step,
+                                c.frontend_s)
+    return bool(np.all(np.asarray(extra)[trace.done] <= 1e-12))
+
+
+def closed_loop_ends(times: np.ndarray, waited: np.ndarray | None, admit: np.ndarray | None,
+                     arrival: np.ndarray, frontend_s: float) -> tuple[np.ndarray, np.ndarray | float]:
+    """A closed loop's step ends re-timed (``[0, end of step 0, ...]``) and each request's TTFT
+    beyond ``ends[first + 1] - ends[arrival]``, for a front end of ``frontend_s``.
+
+    A client sends when its previous request's last step ends and the request enters
+    ``frontend_s`` later. On a trace made with a latency shorter than any step (what
+    ``validate-serving`` traces with), a request never joins the step that starts as it is sent
+    but a later one, so the schedule is the same for every such latency: a step the replica
+    waited for starts ``frontend_s`` after the one before ended, and a request that entered a busy
+    replica already waited longer than the latency for its step, so its TTFT has the latency in
+    it. That is exact while the latency is shorter than the wait; a longer one (the ~100 ms the
+    fits find for SGLang and TensorRT-LLM) is added where it exceeds the wait, as if the request
+    joined the same step that much later (it may in truth miss it and join the next). Without a
+    record of waits (a trace made with no latency), the latency is simply added to each TTFT."""
+    if waited is None or admit is None:
+        return np.concatenate([[0.0], np.cumsum(times)]), frontend_s
+    gaps = frontend_s * waited
+    ends = np.concatenate([[0.0], np.cumsum(times + gaps)])
+    wait = ends[admit] + gaps[admit] - ends[arrival]
+    return ends, np.maximum(frontend_s - wait, 0.0)
 
 
 def trace_run(result: RunResult, open_loop: bool = False, cpu: Coefficients | None = None) -> ScheduleTrace:
-    """The schedule of ``result``, a run whose engine did no CPU work (``ZERO_CPU``).
+    """The schedule of ``result``, a run whose engine did no CPU work (``ZERO_CPU``), and for a
+    closed loop that may have had a front end (``TRACE_FRONTEND_S``): which steps waited for a
+    request to cross it, and when each request was first scheduled (:func:`closed_loop_ends`).
 
     ``open_loop``: the requests arrived at their own times; the trace keeps those (as they
     entered the deployment, after the front end's latency of ``cpu``, which re-timing adds back)
@@ -155,7 +205,12 @@ def trace_run(result: RunResult, open_loop: bool = False, cpu: Coefficients | No
     tokens = (steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(float)
     overlap = group.runtime.overlap
     release = None
+    waited = admit = None
     launch_exposed = steps["op_overhead_s"].to_numpy(float)
+    if not open_loop and result.plan.frontend_s > 0:  # (a run with no front end never waits)
+        waited = np.concatenate([[starts[0] > 0] if starts.size else [], starts[1:] > ends[:-1]])
+        scheduled = requests["first_scheduled_s"].to_numpy(float)
+        admit = step_at(np.where(done, scheduled, 0.0), starts)
     if open_loop:
         idle = np.concatenate([[True], starts[1:] > ends[:-1]])
         release = np.where(idle, starts, 0.0)
@@ -171,7 +226,8 @@ def trace_run(result: RunResult, open_loop: bool = False, cpu: Coefficients | No
         arrival_step=step_at(arrival, starts),
         first_step=step_at(safe[0], ends), last_step=step_at(safe[1], ends),
         outputs=requests["output_tokens"].to_numpy(int), done=done,
-        arrival_s=(arrival + (cpu.frontend_s if cpu else 0.0)) if open_loop else None, release_s=release)
+        arrival_s=(arrival + (cpu.frontend_s if cpu else 0.0)) if open_loop else None, release_s=release,
+        waited=waited, admit_step=admit)
 
 
 def simulate_document(document: dict[str, Any], workload: RequestTable | None = None,

@@ -19,8 +19,10 @@ state. (Before, the first round was discarded as a warm-up: the same when the cl
 lock-step, lower where prefill chunking spreads the first round's prompts out.)
 
 A single-group deployment's schedule is traced once per row with the engine's CPU work set to
-zero (:mod:`servesim.calibration.replay`), so predicting with any CPU coefficients, fitting them,
-and leave-one-model-out all reuse it. Deployments of several scheduling units (disaggregated
+zero and a 10 us front end (:data:`~servesim.calibration.replay.TRACE_FRONTEND_S`: a request enters
+just after its client sends it, never in the step that starts at that instant), so predicting with
+any CPU coefficients and front-end latency, fitting them, and leave-one-model-out all reuse it
+(:mod:`servesim.calibration.replay`). Deployments of several scheduling units (disaggregated
 groups, data-parallel attention ranks, pipeline stages) have no single step sequence to re-time:
 they are simulated once per set of coefficients (``simulated`` in the rows' ``replay`` column),
 predicted but not fitted.
@@ -37,7 +39,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +53,15 @@ from servesim.calibration.engine_fit import (
     leave_one_model_out,
     weighted_mean,
 )
-from servesim.calibration.replay import ZERO_CPU, Coefficients, ScheduleTrace, simulate_document, trace_run
+from servesim.calibration.replay import (
+    TRACE_FRONTEND_S,
+    ZERO_CPU,
+    Coefficients,
+    ScheduleTrace,
+    retimes_exactly,
+    simulate_document,
+    trace_run,
+)
 from servesim.calibration.serving_data import HARDWARE, ServingFile, ServingRow, read_serving_file
 from servesim.config import validate_document
 from servesim.engines import make_engine
@@ -111,7 +121,7 @@ def replayable(row: ServingRow) -> bool:
 
 def _trace(args: tuple[ServingRow, int]) -> TracedRow:
     row, per_client = args
-    document = row.document(per_client, ZERO_CPU)
+    document = row.document(per_client, {**ZERO_CPU, "frontend_latency_s": TRACE_FRONTEND_S})
     try:
         if not replayable(row):
             prepare(validate_document(document))  # every check, without running it
@@ -136,16 +146,80 @@ def _simulate(args: tuple[ServingRow, int, int, Coefficients]) -> tuple[int, flo
     return row.row, weighted_mean(ttft, weights), weighted_mean(tpot, weights)
 
 
+def _run_simulations(jobs: list[tuple[ServingRow, int, int, Coefficients]],
+                     workers: int) -> list[tuple[int, float, float]]:
+    """:func:`_simulate` of every job, in order (``workers`` processes)."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [_simulate(job) for job in jobs]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(_simulate, jobs, chunksize=1))
+
+
+def needs_simulation(t: TracedRow, c: Coefficients) -> bool:
+    """A row predicted by simulating it: several scheduling units, or a trace that re-timing with
+    ``c`` would not reproduce (a front end slower than some request's wait for its step:
+    :func:`~servesim.calibration.replay.retimes_exactly`)."""
+    return t.simulated or (t.trace is not None and not retimes_exactly(t.trace, c))
+
+
 def simulate_rows(traced: list[TracedRow], coefficients: dict[int, Coefficients], warmup: int,
                   measured: int, workers: int = 1) -> dict[int, tuple[float, float]]:
-    """Mean TTFT and TPOT of every simulated row under its coefficients (``workers`` processes)."""
-    jobs = [(t.row, warmup, measured, coefficients[t.row.row]) for t in traced if t.simulated]
-    if workers <= 1:
-        results = [_simulate(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(workers) as pool:
-            results = list(pool.map(_simulate, jobs, chunksize=1))
-    return {row: (ttft, tpot) for row, ttft, tpot in results}
+    """Mean TTFT and TPOT of every row that must be simulated under its coefficients
+    (:func:`needs_simulation`; ``workers`` processes)."""
+    jobs = [(t.row, warmup, measured, coefficients[t.row.row]) for t in traced
+            if t.row.row in coefficients and needs_simulation(t, coefficients[t.row.row])]
+    return {row: (ttft, tpot) for row, ttft, tpot in _run_simulations(jobs, workers)}
+
+
+FRONT_END_GRID_S = (0.0, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1,
+                    0.125, 0.15)
+"""The front-end latencies a serving fit tries (seconds)."""
+
+
+def front_end_curves(traced: list[TracedRow], cpu: Coefficients, warmup: int, measured: int,
+                     workers: int = 1) -> dict[int, np.ndarray]:
+    """Per row (re-timed ones at <= ``FRONT_END_MAX_CONCURRENCY`` clients): its predicted mean
+    TTFT at each latency of :data:`FRONT_END_GRID_S` with the CPU coefficients ``cpu``, re-timed
+    where that is exact and simulated where it is not (a request that would join a busy
+    replica's next step sooner than the latency may miss it, and the batches change: in
+    TensorRT-LLM's drifting closed loops a 10 ms front end adds far more than 10 ms)."""
+    light = [t for t in traced if t.trace is not None and t.row.concurrency <= FRONT_END_MAX_CONCURRENCY]
+    curves = {t.row.row: np.full(len(FRONT_END_GRID_S), np.nan) for t in light}
+    jobs, where = [], []
+    for t in light:
+        for k, latency in enumerate(FRONT_END_GRID_S):
+            c = replace(cpu, frontend_s=latency)
+            assert t.trace is not None
+            if retimes_exactly(t.trace, c):
+                curves[t.row.row][k] = float(t.measurement(warmup).predicted(c)[0][0])
+            else:
+                jobs.append((t.row, warmup, measured, c))
+                where.append((t.row.row, k))
+    for (row, k), (_, ttft, _) in zip(where, _run_simulations(jobs, workers), strict=True):
+        curves[row][k] = ttft
+    return curves
+
+
+def pick_front_end(curves: dict[int, np.ndarray], rows: list[ServingRow]) -> float:
+    """The latency whose predicted TTFT is closest to the measured one over ``rows`` (mean |log
+    error|): the best of :data:`FRONT_END_GRID_S`, then refined between its neighbours on each
+    row's TTFT interpolated linearly between the grid's latencies."""
+    chosen = [(curves[r.row], r.ttft_s) for r in rows if r.row in curves]
+    if not chosen:
+        return 0.0
+    predicted = np.array([c for c, _ in chosen])
+    measured = np.array([m for _, m in chosen])[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        errors = np.abs(np.log(predicted / measured))
+    losses = np.nanmean(np.where(np.isfinite(errors), errors, np.nan), axis=0)
+    best = int(np.nanargmin(losses))
+    grid = np.asarray(FRONT_END_GRID_S)
+    fine = np.linspace(grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)], 81)
+    between = np.array([np.interp(fine, grid, curve) for curve in predicted])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fine_errors = np.abs(np.log(between / measured))
+    fine_losses = np.nanmean(np.where(np.isfinite(fine_errors), fine_errors, np.nan), axis=0)
+    return float(fine[int(np.nanargmin(fine_losses))])
 
 
 def trace_rows(rows: Iterable[ServingRow], warmup: int = WARMUP, measured: int = MEASURED,
@@ -172,11 +246,11 @@ def prediction_rows(traced: list[TracedRow], coefficients: dict[int, Coefficient
     lines = []
     for t in traced:
         r = t.row
-        if t.trace is not None:
+        if simulated is not None and r.row in simulated:
+            predicted, replay = simulated[r.row], "simulated"
+        elif t.trace is not None:
             ttft, tpot = t.measurement(warmup).predicted(coefficients[r.row])
             predicted, replay = (float(ttft[0]), float(tpot[0])), "re-timed"
-        elif t.simulated and simulated is not None and r.row in simulated:
-            predicted, replay = simulated[r.row], "simulated"
         else:
             continue
         layout = (f"P{r.prefill[0]}x(tp{r.prefill[1]} dp{r.prefill[2]} ep{r.prefill[3]}) "
@@ -312,14 +386,25 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
         if not mine:
             continue
         measurements = [t.measurement(warmup) for t in mine]
-        fitted[engine] = fit_engine(measurements, params, metrics, front_end)
-        per_model = leave_one_model_out(measurements, params, metrics, front_end)
+        fitted[engine] = fit_engine(measurements, params, metrics)
+        per_model = leave_one_model_out(measurements, params, metrics)
+        if front_end:
+            # the latency moves the schedule where requests join a busy replica: fitted to what
+            # simulation says there (front_end_curves), not to the re-timed approximation; the
+            # curves are priced with the CPU coefficients of all models (held-out models' TPOT
+            # included), the latency of each held-out model chosen on the others' rows alone
+            curves = front_end_curves(mine, fitted[engine], warmup, measured, workers)
+            fitted[engine] = replace(fitted[engine], frontend_s=pick_front_end(curves, [t.row for t in mine]))
+            per_model = {model: replace(c, frontend_s=pick_front_end(
+                curves, [t.row for t in mine if t.row.model != model])) for model, c in per_model.items()}
         for t in traced:
             if t.row.engine == engine and (t.trace is not None or t.simulated):
                 # a model with no re-timed rows is predicted from all of them (none are its own)
                 lomo[t.row.row] = per_model.get(t.row.model, fitted[engine])
     simulated = (simulate_rows([t for t in traced if t.row.row in lomo], lomo, warmup, measured, workers)
                  if simulate else {})
+    if not simulate:  # re-timed approximations stand in for what would be simulated
+        simulated = None
     rows = prediction_rows([t for t in traced if t.row.row in lomo], lomo, warmup, "leave-one-model-out",
                            simulated)
     return ServingFit(fitted, rows, summarise(rows, data.total - data.duplicates),

@@ -45,6 +45,13 @@ class StackedMeans:
     """Per request: which measurement it belongs to."""
     measured: dict[str, np.ndarray]
     """Per metric (ttft, tpot): the measured mean of each measurement."""
+    waited: np.ndarray
+    """Per step: the replica waited for a request to cross the front end before it (traces made
+    with a front end; else False)."""
+    admit: np.ndarray
+    """Per request: index of the step that first scheduled it."""
+    flat: np.ndarray
+    """Per request: its trace records no waits, so the front end's latency is added as it is."""
 
     @classmethod
     def build(cls, measurements: Sequence[Measurement], scales: tuple[float, ...]) -> StackedMeans | None:
@@ -56,8 +63,8 @@ class StackedMeans:
             trace = m.trace
             if trace.arrival_s is not None or trace.release_s is not None or m.ttft_s.size != 1:
                 return None
-        gpu, seqs, tokens, overlap = [], [], [], []
-        start, first, last, outputs, done, weights, row = [], [], [], [], [], [], []
+        gpu, seqs, tokens, overlap, waited = [], [], [], [], []
+        start, first, last, outputs, done, weights, row, admit, flat = [], [], [], [], [], [], [], [], []
         offset = 0
         for index, m in enumerate(measurements):
             trace, chosen = m.trace, m.requests
@@ -72,20 +79,29 @@ class StackedMeans:
             done.append(trace.done[chosen])
             weights.append(np.ones(chosen.size) if m.weights is None else np.asarray(m.weights, float))
             row.append(np.full(chosen.size, index))
+            recorded = trace.waited is not None and trace.admit_step is not None
+            waited.append(trace.waited if trace.waited is not None else np.zeros(trace.seqs.size, bool))
+            admit.append(offset + (trace.admit_step[chosen] if trace.admit_step is not None
+                                   else trace.arrival_step[chosen]))
+            flat.append(np.full(chosen.size, not recorded))
             offset += trace.seqs.size
         return cls(np.concatenate(gpu), np.concatenate(seqs), np.concatenate(tokens),
                    np.concatenate(overlap), np.concatenate(start), np.concatenate(first),
                    np.concatenate(last), np.concatenate(outputs), np.concatenate(done),
                    np.concatenate(weights), np.concatenate(row),
                    {"ttft": np.array([float(m.ttft_s[0]) for m in measurements]),
-                    "tpot": np.array([float(m.tpot_s[0]) for m in measurements])})
+                    "tpot": np.array([float(m.tpot_s[0]) for m in measurements])},
+                   np.concatenate(waited), np.concatenate(admit), np.concatenate(flat))
 
     def predicted(self, c: Coefficients) -> dict[str, np.ndarray]:
         """Per metric, each measurement's predicted mean (NaN where no request gives one)."""
         cpu = c.cpu_s(self.seqs, self.tokens)
         busy = np.where(self.overlap, np.maximum(self.gpu_s, cpu), self.gpu_s + cpu)
-        ends = np.concatenate([[0.0], np.cumsum(busy + c.serial_s(self.seqs))])
-        ttft = np.where(self.done, ends[self.first] - ends[self.start] + c.frontend_s, np.nan)
+        gaps = c.frontend_s * self.waited  # as replay.closed_loop_ends, over every row at once
+        ends = np.concatenate([[0.0], np.cumsum(busy + c.serial_s(self.seqs) + gaps)])
+        wait = ends[self.admit] + gaps[self.admit] - ends[self.start]
+        extra = np.where(self.flat, c.frontend_s, np.maximum(c.frontend_s - wait, 0.0))
+        ttft = np.where(self.done, ends[self.first] - ends[self.start] + extra, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.done & (self.outputs > 1),
                             (ends[self.last] - ends[self.first]) / (self.outputs - 1), np.nan)

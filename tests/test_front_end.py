@@ -4,6 +4,7 @@ it, so it adds to TTFT and end-to-end latency, never to a step, and a closed loo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,14 @@ from engine_helpers import run, tabulate
 
 from servesim import BatchShape
 from servesim.calibration.engine_fit import FRONT_END_MAX_CONCURRENCY, Measurement, fit_front_end
-from servesim.calibration.replay import ZERO_CPU, Coefficients, simulate_document, trace_run
+from servesim.calibration.replay import (
+    TRACE_FRONTEND_S,
+    ZERO_CPU,
+    Coefficients,
+    retimes_exactly,
+    simulate_document,
+    trace_run,
+)
 from servesim.calibration.serving_validate import runtime_profile_yaml
 from servesim.calibration.stacked_means import StackedMeans
 from servesim.config import validate_document
@@ -76,7 +84,8 @@ def test_a_session_turn_enters_the_latency_after_the_client_sends_it() -> None:
     workload = {"arrival": {"process": "constant", "rate": 1.0}, "sessions": {
         "count": 1, "turns": {"dist": "fixed", "value": 4}, "user_tokens": {"dist": "fixed", "value": 50},
         "output": {"dist": "fixed", "value": 20}, "think_time_s": {"dist": "fixed", "value": 1.0}}}
-    base: dict[str, Any] = {"model": "llama-3-8b", "hardware": "h100-sxm-80gb", "seed": 5, "workload": workload}
+    base: dict[str, Any] = {"model": "llama-3-8b", "hardware": "h100-sxm-80gb", "seed": 5,
+                            "workload": workload}
     plain = tabulate(run(validate_document({**base, "engine": {"name": "vllm-v0"}}), None)).requests
     delayed = tabulate(run(validate_document(
         {**base, "engine": {"name": "vllm-v0", "frontend_latency_s": LATENCY}}), None)).requests
@@ -110,15 +119,42 @@ def test_the_knob_overrides_the_fitted_latency_and_profiles_carry_it(tmp_path: A
         prepare(validate_document(document({"process": "poisson", "rate": 1.0}, 1, 10, 2, -1.0)))
 
 
-def _closed_trace(concurrency: int, latency: float) -> tuple[Any, float]:
-    """A lock-step closed loop simulated with a front end of ``latency`` (the measured run), and
-    the trace of the same run without it (what the replay re-times)."""
-    doc = document({"process": "closed", "concurrency": concurrency}, concurrency * 4, 1024, 64, None,
+def _closed_trace(concurrency: int, latency: float, prompt: int = 1024) -> tuple[Any, float]:
+    """A closed loop simulated with a front end of ``latency`` (the measured run), and the trace
+    of the same run made with the replay's 10 us front end (what the replay re-times)."""
+    doc = document({"process": "closed", "concurrency": concurrency}, concurrency * 4, prompt, 64, None,
                    engine="vllm", deployment={"enable_prefix_caching": False})
     measured = simulate_document(doc, cpu={**ZERO_CPU, "frontend_latency_s": latency}).requests
-    trace = trace_run(simulate_document(doc, cpu=ZERO_CPU))
+    trace = trace_run(simulate_document(doc, cpu={**ZERO_CPU, "frontend_latency_s": TRACE_FRONTEND_S}))
     ttft = float((measured["first_token_s"] - measured["arrival_s"]).mean())
     return trace, ttft
+
+
+@pytest.mark.parametrize("latency", [0.0, TRACE_FRONTEND_S, 4e-4])
+def test_a_drifting_closed_loop_re_times_exactly_for_a_latency_shorter_than_its_steps(latency: float) -> None:
+    """24 vLLM V1 clients with 3,000-token prompts: the budget of 8,192 tokens spreads the first
+    round's prompts over steps and the clients drift apart, so a request enters a busy replica.
+    On the trace made with the replay's 10 us front end, re-timing with CPU coefficients and any
+    latency shorter than every step gives the full simulation's TTFT and TPOT to rounding; a
+    front end of 0 is a different schedule (a request joins the step that starts as it is sent)."""
+    doc = document({"process": "closed", "concurrency": 24}, 96, 3000, 40, None, engine="vllm",
+                   deployment={"enable_prefix_caching": False})
+    trace = trace_run(simulate_document(doc, cpu={**ZERO_CPU, "frontend_latency_s": TRACE_FRONTEND_S}))
+    assert trace.waited is not None and trace.waited[0] and not trace.waited[1:].all()
+    c = Coefficients(fixed_s=2e-3, per_seq_s=3e-5, frontend_s=latency)
+    full = simulate_document(doc, cpu=c.knobs()).requests
+    ttft, tpot = trace.evaluate(c)
+    assert retimes_exactly(trace, c)
+    assert not retimes_exactly(trace, replace(c, frontend_s=0.05))  # longer than a decode step
+    if latency == 0.0:
+        assert not np.allclose(ttft, full["ttft_s"].to_numpy(), rtol=1e-3)
+        return
+    assert ttft == pytest.approx(full["ttft_s"].to_numpy(), rel=1e-9)
+    assert tpot == pytest.approx(full["tpot_s"].to_numpy(), rel=1e-9)
+    m = Measurement(trace, np.arange(96), np.array([0.5]), np.array([0.02]), concurrency=24)
+    stacked = StackedMeans.build([m], c.scales)
+    assert stacked is not None
+    assert stacked.predicted(c)["ttft"] == pytest.approx(m.predicted(c)[0], rel=1e-12)
 
 
 def test_the_replay_adds_the_latency_and_the_fit_recovers_it_from_light_rows() -> None:

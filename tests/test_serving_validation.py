@@ -4,6 +4,7 @@ CPU coefficients used to make the "measurements" are recovered."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,48 @@ def test_the_stacked_loss_is_the_row_by_row_loss(serving_file: Path) -> None:
                                            serial_per_seq_s=2e-6)):
         for metrics in (("tpot",), ("ttft", "tpot")):
             assert stacked.loss(c, metrics) == pytest.approx(loss(measurements, c, metrics), rel=1e-9)
+
+
+FRONT_END = 0.02
+"""A front end of 20 ms per request, longer than the steps of these rows: where a request joins a
+busy replica it misses steps, so only simulation says what it costs."""
+
+
+def simulated_measurement(model_path: str, tp: int, concurrency: int) -> tuple[float, float]:
+    """What simulating the row with TRUTH and a 20 ms front end says (mean TTFT and TPOT, ms)."""
+    from servesim.calibration.serving_validate import _simulate
+
+    row = ServingRow(row=0, engine="trtllm", model=read_model(model_path), hf_model=model_path,
+                     gpu="h100_sxm", tp=tp, precision="bf16", isl=256, osl=12, concurrency=concurrency,
+                     ttft_s=1.0, tpot_s=1.0, version="")
+    _, ttft, tpot = _simulate((row, 1, 3, replace(TRUTH, frontend_s=FRONT_END)))
+    return ttft * 1e3, tpot * 1e3
+
+
+def test_fit_serving_finds_the_front_end_by_simulating_where_re_timing_cannot(tmp_path: Path) -> None:
+    """Rows "measured" by simulating a 20 ms front end: the fit's latency, chosen on each row's
+    TTFT at the grid's latencies (re-timed where exact, simulated where not), is 20 ms, and every
+    model left out is predicted from the other's rows within 5%."""
+    lines = [line(model, tp, concurrency, *simulated_measurement(model, tp, concurrency))
+             for model, tp in (("meta-llama/Llama-3.1-8B-Instruct", 1), ("Qwen/Qwen3-32B", 2))
+             for concurrency in (2, 8)]
+    path = tmp_path / "silicon.csv"
+    pd.DataFrame(lines, columns=COLUMNS).to_csv(path, index=False)
+    result = fit_serving(path, measured=3, engines=("trtllm",))
+    fitted = result.coefficients["trtllm"]
+    assert fitted.frontend_s == pytest.approx(FRONT_END, rel=0.05)
+    assert fitted.per_seq_s == pytest.approx(TRUTH.per_seq_s, rel=0.1)
+    rows = result.lomo_rows
+    assert (rows["ttft_ape_%"] < 5.0).all() and (rows["tpot_ape_%"] < 5.0).all()
+
+
+def test_pick_front_end_refines_between_grid_points() -> None:
+    from servesim.calibration.serving_validate import FRONT_END_GRID_S, pick_front_end
+
+    grid = np.asarray(FRONT_END_GRID_S)
+    rows = [ServingRow(row=i, engine="trtllm", model="llama-3.1-8b", hf_model="m", gpu="h100_sxm", tp=1,
+                       precision="bf16", isl=1, osl=2, concurrency=2, ttft_s=0.05 + 0.0123, tpot_s=0.01,
+                       version="") for i in (1, 2)]
+    curves = {1: 0.05 + grid, 2: 0.05 + grid}  # TTFT = 50 ms + latency: the answer is 12.3 ms
+    assert pick_front_end(curves, rows) == pytest.approx(0.0123, abs=1e-3)
+    assert pick_front_end(curves, []) == 0.0
