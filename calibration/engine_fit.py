@@ -212,30 +212,24 @@ and prefill scheduling, which the latency must not be bent to absorb."""
 
 
 def fit_front_end(measurements: Sequence[Measurement], start: Coefficients) -> Coefficients:
-    """``start`` with the front end's latency fitted to the TTFT of the lightly loaded
+    """``start`` with the front end's latency fitted to the re-timed TTFT of the lightly loaded
     measurements (:data:`FRONT_END_MAX_CONCURRENCY`; a user's own run, of unknown concurrency,
     counts as light): a fixed time per request, >= 0, that the step loop does not see. TTFT
-    only, since it changes nothing else."""
+    only, since it changes nothing else. (Re-timing is exact for a latency shorter than each
+    request's wait for its step; ``calibrate fit-serving`` fits the latency on simulated TTFT
+    where it is not: ``serving_validate.front_end_curves``.)"""
     light = [m for m in measurements if m.concurrency <= FRONT_END_MAX_CONCURRENCY]
     if not light:
         return start
     return fit(light, ("frontend_s",), start=start, metrics=("ttft",))
 
 
-def fit_engine(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s", "per_seq_s"),
-               metrics: Sequence[str] = METRICS, front_end: bool = False) -> Coefficients:
-    """:func:`fit` of the CPU coefficients, then (``front_end``) the front end's latency on top."""
-    c = fit(measurements, params, metrics=metrics)
-    return fit_front_end(measurements, c) if front_end else c
-
-
 def leave_one_model_out(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s", "per_seq_s"),
-                        metrics: Sequence[str] = METRICS, front_end: bool = False) -> dict[str, Coefficients]:
-    """For each group (model), the coefficients fitted on every other group's measurements
-    (:func:`fit_engine`: the front end's latency too, if asked)."""
+                        metrics: Sequence[str] = METRICS) -> dict[str, Coefficients]:
+    """For each group (model), the coefficients fitted on every other group's measurements."""
     groups = sorted({m.group for m in measurements})
     out = {}
     for group in groups:
         others = [m for m in measurements if m.group != group]
-        out[group] = fit_engine(others, params, metrics, front_end) if others else Coefficients()
+        out[group] = fit(others, params, metrics=metrics) if others else Coefficients()
     return out

@@ -49,7 +49,7 @@ from servesim.atomic_io import atomic_write_text
 from servesim.calibration.engine_fit import (
     FRONT_END_MAX_CONCURRENCY,
     Measurement,
-    fit_engine,
+    fit,
     leave_one_model_out,
     weighted_mean,
 )
@@ -386,7 +386,7 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
         if not mine:
             continue
         measurements = [t.measurement(warmup) for t in mine]
-        fitted[engine] = fit_engine(measurements, params, metrics)
+        fitted[engine] = fit(measurements, params, metrics=metrics)
         per_model = leave_one_model_out(measurements, params, metrics)
         if front_end:
             # the latency moves the schedule where requests join a busy replica: fitted to what
