@@ -401,10 +401,10 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
             if t.row.engine == engine and (t.trace is not None or t.simulated):
                 # a model with no re-timed rows is predicted from all of them (none are its own)
                 lomo[t.row.row] = per_model.get(t.row.model, fitted[engine])
-    simulated = (simulate_rows([t for t in traced if t.row.row in lomo], lomo, warmup, measured, workers)
-                 if simulate else {})
-    if not simulate:  # re-timed approximations stand in for what would be simulated
-        simulated = None
+    # without ``simulate``, re-timed approximations stand in for what would be simulated
+    simulated: dict[int, tuple[float, float]] | None = (
+        simulate_rows([t for t in traced if t.row.row in lomo], lomo, warmup, measured, workers)
+        if simulate else None)
     rows = prediction_rows([t for t in traced if t.row.row in lomo], lomo, warmup, "leave-one-model-out",
                            simulated)
     return ServingFit(fitted, rows, summarise(rows, data.total - data.duplicates),
