@@ -168,8 +168,16 @@ def closed_loop_ends(times: np.ndarray, waited: np.ndarray | None, admit: np.nda
         return np.concatenate([[0.0], np.cumsum(times)]), frontend_s
     gaps = frontend_s * waited
     ends = np.concatenate([[0.0], np.cumsum(times + gaps)])
+    return ends, latency_beyond_wait(ends, gaps, admit, arrival, frontend_s)
+
+
+def latency_beyond_wait(ends: np.ndarray, gaps: np.ndarray, admit: np.ndarray, arrival: np.ndarray,
+                        frontend_s: float) -> np.ndarray:
+    """Per request, the part of the front end's latency its wait for its first step (from its
+    send, ``ends[arrival]``, to that step's start) does not already hold: what re-timing adds to
+    its TTFT (:func:`closed_loop_ends`; ``StackedMeans`` applies it to many traces at once)."""
     wait = ends[admit] + gaps[admit] - ends[arrival]
-    return ends, np.maximum(frontend_s - wait, 0.0)
+    return np.maximum(frontend_s - wait, 0.0)
 
 
 def trace_run(result: RunResult, open_loop: bool = False, cpu: Coefficients | None = None) -> ScheduleTrace:

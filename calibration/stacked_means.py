@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.calibration.replay import Coefficients
+from servesim.calibration.replay import Coefficients, latency_beyond_wait
 
 if TYPE_CHECKING:
     from servesim.calibration.engine_fit import Measurement
@@ -99,8 +99,8 @@ class StackedMeans:
         busy = np.where(self.overlap, np.maximum(self.gpu_s, cpu), self.gpu_s + cpu)
         gaps = c.frontend_s * self.waited  # as replay.closed_loop_ends, over every row at once
         ends = np.concatenate([[0.0], np.cumsum(busy + c.serial_s(self.seqs) + gaps)])
-        wait = ends[self.admit] + gaps[self.admit] - ends[self.start]
-        extra = np.where(self.flat, c.frontend_s, np.maximum(c.frontend_s - wait, 0.0))
+        extra = np.where(self.flat, c.frontend_s,
+                         latency_beyond_wait(ends, gaps, self.admit, self.start, c.frontend_s))
         ttft = np.where(self.done, ends[self.first] - ends[self.start] + extra, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.done & (self.outputs > 1),

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import simpy
 
+from servesim.core.front_end import enter_after
 from servesim.core.state import REJECTED, RequestState
 
 Entry = Callable[[int, float], None]
@@ -106,19 +106,12 @@ class Clients:
                     continue
                 self._client_of[request] = client
                 self.requests.arrival[request] = now
-                if self.latency_s > 0:
-                    timer = self.env.timeout(self.latency_s)
-                    timer.callbacks.append(partial(self._enter_later, request))
-                else:
-                    self._enter(request, now)
+                enter_after(self.env, self.latency_s, self._enter, request)
         finally:
             self._sending = False
 
     def _enter(self, request: int, now: float) -> None:
+        """A request that crossed the front end enters the deployment (and may be refused)."""
         self.entry(request, now)
         if self.requests.status[request] == REJECTED:  # refused at the door: answered now
             self.done(np.array([request], dtype=np.int64), now)
-
-    def _enter_later(self, request: int, _: simpy.Event) -> None:
-        """A request that crossed the front end enters the deployment (and may be refused)."""
-        self._enter(request, self.env.now)

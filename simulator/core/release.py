@@ -25,6 +25,7 @@ from functools import partial
 import numpy as np
 import simpy
 
+from servesim.core.front_end import enter_after
 from servesim.core.state import REJECTED, RequestState
 from servesim.workloads.links import RequestLinks
 from servesim.workloads.requests import RequestTable
@@ -85,17 +86,10 @@ class Releases:
         self._enter(request, now)
 
     def _enter(self, request: int, now: float) -> None:
-        if self.latency_s > 0:
-            timer = self.env.timeout(self.latency_s)
-            timer.callbacks.append(partial(self._cross, request))
-            return
-        self._send(request, now)
-
-    def _cross(self, request: int, _: simpy.Event) -> None:
-        """A request that crossed the front end enters the deployment."""
-        self._send(request, self.env.now)
+        enter_after(self.env, self.latency_s, self._send, request)
 
     def _send(self, request: int, now: float) -> None:
+        """A request that crossed the front end enters the deployment (and may be refused)."""
         self.send(request, now)
         if self.requests.status[request] == REJECTED:  # refused at the door: its client carries on
             self.done(np.array([request], dtype=np.int64), now)
