@@ -100,9 +100,10 @@ def test_fast_forward_matches_step_by_step(seed: int, policy: dict[str, Any], ra
     """Every engine (its runtime: graph padding, host time overlapped or serial) with its own
     scheduler or any policy, one or two replicas behind the router, tight and loose KV pools (so
     runs end at block shortfalls and preemptions), sparse and dense arrivals, full, windowed and
-    MoE models, KV tiles (A100), prefix caching: the same results both ways. Speculative groups
-    and session workloads (requests released by completions) cannot be read ahead: they run step
-    by step, and stay exact."""
+    MoE models, KV tiles (A100), prefix caching, session workloads (requests released by
+    completions, announced to ``NextArrival``): the same results both ways. Speculative groups
+    cannot be read ahead (their accepted tokens are drawn per step): they run step by step, and
+    stay exact."""
     deployment: dict[str, Any] = {"replicas": replicas, "block_size": block_size,
                                   "max_num_seqs": max_num_seqs}
     if model == "gemma-3-27b":
@@ -129,7 +130,7 @@ def test_fast_forward_matches_step_by_step(seed: int, policy: dict[str, Any], ra
         deployment["enable_prefix_caching"] = False  # vLLM V1 and SGLang cache prefixes by default
     reference, fast = both_ways(document)
     assert fast_forwarded_steps(reference) == 0
-    if variant in ("speculative", "sessions"):
+    if variant == "speculative":
         assert fast_forwarded_steps(fast) == 0
     assert_same(reference, fast)
 
@@ -153,13 +154,11 @@ def test_chunked_prefill_decode_steps_take_the_decode_path() -> None:
     {"policy": {"name": "priority", "preemption_mode": "swap"}},
     {"speculative": SPECULATIVE},
     {"policy": {"name": "chunked_prefill"}, "speculative": SPECULATIVE},
-    {"workload": sessions_workload(2.0, count=20)},
     {"deployment": {"kind": "fleet", "groups": {"a": {"replicas": 2}}}},
-], ids=["disaggregated", "pipeline", "swap", "speculative", "speculative-chunked",
-        "sessions", "fleet"])
+], ids=["disaggregated", "pipeline", "swap", "speculative", "speculative-chunked", "fleet"])
 def test_what_does_not_declare_it_runs_step_by_step(overrides: dict[str, Any]) -> None:
-    """Topologies, swap and policies that do not declare fast-forward, speculative groups,
-    workloads whose requests are released by completions and fleets fall back to steps."""
+    """Topologies, swap and policies that do not declare fast-forward, speculative groups and
+    fleets fall back to steps."""
     reference, fast = both_ways(experiment(seed=1, **overrides))
     assert fast_forwarded_steps(fast) == 0
     assert_same(reference, fast)
@@ -215,27 +214,53 @@ def test_shipped_examples_on_every_engine_give_the_same_results_both_ways(docume
     assert_same(reference, fast)
 
 
-def test_linked_workloads_turn_fast_forward_off() -> None:
-    """A workload with links may release a request at any completion: the next arrival is not
-    in the table, so the whole run is step by step whatever is asked."""
-    from servesim.core.sim import Sim
-    from servesim.workloads import build_workload, parse_workload_config
+@pytest.mark.parametrize("front_end_s", [None, 0.003])
+@pytest.mark.parametrize("rate", [0.5, 2.0, 20.0])
+def test_linked_workloads_fast_forward_exactly(rate: float, front_end_s: float | None) -> None:
+    """Sessions: each turn after the first is released by the previous turn's completion (after
+    a think time, then the front end's latency), at a time the arrival table does not hold. The
+    releases announce their entries to ``NextArrival``, so runs end before them, and every figure
+    is the step-by-step one."""
+    document = experiment(seed=int(rate * 10), workload=sessions_workload(rate, count=20), engine="vllm")
+    if front_end_s is not None:
+        document["engine"] = {"name": "vllm", "frontend_latency_s": front_end_s}
+    reference, fast = both_ways(document)
+    assert fast_forwarded_steps(reference) == 0
+    assert fast_forwarded_steps(fast) > len(fast.step_log) // 3
+    assert_same(reference, fast)
 
-    table = build_workload(parse_workload_config(sessions_workload(1.0, count=3)), 0)
-    assert table.links is not None
-    assert not Sim.start(table, 0, fast_forward=True).fast_forward
-    plain = build_workload(parse_workload_config(experiment()["workload"]), 0)
-    assert Sim.start(plain, 0, fast_forward=True).fast_forward
 
-
-def test_closed_loop_clients_fall_back_and_stay_exact() -> None:
-    """Closed-loop clients send at completion times the request table does not hold: they run
-    step by step under fast_forward=True, with the reference's results."""
-    closed = {"arrival": {"process": "closed", "concurrency": 4}, "num_requests": 40,
+def test_closed_loop_behind_a_router_runs_step_by_step() -> None:
+    """With two replicas, a finish on one can send a request that the router hands to the other
+    in the middle of a run planned before it was announced: those replicas take their steps one
+    by one (``Sim.sends_at_run_time``), with the reference's results."""
+    closed = {"arrival": {"process": "closed", "concurrency": 8}, "num_requests": 60,
               "prompt": {"dist": "uniform", "low": 16, "high": 600},
               "output": {"dist": "uniform", "low": 1, "high": 300}}
-    reference, fast = both_ways(experiment(workload=closed))
+    reference, fast = both_ways(experiment(workload=closed, deployment={"replicas": 2}))
     assert fast_forwarded_steps(fast) == 0
+    assert_same(reference, fast)
+
+
+CLOSED_LOOPS = [(4, 0.0, None), (4, 0.0, 0.004), (16, 0.05, None), (16, 0.05, 0.02), (64, 0.0, 0.001)]
+
+
+@pytest.mark.parametrize(("concurrency", "think_s", "front_end_s"), CLOSED_LOOPS)
+@pytest.mark.parametrize("engine", ["vllm-v0", "vllm"])
+def test_closed_loop_clients_fast_forward_exactly(concurrency: int, think_s: float,
+                                                  front_end_s: float | None, engine: str) -> None:
+    """Closed-loop clients send at completion times the request table does not hold: each
+    announces its next entry (after its think time and the front end's latency) to
+    ``NextArrival``, so runs end before it, and the results are the step-by-step ones."""
+    closed = {"arrival": {"process": "closed", "concurrency": concurrency, "think_time_s": think_s},
+              "num_requests": 120, "prompt": {"dist": "uniform", "low": 16, "high": 600},
+              "output": {"dist": "uniform", "low": 1, "high": 300}}
+    document = experiment(workload=closed, engine=engine, seed=concurrency)
+    if front_end_s is not None:
+        document["engine"] = {"name": engine, "frontend_latency_s": front_end_s}
+    reference, fast = both_ways(document)
+    assert fast_forwarded_steps(reference) == 0
+    assert fast_forwarded_steps(fast) > len(fast.step_log) // 3
     assert_same(reference, fast)
 
 

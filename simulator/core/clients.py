@@ -19,12 +19,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
 from servesim.core.front_end import enter_after
 from servesim.core.state import REJECTED, RequestState
+
+if TYPE_CHECKING:
+    from servesim.core.sim import NextArrival
 
 Entry = Callable[[int, float], None]
 
@@ -41,7 +45,10 @@ class Clients:
     """Sends requests into ``entry`` on behalf of a fixed set of clients (see the module docstring)."""
 
     def __init__(self, env: simpy.Environment, requests: RequestState, entry: Entry,
-                 loop: ClosedLoop, latency_s: float = 0.0) -> None:
+                 loop: ClosedLoop, latency_s: float = 0.0, upcoming: NextArrival | None = None) -> None:
+        """``upcoming``: where the clients announce when a request may enter next, so that a
+        fast-forwarding replica ends its runs before it (:class:`~servesim.core.sim.NextArrival`);
+        every time announced is the clock value of the event that sends or enters the request."""
         self.env = env
         self.requests = requests
         self.entry = entry
@@ -52,6 +59,7 @@ class Clients:
         self._client_of = np.full(len(requests), -1, dtype=np.int64)
         self._ready: deque[int] = deque()
         self._sending = False
+        self.upcoming = upcoming
         # Arrival times are written as requests are sent: never into the workload's own table.
         requests.arrival = np.zeros(len(requests), dtype=np.float64)
         requests.done_listeners.append(self.done)
@@ -81,6 +89,8 @@ class Clients:
                 continue
             wait = self.think_s(client, request)
             if wait > 0:
+                if self.upcoming is not None:  # the earliest its next request could enter
+                    self.upcoming.expect(self.env.now + wait)  # the timeout _after yields
                 self.env.process(self._after(wait, client))
             else:
                 self._ready.append(client)
@@ -88,6 +98,8 @@ class Clients:
 
     def _after(self, wait: float, client: int) -> Generator[simpy.Event, object, None]:
         yield self.env.timeout(wait)
+        if self.upcoming is not None:  # a request it sends now is announced by _drain
+            self.upcoming.entered(self.env.now)
         self._ready.append(client)
         self._drain()
 
@@ -106,12 +118,16 @@ class Clients:
                     continue
                 self._client_of[request] = client
                 self.requests.arrival[request] = now
+                if self.upcoming is not None and self.latency_s > 0:
+                    self.upcoming.expect(now + self.latency_s)  # enter_after's timeout lands there
                 enter_after(self.env, self.latency_s, self._enter, request)
         finally:
             self._sending = False
 
     def _enter(self, request: int, now: float) -> None:
         """A request that crossed the front end enters the deployment (and may be refused)."""
+        if self.upcoming is not None and self.latency_s > 0:
+            self.upcoming.entered(now)
         self.entry(request, now)
         if self.requests.status[request] == REJECTED:  # refused at the door: answered now
             self.done(np.array([request], dtype=np.int64), now)

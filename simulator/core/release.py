@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -30,6 +31,9 @@ from servesim.core.state import REJECTED, RequestState
 from servesim.workloads.links import RequestLinks
 from servesim.workloads.requests import RequestTable
 
+if TYPE_CHECKING:
+    from servesim.core.sim import NextArrival
+
 Send = Callable[[int, float], None]
 """Where a released request enters the deployment (the topology's ``entry``)."""
 
@@ -38,8 +42,13 @@ class Releases:
     """Counts down what each waiting request waits for and sends it when the count reaches 0."""
 
     def __init__(self, env: simpy.Environment, requests: RequestState, table: RequestTable,
-                 links: RequestLinks, send: Send, latency_s: float = 0.0) -> None:
+                 links: RequestLinks, send: Send, latency_s: float = 0.0,
+                 upcoming: NextArrival | None = None) -> None:
+        """``upcoming``: where every release and every front-end crossing is announced when it is
+        scheduled (the clock value of its event) and withdrawn when it happens, so that a
+        fast-forwarding replica ends its runs before it (:class:`~servesim.core.sim.NextArrival`)."""
         self.env = env
+        self.upcoming = upcoming
         self.latency_s = latency_s
         """The front end's latency: every request enters the deployment this long after it is sent."""
         self.requests = requests
@@ -77,19 +86,27 @@ class Releases:
         if now + delay < at:  # never before ``at`` by rounding (as the arrival loop)
             delay = math.nextafter(delay, math.inf)
         timer = self.env.timeout(delay)
+        if self.upcoming is not None:
+            self.upcoming.expect(self.env.now + delay)  # the timeout lands there
         timer.callbacks.append(partial(self._fire, child))
 
     def _fire(self, request: int, _: simpy.Event) -> None:
         now = self.env.now
+        if self.upcoming is not None:
+            self.upcoming.entered(now)
         self.requests.arrival[request] = now
         self.released += 1
         self._enter(request, now)
 
     def _enter(self, request: int, now: float) -> None:
+        if self.upcoming is not None and self.latency_s > 0:
+            self.upcoming.expect(now + self.latency_s)  # enter_after's timeout lands there
         enter_after(self.env, self.latency_s, self._send, request)
 
     def _send(self, request: int, now: float) -> None:
         """A request that crossed the front end enters the deployment (and may be refused)."""
+        if self.upcoming is not None and self.latency_s > 0:
+            self.upcoming.entered(now)
         self.send(request, now)
         if self.requests.status[request] == REJECTED:  # refused at the door: its client carries on
             self.done(np.array([request], dtype=np.int64), now)

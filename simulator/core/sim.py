@@ -10,6 +10,7 @@ and config give the same results, bit for bit.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -35,15 +36,37 @@ Entry = Callable[[int, float], None]
 class NextArrival:
     """When the next request enters the deployment (the clock value of its arrival event; 0 before
     the arrivals start, infinity after the last). A fast-forwarding replica ends its runs strictly
-    before it, since a router may read the replica's state then."""
+    before it, since a router may read the replica's state then.
 
-    __slots__ = ("at",)
+    Two sources: the arrival loop keeps :attr:`at` at the table's next entry, and requests sent at
+    run time (closed-loop clients, :mod:`servesim.core.clients`) announce theirs with
+    :meth:`expect` when they are sent and withdraw it with :meth:`entered` when they enter. Where a
+    sender cannot yet know whether a request will follow (a client thinking), it announces the
+    earliest time one could enter instead: an earlier bound only ends runs sooner, never changes
+    a result."""
+
+    __slots__ = ("_pending", "at")
 
     def __init__(self) -> None:
         self.at = 0.0
+        self._pending: list[float] = []
 
     def __call__(self) -> float:
-        return self.at
+        pending = self._pending
+        return pending[0] if pending and pending[0] < self.at else self.at
+
+    def expect(self, at: float) -> None:
+        """Something may enter the deployment at ``at`` (the clock value of its event)."""
+        heapq.heappush(self._pending, at)
+
+    def entered(self, at: float) -> None:
+        """The entry announced for ``at`` happened (or will not): withdraw it."""
+        pending = self._pending
+        if pending[0] == at:
+            heapq.heappop(pending)
+        else:
+            pending.remove(at)
+            heapq.heapify(pending)
 
 
 class Horizon:
@@ -76,15 +99,21 @@ class Sim:
     bulk (``servesim.core.fast_forward``); False is the step-by-step reference mode."""
     next_arrival: NextArrival = field(default_factory=NextArrival)
     horizon: Horizon = field(default_factory=Horizon)
+    sends_at_run_time: bool = False
+    """Requests are sent when others finish (closed-loop clients, requests released by
+    completions), so an entry is only announced to :class:`NextArrival` once the finish that sends
+    it has happened: only a replica whose own finishes are the only ones (the deployment's sole
+    replica) can plan its runs around every entry; others run step by step."""
 
     @classmethod
-    def start(cls, workload: RequestTable, seed: int, fast_forward: bool = False) -> Sim:
-        """``fast_forward`` is off whatever is asked when the workload links requests (sessions,
-        workflows): a finishing request may release another into the deployment at a time that
-        the arrival table does not hold (:class:`~servesim.core.release.Releases`), so
-        :class:`NextArrival` could not bound a run."""
-        fast_forward = fast_forward and workload.links is None
-        return cls(simpy.Environment(), RequestState(workload), StepLog(), workload, seed, fast_forward)
+    def start(cls, workload: RequestTable, seed: int, fast_forward: bool = False,
+              closed_loop: bool = False) -> Sim:
+        """``fast_forward``: replicas may run pure-decode iterations in bulk. Requests sent at
+        times the arrival table does not hold (``closed_loop`` clients, requests released by
+        completions) announce their entries to :class:`NextArrival`, which bounds the runs of a
+        sole replica (:attr:`sends_at_run_time`)."""
+        return cls(simpy.Environment(), RequestState(workload), StepLog(), workload, seed, fast_forward,
+                   sends_at_run_time=closed_loop or workload.links is not None)
 
 
 def arrivals(env: simpy.Environment, workload: RequestTable, entry: Entry,
@@ -130,12 +159,13 @@ def start_run(sim: Sim, entry: Entry, progress: Progress | None,
     starts the run with this; slicing only reads state between events, so it changes nothing."""
     links = sim.workload.links
     if closed_loop is not None:
-        Clients(sim.env, sim.requests, entry, closed_loop, latency_s).start()
+        sim.next_arrival.at = math.inf  # no table arrivals: only the clients' announced entries
+        Clients(sim.env, sim.requests, entry, closed_loop, latency_s, sim.next_arrival).start()
     elif links is not None:
         from servesim.core.release import Releases
 
         # the releases delay every request they send, the arrival loop's included
-        entry = Releases(sim.env, sim.requests, sim.workload, links, entry, latency_s).entry
+        entry = Releases(sim.env, sim.requests, sim.workload, links, entry, latency_s, sim.next_arrival).entry
         sim.env.process(arrivals(sim.env, sim.workload, entry, sim.next_arrival))
     else:
         sim.env.process(arrivals(sim.env, sim.workload, entry, sim.next_arrival, latency_s))

@@ -19,8 +19,7 @@ def simulate(plan: RunPlan, progress: Progress | None = None, *, fast_forward: b
     replicas that can run pure-decode iterations in bulk do, with the same results
     (``servesim.core.fast_forward``)."""
     started = time.perf_counter()
-    # closed-loop clients send requests at completion times the request table does not hold
-    sim = Sim.start(plan.workload, plan.seed, fast_forward and plan.closed_loop is None)
+    sim = Sim.start(plan.workload, plan.seed, fast_forward, plan.closed_loop is not None)
     built = plan.topology.build(sim, plan.reject_codes)
     run_until_done(sim, built.entry, progress, plan.closed_loop, plan.frontend_s)
     check_finished(sim.requests, (state for group in built.groups for state in group.states), sim.env.now)

@@ -33,7 +33,7 @@ class SlicedSimulation:
         self.now = 0.0
         """Every event before this time has happened (the end of the last slice)."""
         started = time.perf_counter()
-        self.sim = Sim.start(plan.workload, plan.seed, fast_forward and plan.closed_loop is None)
+        self.sim = Sim.start(plan.workload, plan.seed, fast_forward, plan.closed_loop is not None)
         self.built = plan.topology.build(self.sim, plan.reject_codes)
         start_run(self.sim, self.built.entry, None, plan.closed_loop, plan.frontend_s)
         self._wall_s = time.perf_counter() - started

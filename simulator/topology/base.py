@@ -185,8 +185,9 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
     engine by virtual engine, rank by rank. ``fast_forward``: the topology declares it
     (:attr:`Topology.fast_forward`); a replica then fast-forwards when the run asks for it, its
     engine and policy declare it too and its group does not speculate (proposals and their
-    acceptance cannot be priced ahead); ``sole_group``: no other group's replicas take arrivals, so
-    a group of one replica routes every arrival to it."""
+    acceptance cannot be priced ahead) and, where requests are sent when others finish
+    (:attr:`Sim.sends_at_run_time`), it is the sole replica; ``sole_group``: no other group's
+    replicas take arrivals, so a group of one replica routes every arrival to it."""
     if group.runs_pipeline:
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
     cost = group.step_pricer()
@@ -198,11 +199,13 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
         policy = group.policy.make(state)
         if wrap_policy is not None:
             policy = wrap_policy(state, policy)
+        sole = sole_group and group.replicas == 1
         fast = (fast_forward and sim.fast_forward and group.engine.fast_forward
-                and state.speculation is None and policy.fast_forward_ready())
+                and state.speculation is None and policy.fast_forward_ready()
+                and (sole or not sim.sends_at_run_time))
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
                                 next_arrival=sim.next_arrival if fast else None,
-                                sole_replica=sole_group and group.replicas == 1, horizon=sim.horizon))
+                                sole_replica=sole, horizon=sim.horizon))
     return GroupRun(group, replicas, first_index)
 
 
