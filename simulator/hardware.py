@@ -20,14 +20,16 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from servesim.dtypes import DType
 from servesim.errors import ServesimError
 from servesim.inputs.schema import FrozenModel
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Axis = Literal["tokens", "bytes"]
 
@@ -71,10 +73,14 @@ class Curve(FrozenModel):
 
     @cached_property
     def _log_x(self) -> np.ndarray:
+        import numpy as np
+
         return np.log(np.asarray(self.x, dtype=float))
 
     @cached_property
     def _y(self) -> np.ndarray:
+        import numpy as np
+
         return np.asarray(self.y, dtype=float)
 
     @cached_property
@@ -98,12 +104,16 @@ class Curve(FrozenModel):
 
     @cached_property
     def _log_x_array(self) -> np.ndarray:
+        import numpy as np
+
         return np.array(self._log_x_list)
 
     def at_many(self, values: np.ndarray) -> np.ndarray:
         """:meth:`at` of every element, bit for bit (a fast-forwarded run's steps): the logarithm
         is ``math.log`` (NumPy's vectorised ``log`` may differ from it in the last bit) and the
         interpolation is :meth:`at`'s arithmetic, element-wise in the same order."""
+        import numpy as np
+
         ys = self._y
         if ys.size == 1:
             return np.full(values.shape, self.y[0])
@@ -128,6 +138,8 @@ class Curve(FrozenModel):
 
     def __call__(self, value: float | np.ndarray) -> float | np.ndarray:
         """Efficiency at ``value`` on the curve's axis (scalar or array)."""
+        import numpy as np
+
         if np.ndim(value) == 0:
             return self.at(float(value))
         if len(self.x) == 1:
