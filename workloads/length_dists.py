@@ -6,13 +6,15 @@ answer tokens per turn); :func:`servesim.workloads.build.sample_lengths` draws f
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import numpy as np
 from pydantic import Field, PositiveFloat, model_validator
 
 from servesim.inputs.schema import StrictModel
 from servesim.workloads.lengths import fixed_lengths, lognormal_lengths, uniform_lengths
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_TOKENS = 2**31 - 1
 """Token counts above this are no model's (and would overflow the engine's integer columns)."""

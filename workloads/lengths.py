@@ -19,10 +19,12 @@ their parameters and tests use it to check samples.
 from __future__ import annotations
 
 import math
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from servesim.errors import ServesimError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_DRAWN_TOKENS = 2**31 - 1
 """Where an unbounded lognormal is clipped: beyond any context length (so such a request is
@@ -30,12 +32,16 @@ rejected, not served), and within the int64 the engine counts tokens in."""
 
 
 def fixed_lengths(value: int, n: int) -> np.ndarray:
+    import numpy as np
+
     if value < 1:
         raise ServesimError("value", f"must be >= 1 token, got {value}", "give a positive length")
     return np.full(n, int(value), dtype=np.int64)
 
 
 def uniform_lengths(low: int, high: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    import numpy as np
+
     if not 1 <= low <= high:
         raise ServesimError("low/high", f"need 1 <= low <= high, got low={low}, high={high}",
                             "give an inclusive range of positive lengths")
@@ -45,6 +51,8 @@ def uniform_lengths(low: int, high: int, n: int, rng: np.random.Generator) -> np
 def lognormal_lengths(median: float, sigma: float, n: int, rng: np.random.Generator, *,
                       min_tokens: int = 1, max_tokens: int | None = None) -> np.ndarray:
     """Rounded lognormal lengths with the given median and log-space sigma, clipped."""
+    import numpy as np
+
     if not median > 0:
         raise ServesimError("median", f"must be > 0 tokens, got {median}", "give the median length")
     if not sigma >= 0:
@@ -59,6 +67,8 @@ def lognormal_lengths(median: float, sigma: float, n: int, rng: np.random.Genera
 def resample_pairs(prompt_tokens: np.ndarray, output_tokens: np.ndarray, n: int,
                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``n`` joint (prompt, output) pairs drawn uniformly with replacement."""
+    import numpy as np
+
     if len(prompt_tokens) == 0:
         raise ServesimError("lengths.trace", "the length source holds no requests",
                             "give a trace with at least one row")

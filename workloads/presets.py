@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from servesim.errors import ServesimError
 from servesim.workloads.lengths import clipped_lognormal_mean, lognormal_lengths
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class LengthPreset:
 
 def fit_lognormal(values: np.ndarray) -> LognormalFit:
     """Fit median, sigma, min, max as described in the module docstring (bisection on sigma)."""
+    import numpy as np
+
     values = np.asarray(values, dtype=np.float64)
     if values.size == 0 or values.min() < 1:
         raise ServesimError("lengths", "cannot fit lengths: need at least one value, all >= 1",
