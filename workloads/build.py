@@ -22,17 +22,19 @@ from servesim.workloads.config import VllmRandomLengths, WorkloadConfig
 from servesim.workloads.length_dists import LengthDist, sample_lengths
 from servesim.workloads.lengths import resample_pairs
 from servesim.workloads.presets import get_preset
-from servesim.workloads.rate_profile import shape_of, shaped_arrival_times, warp
 from servesim.workloads.requests import MAX_CLOCK_S, PrefixBlocks, RequestTable
-from servesim.workloads.sessions import build_sessions
-from servesim.workloads.trace_sessions import chain_sessions
-from servesim.workloads.traces import read_lengths, read_trace
-from servesim.workloads.workflows import build_workflows
 
 
 def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = None) -> RequestTable:
-    """The requests of ``config``; relative paths in it resolve against ``base_dir``."""
+    """The requests of ``config``; relative paths in it resolve against ``base_dir``.
+
+    A trace reader, the sessions, workflows and rate profiles are imported by the branch that
+    uses them (a generated workload loads none of them)."""
     if config.trace is not None:
+        from servesim.workloads.rate_profile import shape_of, warp
+        from servesim.workloads.trace_sessions import chain_sessions
+        from servesim.workloads.traces import read_trace
+
         trace = config.trace
         table = read_trace(_resolve(trace.path, base_dir), trace.format, rate_scale=trace.rate_scale,
                            start_s=trace.start_s, end_s=trace.end_s, max_requests=trace.max_requests,
@@ -56,9 +58,13 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         assert arrival.rate is not None
         burstiness = arrival.burstiness if arrival.burstiness is not None else 1.0
         if config.sessions is not None:
+            from servesim.workloads.sessions import build_sessions
+
             count = config.sessions.count
             return build_sessions(config, seed, base_dir, _arrivals(config, count, arrival_rng, base_dir))
         if config.workflow is not None:
+            from servesim.workloads.workflows import build_workflows
+
             starts = _arrivals(config, config.workflow.count, arrival_rng, base_dir)
             return build_workflows(config, seed, starts)
         arrivals = _arrivals(config, config.num_requests, arrival_rng, base_dir)
@@ -71,6 +77,8 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
         parts = [f"{arrival.process} {arrival.rate:g} req/s"
                  + (f" burstiness {burstiness:g}" if arrival.process == "gamma" else "")]
         if arrival.profile is not None:
+            from servesim.workloads.rate_profile import shape_of
+
             parts.append(f"rate x {shape_of(arrival.profile, base_dir).label}")
     n = arrivals.size
     prompt = output = None
@@ -86,6 +94,8 @@ def build_workload(config: WorkloadConfig, seed: int, base_dir: Path | None = No
             if lengths.random.prefix_len:
                 prefix_len = lengths.random.prefix_len
         else:
+            from servesim.workloads.traces import read_lengths
+
             assert lengths.trace is not None and lengths.format is not None
             sample = read_lengths(_resolve(lengths.trace, base_dir), lengths.format, model=lengths.model,
                                   tokenizer=lengths.tokenizer)
@@ -129,6 +139,8 @@ def _arrivals(config: WorkloadConfig, count: int | None, rng: np.random.Generato
     if arrival.profile is None:
         return arrival_times(arrival.process, arrival.rate, rng, num_requests=count,
                              duration_s=config.duration_s, burstiness=burstiness)
+    from servesim.workloads.rate_profile import shape_of, shaped_arrival_times
+
     shape = shape_of(arrival.profile, base_dir, "workload.arrival.profile")
     return shaped_arrival_times(arrival.process, arrival.rate, shape, rng, num_requests=count,
                                 duration_s=config.duration_s, burstiness=burstiness)
