@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
 from servesim.atomic_io import make_output_dir
 from servesim.cli.console import console
@@ -27,10 +25,13 @@ GIB = 2**30
 
 def find_config(text: str) -> Path:
     """A path, or the name of a built-in experiment (``quickstart`` -> configs/quickstart.yaml)."""
-    from servesim.sweep.spec import is_sweep_file
 
-    return find_builtin(text, [configs_dir()], "CONFIG", "experiment",
-                        lambda path: not is_sweep_file(path))
+    def is_experiment(path: Path) -> bool:
+        from servesim.sweep.spec import is_sweep_file  # here: only a built-in name is asked about
+
+        return not is_sweep_file(path)
+
+    return find_builtin(text, [configs_dir()], "CONFIG", "experiment", is_experiment)
 
 
 SetOption = Annotated[list[str] | None, typer.Option(
@@ -133,6 +134,8 @@ def run_command(
     check_plotlyjs_early(plotlyjs)
     if metric_percentiles is not None:
         overrides = [*(overrides or []), percentiles_override(metric_percentiles)]
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     from servesim.pipeline import render, simulate
 
     plan = _plan(config, overrides, seed)
@@ -162,6 +165,8 @@ def run_command(
 
 
 def render_summary(summary: Summary, topology: Topology) -> None:
+    from rich.table import Table
+
     from servesim.metrics.stats import fmt_seconds
     from servesim.speculative.metrics import speculation_lines
 
