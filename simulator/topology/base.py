@@ -20,11 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from servesim.core.kv_link import KvLink
-from servesim.core.parallel_replica import ParallelReplica
-from servesim.core.replica import Replica, ServingUnit
 from servesim.core.replica_state import ReplicaState
-from servesim.core.sim import Entry, Sim
 from servesim.dtypes import Precision
 from servesim.engines import Engine
 from servesim.model_spec import ModelSpec
@@ -35,6 +31,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from servesim.config import ExperimentConfig
+    from servesim.core.kv_link import KvLink
+    from servesim.core.parallel_replica import ParallelReplica
+    from servesim.core.replica import ServingUnit
+    from servesim.core.sim import Entry, Sim
 
 
 @dataclass
@@ -191,6 +191,8 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
     if group.runs_pipeline:
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
     cost = group.step_pricer()
+    from servesim.core.replica import Replica  # here: resolving a plan (validate) builds no replica
+
     replicas: list[ServingUnit] = []
     for i in range(group.replicas):
         state = make_state(first_index + i)
@@ -212,6 +214,8 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
 def _build_pipelined(sim: Sim, group: ReplicaGroup, first_index: int,
                      make_state: Callable[[int], ReplicaState],
                      wrap_policy: Callable[[ReplicaState, Policy], Policy] | None) -> GroupRun:
+    from servesim.core.parallel_replica import ParallelReplica
+
     cost = group.parallel_cost_model()
     par = group.parallelism
     index = first_index

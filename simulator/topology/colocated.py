@@ -14,7 +14,6 @@ import numpy as np
 
 from servesim.core.prefix_index import PrefixIndex
 from servesim.core.replica_state import ReplicaState, rejection_codes
-from servesim.core.sim import Sim
 from servesim.dtypes import Precision
 from servesim.engines import Engine
 from servesim.errors import ServesimError
@@ -29,6 +28,7 @@ from servesim.topology.group import GroupKeys, ReplicaGroup, resolve_group
 
 if TYPE_CHECKING:
     from servesim.config import ExperimentConfig
+    from servesim.core.sim import Sim
 
 
 def deployment_keys(config: ExperimentConfig, **overrides: Any) -> GroupKeys:

@@ -41,13 +41,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
 from servesim.core.kv_cache import blocks_for
-from servesim.core.kv_link import KvLink, KvLinkSpec, resolve_link
-from servesim.core.replica import ServingUnit
 from servesim.core.replica_state import ReplicaState
-from servesim.core.sim import Sim
 from servesim.core.state import DECODE_KV_NEVER_FITS, KV_NEVER_FITS, TOO_LONG, RequestState
 from servesim.engines import Engine
 from servesim.errors import ServesimError
@@ -66,8 +62,12 @@ from servesim.topology.keys import GROUP_ENGINE_KEYS, DecodeGroupKeys, GroupKeys
 
 if TYPE_CHECKING:
     import pandas as pd
+    import simpy
 
     from servesim.config import ExperimentConfig
+    from servesim.core.kv_link import KvLink, KvLinkSpec
+    from servesim.core.replica import ServingUnit
+    from servesim.core.sim import Sim
 
 GROUPS = ("prefill", "decode")
 LEAST_KV = "least_kv"
@@ -123,6 +123,8 @@ class Disaggregated(Topology):
         model = load_model(config.model, "model")
         prefill = _resolve_group(config, engine, model, "prefill", prefill_keys, policies["prefill"])
         decode = _resolve_group(config, engine, model, "decode", decode_keys, policies["decode"])
+        from servesim.core.kv_link import resolve_link  # here: a colocated plan loads no link (SimPy)
+
         link_keys = d.link or LinkKeys()
         link = resolve_link(link_keys.kind, link_keys.bandwidth_Bps, link_keys.latency_s,
                             link_keys.efficiency, link_keys.channels, min(prefill.tp, decode.tp),
@@ -187,6 +189,8 @@ class Disaggregated(Topology):
         return codes
 
     def build(self, sim: Sim, reject_codes: np.ndarray) -> Built:
+        from servesim.core.kv_link import KvLink
+
         link = KvLink(sim.env, self.link)
         handoff = Handoff(sim.env, sim.requests, link, self.kv_bytes_per_token)
         prefill = build_group(sim, self.prefill, 0, partial(

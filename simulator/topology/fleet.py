@@ -39,7 +39,6 @@ import numpy as np
 
 from servesim.core.prefix_index import PrefixIndex
 from servesim.core.replica_state import ReplicaState, rejection_codes
-from servesim.core.sim import Sim
 from servesim.engines import Engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
@@ -48,11 +47,9 @@ from servesim.model_config import load_model
 from servesim.policies.base import choose_policy
 from servesim.policies.fleet_routers import PromptLength
 from servesim.policies.routers import RouterChoice
-from servesim.topology.autoscaler import Autoscaler, GroupScaler
 from servesim.topology.base import Built, Topology, register_topology
 from servesim.topology.colocated import deployment_keys, experiment_policy, precision_of, router_of
 from servesim.topology.fleet_keys import AutoscalingKeys, FleetGroupKeys, cold_start_s
-from servesim.topology.fleet_runtime import FleetRuntime, GroupPlan, gpu_hours, relative_speeds
 from servesim.topology.group import ReplicaGroup, resolve_group
 from servesim.topology.keys import GROUP_ENGINE_KEYS
 
@@ -60,6 +57,9 @@ if TYPE_CHECKING:
     import pandas as pd  # the summary's tables; a plan (validate) loads no table library
 
     from servesim.config import ExperimentConfig
+    from servesim.core.sim import Sim
+    from servesim.topology.autoscaler import Autoscaler
+    from servesim.topology.fleet_runtime import FleetRuntime
 
 HOUR_S = 3600.0
 REPLICAS_FILE = "replicas.parquet"
@@ -96,6 +96,9 @@ class Fleet(Topology):
 
     def __init__(self, members: tuple[FleetGroup, ...], router: RouterChoice,
                  slo_limits: dict[str, float]) -> None:
+        # the fleet's runtime is loaded here, not at import: another deployment's plan needs none of it
+        from servesim.topology.fleet_runtime import relative_speeds
+
         super().__init__(tuple(member.group for member in members))
         self.members = members
         self.router = router
@@ -189,6 +192,9 @@ class Fleet(Topology):
         return np.where((codes == 0).any(axis=0), 0, codes[0]).astype(np.int8)
 
     def build(self, sim: Sim, reject_codes: np.ndarray) -> Built:
+        from servesim.topology.autoscaler import Autoscaler, GroupScaler
+        from servesim.topology.fleet_runtime import FleetRuntime, GroupPlan
+
         table = sim.workload
         per_group = [rejection_codes(table.prompt_tokens, table.output_tokens, m.group.limits)
                      for m in self.members]
@@ -210,6 +216,8 @@ class Fleet(Topology):
     # ------------------------------------------------------------------ after a run
     def summary_sections(self, sim: Sim, built: Built, requests: pd.DataFrame, steps: pd.DataFrame,
                          span: float) -> dict[str, Any]:
+        from servesim.topology.fleet_runtime import gpu_hours
+
         assert isinstance(built, FleetBuilt) and built.runtime is not None
         timeline = built.runtime.timeline_frame()
         horizon = _horizon(requests, steps)
