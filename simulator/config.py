@@ -38,7 +38,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     Field,
     PrivateAttr,
@@ -198,6 +197,8 @@ class ExperimentConfig(StrictModel):
         return self._legacy_disaggregated
 
     def to_yaml(self) -> str:
+        import yaml
+
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=False), sort_keys=False)
 
     def relabel(self, error: ServesimError) -> ServesimError:

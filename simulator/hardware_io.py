@@ -8,17 +8,18 @@ number lists on one line and large numbers in a float form PyYAML reads back.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
 from servesim.inputs.files import file_version, read_yaml
 from servesim.inputs.schema import parse_model
 from servesim.resources import hardware_profiles_dir
+
+if TYPE_CHECKING:
+    import yaml
 
 FORMAT_FIX = "fix this entry (see hardware_profiles/h100-sxm-80gb.yaml for the format)"
 
@@ -77,11 +78,6 @@ def load_hardware(name_or_path: str | Path, where: str = "hardware") -> Hardware
                         f"use one of {', '.join(names)} or a path to a profile YAML")
 
 
-class _ProfileDumper(yaml.SafeDumper):
-    """Writes profiles the way people read them: number lists on one line, big numbers as
-    ``9.894e+14`` (a form PyYAML reads back as a float)."""
-
-
 def _represent_float(dumper: yaml.SafeDumper, value: float) -> yaml.Node:
     if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
         mantissa, exponent = f"{value:.10e}".split("e")
@@ -96,13 +92,25 @@ def _represent_list(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.Node:
     return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flow)
 
 
-_ProfileDumper.add_representer(float, _represent_float)
-_ProfileDumper.add_representer(list, _represent_list)
-_ProfileDumper.add_representer(tuple, _represent_list)
+@cache
+def _profile_dumper() -> type[yaml.SafeDumper]:
+    """PyYAML's dumper for profiles, made on first use (reading profiles needs no PyYAML)."""
+    import yaml
+
+    class ProfileDumper(yaml.SafeDumper):
+        """Writes profiles the way people read them: number lists on one line, big numbers as
+        ``9.894e+14`` (a form PyYAML reads back as a float)."""
+
+    ProfileDumper.add_representer(float, _represent_float)
+    ProfileDumper.add_representer(list, _represent_list)
+    ProfileDumper.add_representer(tuple, _represent_list)
+    return ProfileDumper
 
 
 def dump_profile_yaml(data: dict[str, Any]) -> str:
-    return yaml.dump(data, Dumper=_ProfileDumper, sort_keys=False, width=100, allow_unicode=True)
+    import yaml
+
+    return yaml.dump(data, Dumper=_profile_dumper(), sort_keys=False, width=100, allow_unicode=True)
 
 
 def profile_to_yaml(profile: HardwareProfile) -> str:

@@ -18,8 +18,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from servesim.atomic_io import atomic_write_bytes, make_output_dir, write_error
 from servesim.config import absolute_trace_paths
 
@@ -41,6 +39,8 @@ run beside the new summary."""
 def resolved_config_yaml(result: RunResult) -> str:
     """The experiment as run: the engine, its version, and the engine arguments the topology
     derived are written in explicitly."""
+    import yaml  # here: a plan (validate) writes nothing
+
     plan = result.plan
     topology = plan.topology
     document = plan.config.model_dump(mode="json")
