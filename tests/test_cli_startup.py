@@ -1,27 +1,34 @@
 """Startup stays light: ``--help``, ``models``, ``hardware`` and ``step`` must not import the heavy
 libraries their answers do not need (pandas, plotly, simpy; numpy and pydantic for --help). The
-speed itself is measured in benchmarks, never here; this holds the import placement that gives it."""
+speed itself is measured in benchmarks (``benchmarks/bench_startup.py``), never here; this holds
+the import placement that gives it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from servesim.resources import configs_dir
 
 HEAVY = ("pandas", "plotly", "simpy", "pyarrow")
 
 
+def modules_of(argv: list[str], env: dict[str, str] | None = None) -> set[str]:
+    """Every module ``python -X importtime ARGV`` imports (dotted names)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
 def imported(*args: str) -> set[str]:
     """Top-level packages imported by ``python -m servesim ARGS`` (from ``-X importtime``)."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "servesim", *args],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    names = set()
-    for line in done.stderr.splitlines():
-        if line.startswith("import time:") and "|" in line:
-            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
-    return names
+    return {name.split(".")[0] for name in modules_of(["-m", "servesim", *args])}
 
 
 @pytest.mark.parametrize("args", [("--help",), ("models",), ("hardware",),
@@ -39,7 +46,43 @@ def test_help_imports_neither_numpy_nor_pydantic() -> None:
 
 
 def test_validate_builds_the_plan_without_pandas_plotly_or_pyarrow() -> None:
-    """``validate`` resolves the deployment (the replica loop's modules, so SimPy, are loaded) and
-    builds the workload, but makes no table."""
+    """``validate`` resolves the deployment and builds the workload, but makes no table."""
     modules = imported("validate", "quickstart")
     assert not modules & {"pandas", "plotly", "pyarrow"}, sorted(modules & {"pandas", "plotly", "pyarrow"})
+
+
+def test_validate_builds_no_replica_and_reads_no_trace() -> None:
+    """A plan builds no replica loop (replicas are made when a run starts) and a generated
+    workload loads no trace reader; a config given as a path loads no sweep schema."""
+    modules = modules_of(["-m", "servesim", "validate", str(configs_dir() / "quickstart.yaml")])
+    unneeded = {"servesim.core.replica", "servesim.core.parallel_replica", "servesim.core.kv_link",
+                "servesim.topology.fleet_runtime", "servesim.workloads.traces", "servesim.workloads.sessions",
+                "servesim.sweep.spec"}
+    assert "servesim.pipeline.plan" in modules
+    assert not modules & unneeded, sorted(modules & unneeded)
+
+
+@pytest.mark.parametrize("args", [("models",), ("hardware",), ("hardware", "h100-sxm-80gb")])
+def test_the_catalogues_load_no_numpy(args: tuple[str, ...]) -> None:
+    modules = imported(*args)
+    assert "pydantic" in modules and "numpy" not in modules
+
+
+def test_the_experiment_schema_loads_no_numpy() -> None:
+    """``servesim.config`` reads an experiment's sections without the workload generators, the
+    speculative acceptance model and the engines' NumPy."""
+    modules = modules_of(["-c", "import servesim.config"])
+    assert "servesim.config" in modules and "servesim.workloads.config" in modules
+    assert not {name.split(".")[0] for name in modules} & {"numpy", "pandas", "simpy"}
+
+
+def test_a_cached_document_is_read_without_pyyaml(tmp_path: Path) -> None:
+    """Once the parse cache holds the profiles, ``servesim hardware`` reads them back without
+    importing PyYAML; with the cache off it parses them (and loads PyYAML)."""
+    env = {**os.environ, "SERVESIM_CACHE_DIR": str(tmp_path / "cache")}
+    first = {name.split(".")[0] for name in modules_of(["-m", "servesim", "hardware"], env)}
+    again = {name.split(".")[0] for name in modules_of(["-m", "servesim", "hardware"], env)}
+    off = {name.split(".")[0] for name in modules_of(["-m", "servesim", "hardware"],
+                                                    {**env, "SERVESIM_CACHE_DIR": "off"})}
+    assert "yaml" in first and "yaml" in off
+    assert "yaml" not in again
