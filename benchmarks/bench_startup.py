@@ -63,6 +63,10 @@ def main() -> None:
     env = dict(os.environ)
     if args.pythonpath:
         env["PYTHONPATH"] = args.pythonpath
+    if env.get("PYTHONDONTWRITEBYTECODE"):
+        print("note: PYTHONDONTWRITEBYTECODE is set, so every process compiles servesim's sources again; "
+              "to time cached bytecode, as an installed servesim runs, unset it "
+              "(PYTHONPYCACHEPREFIX=DIR keeps the caches out of the checkout)")
     base = min(cpu_seconds([sys.executable, "-c", "pass"], env) for _ in range(args.repeat))
     print(f"{'python -c pass':<10} {base:.3f} s CPU")
     for label, command in COMMANDS.items():
