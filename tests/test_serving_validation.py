@@ -14,10 +14,12 @@ import pytest
 
 from servesim.calibration.engine_fit import loss, weighted_mean
 from servesim.calibration.replay import Coefficients
-from servesim.calibration.serving_data import ServingRow, read_serving_file
+from servesim.calibration.serving_data import VLLM_REPLAY_BATCHED_TOKENS, ServingRow, read_serving_file
 from servesim.calibration.serving_validate import fit_serving, round_weights, trace_rows, validate_serving
 from servesim.calibration.stacked_means import StackedMeans
+from servesim.config import validate_document
 from servesim.errors import ServesimError
+from servesim.pipeline import prepare
 
 TRUTH = Coefficients(fixed_s=2e-2, per_seq_s=1e-3)
 """A host so slow that it shows through TensorRT-LLM's overlap scheduler: 20 ms per step plus
@@ -109,6 +111,27 @@ def test_parallel_layouts_map_to_the_deployment() -> None:
     assert deployment["kind"] == "disaggregated"
     assert deployment["prefill"] == {"replicas": 2, "tp": 4, "dp": 1, "ep": 4}
     assert deployment["decode"] == {"replicas": 1, "tp": 1, "dp": 8, "ep": 8}
+
+
+def test_each_engine_replays_with_its_step_budget() -> None:
+    """The file records no step budget: aggregated vLLM rows replay with
+    VLLM_REPLAY_BATCHED_TOKENS (2048, SchedulerConfig's fallback, not ``vllm serve``'s 8192 on an
+    H100), TensorRT-LLM with at least its prompt beside one token per client, SGLang (and vLLM's
+    disaggregated groups) with the engine's own default."""
+    base = ServingRow(row=1, engine="vllm", model="qwen3-32b", hf_model="Qwen/Qwen3-32B", gpu="h100_sxm",
+                      tp=2, precision="bf16", isl=12000, osl=128, concurrency=64, ttft_s=1.0, tpot_s=0.1,
+                      version="0.19.0")
+    assert VLLM_REPLAY_BATCHED_TOKENS == 2048
+    assert base.document(2)["deployment"]["max_num_batched_tokens"] == 2048
+    trt = ServingRow(**{**base.__dict__, "engine": "trtllm"})
+    assert trt.document(2)["deployment"]["max_num_batched_tokens"] == 12000 + 64
+    sglang = ServingRow(**{**base.__dict__, "engine": "sglang"})
+    assert "max_num_batched_tokens" not in sglang.document(2)["deployment"]
+    split = ServingRow(**{**base.__dict__, "prefill": (1, 2, 1, 1), "decode": (1, 2, 1, 1)})
+    assert "max_num_batched_tokens" not in split.document(2)["deployment"]
+    # and the budget reaches the engine's limits: a 12,000-token prompt is prefilled in chunks
+    plan = prepare(validate_document(base.document(1)))
+    assert plan.topology.kv_group.limits.max_num_batched_tokens == 2048
 
 
 def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Path) -> None:
