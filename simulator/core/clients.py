@@ -118,16 +118,12 @@ class Clients:
                     continue
                 self._client_of[request] = client
                 self.requests.arrival[request] = now
-                if self.upcoming is not None and self.latency_s > 0:
-                    self.upcoming.expect(now + self.latency_s)  # enter_after's timeout lands there
-                enter_after(self.env, self.latency_s, self._enter, request)
+                enter_after(self.env, self.latency_s, self._enter, request, self.upcoming)
         finally:
             self._sending = False
 
     def _enter(self, request: int, now: float) -> None:
         """A request that crossed the front end enters the deployment (and may be refused)."""
-        if self.upcoming is not None and self.latency_s > 0:
-            self.upcoming.entered(now)
         self.entry(request, now)
         if self.requests.status[request] == REJECTED:  # refused at the door: answered now
             self.done(np.array([request], dtype=np.int64), now)

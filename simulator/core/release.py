@@ -99,14 +99,10 @@ class Releases:
         self._enter(request, now)
 
     def _enter(self, request: int, now: float) -> None:
-        if self.upcoming is not None and self.latency_s > 0:
-            self.upcoming.expect(now + self.latency_s)  # enter_after's timeout lands there
-        enter_after(self.env, self.latency_s, self._send, request)
+        enter_after(self.env, self.latency_s, self._send, request, self.upcoming)
 
     def _send(self, request: int, now: float) -> None:
         """A request that crossed the front end enters the deployment (and may be refused)."""
-        if self.upcoming is not None and self.latency_s > 0:
-            self.upcoming.entered(now)
         self.send(request, now)
         if self.requests.status[request] == REJECTED:  # refused at the door: its client carries on
             self.done(np.array([request], dtype=np.int64), now)
