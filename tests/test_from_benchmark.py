@@ -115,7 +115,9 @@ def test_vllm_result_recovers_the_engines_cpu_coefficients(tmp_path: Path) -> No
     assert fitted.after.frontend_s == pytest.approx(0.03, rel=0.05)
     after = fitted.metrics.set_index(["metric", "stat"])
     assert (after["after_error_%"].abs() < 1.0).all()
-    assert abs(after.loc[("tpot_ms", "mean"), "before_error_%"]) > 5  # the shipped coefficients differ
+    # The fit starts from the shipped coefficients, which are not the truth, and leaves them.
+    assert (fitted.before.fixed_s, fitted.before.frontend_s) != pytest.approx((1.5e-3, 0.03), rel=0.5)
+    assert after["before_error_%"].abs().max() > 2 * after["after_error_%"].abs().max()
     profile = tmp_path / "fit" / "engine-vllm.yaml"
     assert profile.is_file() and (tmp_path / "fit" / "benchmark_metrics.csv").is_file()
     # The written profile is what a run reads back: the same step costs as the truth.
