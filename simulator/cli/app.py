@@ -10,6 +10,7 @@ The command modules import what their command needs inside the command, so that 
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 from typing import TYPE_CHECKING, Any, TextIO
@@ -21,8 +22,16 @@ from servesim.cli import interrupt
 from servesim.cli.console import error_console
 from servesim.errors import ServesimError
 
-COMMANDS = ("run", "validate", "sweep", "step", "capacity", "plan-day", "models", "hardware", "report",
-            "calibrate")
+COMMANDS = {"run": ("servesim.cli.run", "run_command"),
+            "validate": ("servesim.cli.run", "validate_command"),
+            "sweep": ("servesim.cli.sweep", "sweep_command"),
+            "step": ("servesim.cli.step", "step_command"),
+            "capacity": ("servesim.cli.capacity", "capacity_command"),
+            "plan-day": ("servesim.cli.plan_day", "plan_day_command"),
+            "models": ("servesim.cli.catalog", "models_command"),
+            "hardware": ("servesim.cli.catalog", "hardware_command"),
+            "report": ("servesim.cli.report", "report_command"),
+            "calibrate": ("servesim.cli.calibrate", "calibrate_app")}
 """The sub-commands, in the order ``servesim --help`` lists them."""
 
 
@@ -41,49 +50,14 @@ def build_app(only: str | None = None) -> typer.Typer:
         pretty_exceptions_enable=False,
     )
 
-    def wanted(name: str) -> bool:
-        return only is None or only == name
-
-    if wanted("run"):
-        from servesim.cli.run import run_command
-
-        app.command("run")(run_command)
-    if wanted("validate"):
-        from servesim.cli.run import validate_command
-
-        app.command("validate")(validate_command)
-    if wanted("sweep"):
-        from servesim.cli.sweep import sweep_command
-
-        app.command("sweep")(sweep_command)
-    if wanted("step"):
-        from servesim.cli.step import step_command
-
-        app.command("step")(step_command)
-    if wanted("capacity"):
-        from servesim.cli.capacity import capacity_command
-
-        app.command("capacity")(capacity_command)
-    if wanted("plan-day"):
-        from servesim.cli.plan_day import plan_day_command
-
-        app.command("plan-day")(plan_day_command)
-    if wanted("models"):
-        from servesim.cli.catalog import models_command
-
-        app.command("models")(models_command)
-    if wanted("hardware"):
-        from servesim.cli.catalog import hardware_command
-
-        app.command("hardware")(hardware_command)
-    if wanted("report"):
-        from servesim.cli.report import report_command
-
-        app.command("report")(report_command)
-    if wanted("calibrate"):
-        from servesim.cli.calibrate import calibrate_app
-
-        app.add_typer(calibrate_app, name="calibrate")
+    for name, (module, attribute) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        command = getattr(importlib.import_module(module), attribute)  # only the command's module
+        if name == "calibrate":
+            app.add_typer(command, name=name)
+        else:
+            app.command(name)(command)
     if only is not None and only != "calibrate":
         # A lone command would become the whole program (``servesim CONFIG``); a group callback
         # that does nothing keeps it a sub-command (``servesim run CONFIG``).
