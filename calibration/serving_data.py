@@ -22,12 +22,10 @@ listed with that reason. A disaggregated row names ``prefill_num_workers`` worke
 sizes: a ``deployment.kind: disaggregated`` with those groups. Rows that do not say how many
 workers they had (most of the disaggregated ones) are listed as such.
 
-Assumptions where the file is silent: the engine's default flags (the file does not record
-``max_num_batched_tokens``, CUDA-graph sizes or the KV memory fraction) except vLLM's step budget
-(:data:`VLLM_REPLAY_BATCHED_TOKENS`), a bf16 KV cache,
-``max_model_len`` set to the row's input + output length, and for TensorRT-LLM (chunked prefill
-off by default) a step budget of at least the input length plus the concurrency, since a
-deployment with less could not have served the measured prompts at that load.
+Assumptions where the file is silent: the engine flags AIConfigurator's generator gives the
+deployments it measures (:mod:`servesim.calibration.aic_flags`: step budget, seats, CUDA-graph
+sizes, an FP8 KV cache for FP8 and NVFP4 checkpoints), the engine's defaults for the rest, and
+``max_model_len`` set to the row's input + output length.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from servesim.calibration.aic_flags import aggregated_flags, kv_cache_dtype
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 
@@ -49,19 +48,6 @@ KEY_EXCLUDED = ("id", "silicon_data_source")
 HARDWARE = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "b200_sxm": "b200", "b300_sxm": "b300",
             "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}
 """AIConfigurator systems -> hardware profiles."""
-VLLM_REPLAY_BATCHED_TOKENS = 2048
-"""The step budget (``max_num_batched_tokens``) the replay gives the file's aggregated vLLM rows,
-which do not record theirs. vLLM's own default depends on how the engine is created: ``vllm
-serve`` on an H100-class GPU gets 8192 (``EngineArgs.get_batch_defaults``, usage context
-``OPENAI_API_SERVER``), while an engine built under any other usage context keeps
-``SchedulerConfig``'s fallback of 2048; the file does not say which harness ran the rows.
-Chosen between 2048, 4096 and 8192 on the vLLM rows themselves (an assumption about the
-measured deployments, not a fitted coefficient): replayed with the engine fitted at 8192, the
-604 re-timed vLLM rows' median TTFT error is 36.0% at 8192, 24.8% at 4096 and 21.3% at 2048, and
-it falls on every GPU and on three of the four models (Llama-3.1-8B FP8 on H200, 21 rows whose
-TPOT is also off by 2x, rises); at 8192 the closed loop's clients stay in lockstep, every prompt of
-a round prefilled in one step, which the measured TTFTs (nearly flat from 8 to 32 clients) rule
-out. SGLang's and TensorRT-LLM's rows get worse with a smaller budget and keep their defaults."""
 FP4_SYSTEMS = frozenset({"b200_sxm", "b300_sxm", "gb200", "gb300"})
 """Systems whose profiles price FP4 GEMMs (Blackwell; with the FP8 GEMM curve, an estimate)."""
 MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
@@ -133,18 +119,15 @@ class ServingRow:
         # every engine here) would only cost simulation time.
         deployment: dict[str, Any] = {**self.deployment(), "max_model_len": self.isl + self.osl,
                                       "enable_prefix_caching": False}
-        if self.engine == "trtllm":
-            # Without chunked prefill, TensorRT-LLM schedules a prompt only when it fits the step
-            # budget beside one token per running request; the measured deployments served these
-            # prompts, so their max_num_tokens (not recorded) held them.
-            deployment["max_num_batched_tokens"] = max(8192, self.isl + self.concurrency)
-        elif self.engine == "vllm" and self.prefill is None:
-            deployment["max_num_batched_tokens"] = VLLM_REPLAY_BATCHED_TOKENS
+        knobs: dict[str, Any] = {}
+        if self.prefill is None:
+            flags, knobs = aggregated_flags(self.engine, self.isl, -(-self.concurrency // self.dp))
+            deployment.update(flags)
         return {
             "name": f"row{self.row}", "model": self.model, "hardware": HARDWARE[self.gpu],
-            "engine": {"name": self.engine, **(engine_knobs or {})},
+            "engine": {"name": self.engine, **knobs, **(engine_knobs or {})},
             "deployment": deployment,
-            "precision": {**PRECISIONS[self.precision], "kv_cache": "bf16"},
+            "precision": {**PRECISIONS[self.precision], "kv_cache": kv_cache_dtype(self.hf_model)},
             "workload": {"arrival": {"process": "closed", "concurrency": self.concurrency},
                          "num_requests": self.concurrency * requests_per_client,
                          "prompt": {"dist": "fixed", "value": self.isl},

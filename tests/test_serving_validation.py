@@ -14,7 +14,7 @@ import pytest
 
 from servesim.calibration.engine_fit import loss, weighted_mean
 from servesim.calibration.replay import Coefficients
-from servesim.calibration.serving_data import VLLM_REPLAY_BATCHED_TOKENS, ServingRow, read_serving_file
+from servesim.calibration.serving_data import ServingRow, read_serving_file
 from servesim.calibration.serving_validate import fit_serving, round_weights, trace_rows, validate_serving
 from servesim.calibration.stacked_means import StackedMeans
 from servesim.config import validate_document
@@ -24,6 +24,11 @@ from servesim.pipeline import prepare
 TRUTH = Coefficients(fixed_s=2e-2, per_seq_s=1e-3)
 """A host so slow that it shows through TensorRT-LLM's overlap scheduler: 20 ms per step plus
 1 ms per sequence, against decode steps of a few milliseconds."""
+
+ISL = 200
+"""Prompt length of the file's rows: 8 clients' prompts (1,600 tokens) fit one step of the budget
+AIConfigurator's rules give 8 seats (8 + 200 + 1500), so the aggregated rows' clients stay in
+lockstep and are re-timed, not simulated."""
 
 GROUP = ["batch_size", "num_workers", "tp_size", "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"]
 COLUMNS = ["id", "silicon_data_source", "backend", "backend_version", "model_path", "system", "precision",
@@ -37,7 +42,7 @@ def line(model: str, tp: int, concurrency: int, ttft_ms: float, tpot_ms: float,
     source = f"db-dump/2026-04-27; silicon_concurrency={concurrency}; measured=2026-04-17"
     values = {"id": f"{model}-{tp}-{concurrency}-{len(extra)}", "silicon_data_source": source,
               "backend": "trtllm", "backend_version": "1.2.0rc6", "model_path": model,
-              "system": "h100_sxm", "precision": "", "mode": "agg", "isl": 256, "osl": 12,
+              "system": "h100_sxm", "precision": "", "mode": "agg", "isl": ISL, "osl": 12,
               "gemm_quant_mode": "", "moe_quant_mode": "", "batch_size": concurrency, "tp_size": tp,
               "pp_size": 1, "attention_dp_size": 0, "moe_tp_size": tp, "moe_ep_size": 1,
               "silicon_ttft_ms": ttft_ms, "silicon_tpot_ms": tpot_ms}
@@ -48,7 +53,7 @@ def line(model: str, tp: int, concurrency: int, ttft_ms: float, tpot_ms: float,
 def measured(model_path: str, tp: int, concurrency: int) -> tuple[float, float]:
     """What the simulator says with the TRUTH coefficients (the file's "measurement")."""
     row = ServingRow(row=0, engine="trtllm", model=read_model(model_path), hf_model=model_path,
-                     gpu="h100_sxm", tp=tp, precision="bf16", isl=256, osl=12, concurrency=concurrency,
+                     gpu="h100_sxm", tp=tp, precision="bf16", isl=ISL, osl=12, concurrency=concurrency,
                      ttft_s=1.0, tpot_s=1.0, version="")
     traced = trace_rows([row], warmup=1, measured=3)[0]
     ttft, tpot = traced.measurement(1).predicted(TRUTH)
@@ -90,10 +95,11 @@ def test_every_row_is_replayed_or_counted_with_its_reason(serving_file: Path) ->
         "fp4 on h100_sxm (no FP4 GEMMs)": 1, "GPU system mi355x has no profile": 1,
         "model acme/Unknown-1B not in the catalogue": 1, "no client concurrency recorded": 1}
     row = data.rows[0]
-    assert (row.model, row.tp, row.concurrency, row.isl, row.osl) == ("llama-3.1-8b", 1, 2, 256, 12)
+    assert (row.model, row.tp, row.concurrency, row.isl, row.osl) == ("llama-3.1-8b", 1, 2, ISL, 12)
     document = row.document(4)
     assert document["workload"]["arrival"] == {"process": "closed", "concurrency": 2}
-    assert document["workload"]["num_requests"] == 8 and document["engine"] == {"name": "trtllm"}
+    assert document["workload"]["num_requests"] == 8
+    assert document["engine"] == {"name": "trtllm", "cuda_graph_batch_sizes": [1, 2]}
 
 
 def test_parallel_layouts_map_to_the_deployment() -> None:
@@ -105,7 +111,8 @@ def test_parallel_layouts_map_to_the_deployment() -> None:
     document = base.document(2)
     layout = {k: document["deployment"][k] for k in ("tp", "pp", "dp", "ep")}
     assert layout == {"tp": 1, "pp": 1, "dp": 8, "ep": 8}
-    assert document["precision"] == {"weights": "nvfp4", "activations": "nvfp4", "kv_cache": "bf16"}
+    # DeepSeek-R1 is an FP8 checkpoint: AIConfigurator deploys it with an FP8 KV cache
+    assert document["precision"] == {"weights": "nvfp4", "activations": "nvfp4", "kv_cache": "fp8"}
     split = ServingRow(**{**base.__dict__, "prefill": (2, 4, 1, 4), "decode": (1, 1, 8, 8)})
     deployment = split.document(2)["deployment"]
     assert deployment["kind"] == "disaggregated"
@@ -113,25 +120,34 @@ def test_parallel_layouts_map_to_the_deployment() -> None:
     assert deployment["decode"] == {"replicas": 1, "tp": 1, "dp": 8, "ep": 8}
 
 
-def test_each_engine_replays_with_its_step_budget() -> None:
-    """The file records no step budget: aggregated vLLM rows replay with
-    VLLM_REPLAY_BATCHED_TOKENS (2048, SchedulerConfig's fallback, not ``vllm serve``'s 8192 on an
-    H100), TensorRT-LLM with at least its prompt beside one token per client, SGLang (and vLLM's
-    disaggregated groups) with the engine's own default."""
+def test_each_row_replays_with_the_flags_aiconfigurator_deploys() -> None:
+    """The file records no engine flags; the replay takes those of AIConfigurator's generator
+    rules (calibration.aic_flags): step budget batch + ISL + 1500 for vLLM and TensorRT-LLM
+    (TensorRT-LLM's in whole 32-token blocks), seats and CUDA graphs up to the batch, SGLang's own
+    chunk size, an FP8 KV cache only for FP8/NVFP4 checkpoints; disaggregated groups keep the
+    engine's defaults."""
     base = ServingRow(row=1, engine="vllm", model="qwen3-32b", hf_model="Qwen/Qwen3-32B", gpu="h100_sxm",
-                      tp=2, precision="bf16", isl=12000, osl=128, concurrency=64, ttft_s=1.0, tpot_s=0.1,
+                      tp=2, precision="fp8", isl=12000, osl=128, concurrency=64, ttft_s=1.0, tpot_s=0.1,
                       version="0.19.0")
-    assert VLLM_REPLAY_BATCHED_TOKENS == 2048
-    assert base.document(2)["deployment"]["max_num_batched_tokens"] == 2048
-    trt = ServingRow(**{**base.__dict__, "engine": "trtllm"})
-    assert trt.document(2)["deployment"]["max_num_batched_tokens"] == 12000 + 64
-    sglang = ServingRow(**{**base.__dict__, "engine": "sglang"})
-    assert "max_num_batched_tokens" not in sglang.document(2)["deployment"]
-    split = ServingRow(**{**base.__dict__, "prefill": (1, 2, 1, 1), "decode": (1, 2, 1, 1)})
-    assert "max_num_batched_tokens" not in split.document(2)["deployment"]
-    # and the budget reaches the engine's limits: a 12,000-token prompt is prefilled in chunks
-    plan = prepare(validate_document(base.document(1)))
-    assert plan.topology.kv_group.limits.max_num_batched_tokens == 2048
+    document = base.document(2)
+    assert document["deployment"]["max_num_batched_tokens"] == 64 + 12000 + 1500
+    assert document["deployment"]["max_num_seqs"] == 64
+    assert document["engine"]["cudagraph_capture_sizes"] == list(range(1, 65))
+    assert document["precision"]["kv_cache"] == "bf16"  # a bf16 checkpoint with FP8 GEMMs
+    trt = ServingRow(**{**base.__dict__, "engine": "trtllm", "concurrency": 65})
+    assert trt.document(2)["deployment"]["max_num_batched_tokens"] == 13568  # 13565 -> 424 blocks of 32
+    sglang = ServingRow(**{**base.__dict__, "engine": "sglang", "hf_model": "deepseek-ai/DeepSeek-R1",
+                           "model": "deepseek-v3", "dp": 8, "concurrency": 60})
+    sg = sglang.document(2)
+    assert "max_num_batched_tokens" not in sg["deployment"] and sg["deployment"]["max_num_seqs"] == 8
+    assert sg["engine"]["cuda_graph_bs"] == list(range(1, 9)) and sg["precision"]["kv_cache"] == "fp8"
+    split = ServingRow(**{**base.__dict__, "prefill": (1, 2, 1, 1), "decode": (1, 2, 1, 1)}).document(2)
+    assert "max_num_batched_tokens" not in split["deployment"]["prefill"]
+    assert "max_num_batched_tokens" not in split["deployment"]
+    # and the flags reach the engine's limits and runtime
+    plan = prepare(validate_document(document))
+    limits = plan.topology.kv_group.limits
+    assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (13564, 64)
 
 
 def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Path) -> None:
@@ -203,7 +219,7 @@ def simulated_measurement(model_path: str, tp: int, concurrency: int) -> tuple[f
     from servesim.calibration.serving_validate import _simulate
 
     row = ServingRow(row=0, engine="trtllm", model=read_model(model_path), hf_model=model_path,
-                     gpu="h100_sxm", tp=tp, precision="bf16", isl=256, osl=12, concurrency=concurrency,
+                     gpu="h100_sxm", tp=tp, precision="bf16", isl=ISL, osl=12, concurrency=concurrency,
                      ttft_s=1.0, tpot_s=1.0, version="")
     _, ttft, tpot = _simulate((row, 1, 3, replace(TRUTH, frontend_s=FRONT_END)))
     return ttft * 1e3, tpot * 1e3

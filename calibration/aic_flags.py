@@ -1,0 +1,88 @@
+"""The engine flags of the deployments in AIConfigurator's serving files, where the file is silent.
+
+A row of ``aiconfigurator_silicon_dev.csv`` records the model, GPU, engine, parallelism and
+quantisation of a deployment, but none of the flags the engine was launched with. AIConfigurator
+deploys what it measures with its own generator (``src/aiconfigurator/generator`` in
+ai-dynamo/aiconfigurator: the ``rule_plugin/*.rule`` files, their ``benchmark/`` variants, and
+``config/backend_config_mapping.yaml`` for each engine's flag names), and its benchmark template
+(``backend_templates/benchmark/bench_run.sh.j2``) is the ``aiperf profile --concurrency N
+--num-requests ... --warmup-request-count 2N`` command the file's README names. So the replay
+takes the flags from those rules (read through servesim's ``search`` tool; the values below, not
+the code, are what is used here):
+
+- **Step budget** (``max_num_tokens`` -> vLLM ``--max-num-batched-tokens``, TensorRT-LLM
+  ``build_config.max_num_tokens``): ``max_batch_size + isl + 1500`` for an aggregated worker,
+  TensorRT-LLM's rounded up to whole KV blocks of 32 tokens (its ``tokens_per_block`` default
+  there).
+- **Seats** (``max_batch_size`` -> ``--max-num-seqs``, ``--max-running-requests``,
+  ``build_config.max_batch_size``): the row's ``batch_size``, which is the client concurrency in
+  the rows replayed here.
+- **CUDA graphs** (``cuda_graph_batch_sizes``): every batch size from 1 to ``max_batch_size``,
+  so no decode step is padded.
+- **KV cache dtype** (``kv_cache_dtype`` -> ``--kv-cache-dtype``, ``kv_cache_config.dtype``):
+  AIConfigurator's ``kvcache_quant_mode``, which, unless set explicitly, it infers from the
+  checkpoint (``sdk/models``, ``_infer_quant_modes_from_raw_config``): FP8 whenever the
+  checkpoint's ``quant_algo`` is ``fp8``, ``fp8_block`` or ``nvfp4`` (or its
+  ``kv_cache_quant_algo`` is FP8), bf16 otherwise. :data:`FP8_KV_CHECKPOINTS` lists the file's
+  checkpoints that are quantised so.
+
+These flags are applied to aggregated rows only. The groups of a disaggregated row keep the
+engine's defaults (and the FP8 KV cache): the rules give a prefill worker ``isl + 1500`` tokens
+and a seat count from the row's ``prefill_batch_size``, which the reader does not carry yet.
+
+One rule is **not** applied: SGLang's (``enable_mixed_chunk: true`` with ``max_prefill_tokens =
+isl + 1500``). With decodes mixed into every prefill batch the replay's closed-loop clients
+desynchronise after the first round and their TTFT falls to the wait for one step, while the
+measured SGLang rows keep the TTFT of a lockstep round (Qwen3-32B, TP 2 on H100, 128 clients,
+1,024 + 512 tokens: 3.67 s measured; replayed without mixing 3.79 s in every round, with mixing
+3.87 s in the first round and 0.70 s in each later one). SGLang rows therefore keep its default
+scheduler (prefill batches alone, chunked at its default ``chunked_prefill_size``). The rules
+may postdate the measurements; the file does not say which generator version deployed them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FP8_KV_CHECKPOINTS = frozenset({
+    "deepseek-ai/DeepSeek-R1", "deepseek-ai/DeepSeek-V3",  # FP8, 128 x 128 blocks (fp8_block)
+    "MiniMaxAI/MiniMax-M2.5",  # FP8, 128 x 128 blocks (fp8_block)
+    "nvidia/Llama-3.1-8B-Instruct-FP8",  # ModelOpt FP8, FP8 KV cache
+    "nvidia/DeepSeek-R1-NVFP4", "nvidia/DeepSeek-V3.1-NVFP4", "nvidia/Qwen3-32B-NVFP4",  # ModelOpt NVFP4
+})
+"""Checkpoints of the serving file whose own quantisation makes AIConfigurator deploy an FP8 KV
+cache. The bf16 checkpoints (Qwen/Qwen3-32B, meta-llama/Llama-3.1-8B-Instruct) keep a bf16 cache
+even where the row's GEMMs are FP8 (quantised at load time), and so does Kimi-K2.5, whose
+compressed-tensors INT4 experts are not one of the three algorithms."""
+
+TRTLLM_TOKENS_PER_BLOCK = 32
+"""TensorRT-LLM's KV block in the generator's rules; its step budget is a whole number of them."""
+
+PROMPT_HEADROOM = 1500
+"""Tokens the rules add to the input length in a worker's step budget."""
+
+CAPTURE_SIZE_KNOB = {"vllm": "cudagraph_capture_sizes", "trtllm": "cuda_graph_batch_sizes",
+                     "sglang": "cuda_graph_bs"}
+"""Each engine's knob for its captured decode batch sizes."""
+
+
+def kv_cache_dtype(hf_model: str) -> str:
+    """The KV cache AIConfigurator deploys for this checkpoint: ``fp8`` or ``bf16``."""
+    return "fp8" if hf_model in FP8_KV_CHECKPOINTS else "bf16"
+
+
+def step_budget(engine: str, isl: int, max_batch_size: int) -> int:
+    """``max_num_tokens`` of an aggregated worker holding ``max_batch_size`` requests."""
+    tokens = max_batch_size + isl + PROMPT_HEADROOM
+    if engine == "trtllm":
+        tokens = -(-tokens // TRTLLM_TOKENS_PER_BLOCK) * TRTLLM_TOKENS_PER_BLOCK
+    return tokens
+
+
+def aggregated_flags(engine: str, isl: int, batch_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(deployment keys, engine knobs) of an aggregated worker serving ``batch_size`` requests."""
+    deployment: dict[str, Any] = {"max_num_seqs": batch_size}
+    if engine in ("vllm", "trtllm"):
+        deployment["max_num_batched_tokens"] = step_budget(engine, isl, batch_size)
+    return deployment, {CAPTURE_SIZE_KNOB[engine]: list(range(1, batch_size + 1))}
+
