@@ -15,8 +15,8 @@ the code, are what is used here):
   TensorRT-LLM's rounded up to whole KV blocks of 32 tokens (its ``tokens_per_block`` default
   there).
 - **Seats** (``max_batch_size`` -> ``--max-num-seqs``, ``--max-running-requests``,
-  ``build_config.max_batch_size``): the row's ``batch_size``, which is the client concurrency in
-  the rows replayed here.
+  ``build_config.max_batch_size``): the row's ``batch_size``, per attention-DP rank, which in
+  the rows replayed here is the client concurrency divided by the ranks (rounded up).
 - **CUDA graphs** (``cuda_graph_batch_sizes``): every batch size from 1 to ``max_batch_size``,
   so no decode step is padded.
 - **KV cache dtype** (``kv_cache_dtype`` -> ``--kv-cache-dtype``, ``kv_cache_config.dtype``):
