@@ -154,6 +154,13 @@ def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Pa
     rows, summary, skipped = validate_serving(serving_file, tmp_path, measured=3)
     assert len(rows) == 5 and len(skipped) == 6
     assert list(rows["replay"]) == ["re-timed"] * 4 + ["simulated"]
+    # the flags the replay assumed are in the rows: bf16 checkpoints keep a bf16 KV cache, an
+    # aggregated TensorRT-LLM row's budget is its clients + ISL + 1500 in 32-token blocks
+    assert set(rows["kv_cache"]) == {"bf16"}
+    aggregated = rows[rows["replay"] == "re-timed"]
+    expected = [-(-(c + ISL + 1500) // 32) * 32 for c in aggregated["concurrency"]]
+    assert list(aggregated["step_budget"]) == expected
+    assert list(rows.loc[rows["replay"] == "simulated", "step_budget"]) == ["engine default"]
     assert skipped["reason"].str.startswith("the simulator refuses the deployment").sum() == 1
     for name in ("serving_rows.csv", "serving_summary.csv", "serving_skipped.csv", "serving.html"):
         assert (tmp_path / name).is_file()
