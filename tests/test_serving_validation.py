@@ -250,6 +250,7 @@ def test_fit_serving_finds_the_front_end_by_simulating_where_re_timing_cannot(tm
 
 
 def test_pick_front_end_refines_between_grid_points() -> None:
+    from servesim.calibration.replay import TRACE_FRONTEND_S
     from servesim.calibration.serving_validate import FRONT_END_GRID_S, pick_front_end
 
     grid = np.asarray(FRONT_END_GRID_S)
@@ -258,4 +259,7 @@ def test_pick_front_end_refines_between_grid_points() -> None:
                        version="") for i in (1, 2)]
     curves = {1: 0.05 + grid, 2: 0.05 + grid}  # TTFT = 50 ms + latency: the answer is 12.3 ms
     assert pick_front_end(curves, rows) == pytest.approx(0.0123, abs=1e-3)
-    assert pick_front_end(curves, []) == 0.0
+    assert pick_front_end(curves, []) == TRACE_FRONTEND_S
+    # never below the latency the rows were traced with: at 0 an engine would run another schedule
+    fast = [ServingRow(**{**rows[0].__dict__, "row": i, "ttft_s": 0.01}) for i in (1, 2)]
+    assert pick_front_end(curves, fast) == TRACE_FRONTEND_S
