@@ -111,6 +111,19 @@ class ServingRow:
             groups[role] = {"replicas": workers, "tp": tp, "dp": dp, "ep": ep}
         return {"kind": "disaggregated", **groups}
 
+    def engine_flags(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(deployment keys, engine knobs) the replay assumes where the file is silent: the flags
+        AIConfigurator's generator gives an aggregated worker (:mod:`servesim.calibration.aic_flags`;
+        its batch is per attention-DP rank); none for a disaggregated row's groups."""
+        if self.prefill is not None:
+            return {}, {}
+        per_rank = -(-self.concurrency // self.dp)  # rounded up
+        return aggregated_flags(self.engine, self.isl, per_rank)
+
+    def kv_cache(self) -> str:
+        """The KV cache dtype the replay assumes (AIConfigurator's, from the checkpoint)."""
+        return kv_cache_dtype(self.hf_model)
+
     def document(self, requests_per_client: int,
                  engine_knobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """The experiment replaying this row: ``concurrency`` closed-loop clients, each sending
@@ -119,15 +132,13 @@ class ServingRow:
         # every engine here) would only cost simulation time.
         deployment: dict[str, Any] = {**self.deployment(), "max_model_len": self.isl + self.osl,
                                       "enable_prefix_caching": False}
-        knobs: dict[str, Any] = {}
-        if self.prefill is None:
-            flags, knobs = aggregated_flags(self.engine, self.isl, -(-self.concurrency // self.dp))
-            deployment.update(flags)
+        flags, knobs = self.engine_flags()
+        deployment.update(flags)
         return {
             "name": f"row{self.row}", "model": self.model, "hardware": HARDWARE[self.gpu],
             "engine": {"name": self.engine, **knobs, **(engine_knobs or {})},
             "deployment": deployment,
-            "precision": {**PRECISIONS[self.precision], "kv_cache": kv_cache_dtype(self.hf_model)},
+            "precision": {**PRECISIONS[self.precision], "kv_cache": self.kv_cache()},
             "workload": {"arrival": {"process": "closed", "concurrency": self.concurrency},
                          "num_requests": self.concurrency * requests_per_client,
                          "prompt": {"dist": "fixed", "value": self.isl},
