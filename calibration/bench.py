@@ -19,7 +19,7 @@ import pandas as pd
 
 from servesim.atomic_io import atomic_write_text
 from servesim.calibration.schema import METADATA, write_family
-from servesim.calibration.timing import import_torch
+from servesim.calibration.timing import Timing, import_torch
 from servesim.errors import ServesimError
 
 FAMILY_ORDER = ("memory", "gemm", "attention_prefill", "attention_decode", "allreduce")
@@ -65,13 +65,15 @@ def device_metadata(device: str, quick: bool) -> dict[str, Any]:
 
 
 def run_bench(device: str, out: Path, quick: bool = False,
-              families: tuple[str, ...] = FAMILY_ORDER, threads: int | None = None) -> dict[str, Any]:
+              families: tuple[str, ...] = FAMILY_ORDER, threads: int | None = None,
+              reps: int | None = None) -> dict[str, Any]:
     """Benchmark ``families`` on ``device`` and write them to ``out``; returns the metadata.
 
     On CPU ``threads`` defaults to 1: a multi-threaded torch op waits at a barrier for its
     slowest thread, so one descheduled thread on a shared machine costs a whole scheduler
     time slice (we saw 6-12 ms spikes on 10 us kernels with 2 threads and a busy neighbour).
-    The end-to-end check runs with the thread count recorded in the metadata."""
+    The end-to-end check runs with the thread count recorded in the metadata. ``reps`` overrides
+    the repetitions per kernel (the metadata records the timing used)."""
     torch = import_torch()
     if device == "cpu":
         torch.set_num_threads(threads or 1)
@@ -85,14 +87,17 @@ def run_bench(device: str, out: Path, quick: bool = False,
     from servesim.calibration.bench_gemm import bench_gemm
     from servesim.calibration.bench_memory import bench_memory
 
-    runners = {"memory": lambda: bench_memory(device, quick), "gemm": lambda: bench_gemm(device, quick),
-               "attention_prefill": lambda: bench_prefill(device, quick),
-               "attention_decode": lambda: bench_decode(device, quick),
+    timing = Timing.for_run(device, quick, reps)
+    runners = {"memory": lambda: bench_memory(device, quick, timing),
+               "gemm": lambda: bench_gemm(device, quick, timing),
+               "attention_prefill": lambda: bench_prefill(device, quick, timing),
+               "attention_decode": lambda: bench_decode(device, quick, timing),
                "allreduce": lambda: bench_allreduce(quick) if device == "cuda" else None}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     meta = device_metadata(device, quick)
+    meta["timing"] = {"warmup": timing.warmup, "reps": timing.reps}
     meta["seconds"] = {}
     start = time.perf_counter()
     for family in families:

@@ -24,10 +24,10 @@ from servesim.calibration.shapes import (
 from servesim.calibration.timing import Rotating, Timing, copies_for, import_torch, median_seconds
 
 
-def bench_prefill(device: str, quick: bool) -> pd.DataFrame:
+def bench_prefill(device: str, quick: bool, timing: Timing | None = None) -> pd.DataFrame:
     torch = import_torch()
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    timing = Timing.for_run(device, quick)
+    timing = timing or Timing.for_run(device, quick)
     cap = FLOP_CAP[(device, quick)]
     rows = []
     for layout in attention_layouts(quick):
@@ -50,10 +50,10 @@ def bench_prefill(device: str, quick: bool) -> pd.DataFrame:
     return table
 
 
-def bench_decode(device: str, quick: bool) -> pd.DataFrame:
+def bench_decode(device: str, quick: bool, timing: Timing | None = None) -> pd.DataFrame:
     torch = import_torch()
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    timing = Timing.for_run(device, quick)
+    timing = timing or Timing.for_run(device, quick)
     rows = []
     for layout in attention_layouts(quick):
         for batch in DECODE_BATCH[quick]:

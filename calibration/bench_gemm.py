@@ -38,9 +38,9 @@ def _times_next(a: Any, weights: Rotating) -> Callable[[], Any]:
     return call
 
 
-def bench_gemm(device: str, quick: bool) -> pd.DataFrame:
+def bench_gemm(device: str, quick: bool, timing: Timing | None = None) -> pd.DataFrame:
     torch = import_torch()
-    timing = Timing.for_run(device, quick)
+    timing = timing or Timing.for_run(device, quick)
     fp8 = has_fp8(device)
     rows = []
     weights: list = []

@@ -36,9 +36,9 @@ def _kernels(torch: Any, elements: int, device: str) -> dict[str, tuple[Any, int
                          3 * width)}
 
 
-def bench_memory(device: str, quick: bool) -> pd.DataFrame:
+def bench_memory(device: str, quick: bool, timing: Timing | None = None) -> pd.DataFrame:
     torch = import_torch()
-    timing = Timing.for_run(device, quick)
+    timing = timing or Timing.for_run(device, quick)
     rows = []
     for size in COPY_BYTES[quick]:
         elements = size // 2

@@ -41,7 +41,13 @@ class Timing:
     reps: int
 
     @classmethod
-    def for_run(cls, device: str, quick: bool) -> Timing:
+    def for_run(cls, device: str, quick: bool, reps: int | None = None) -> Timing:
+        """The defaults per device and grid, or ``reps`` repetitions after a fifth as many warm-ups
+        (at least 2): a short GPU lease cannot afford 50 repetitions of 5,000 GEMMs."""
+        if reps is not None:
+            if reps < 1:
+                raise ServesimError("--reps", f"must be at least 1, got {reps}", "e.g. --reps 15")
+            return cls(warmup=max(2, reps // 5), reps=reps)
         if device == "cuda":
             return cls(warmup=5, reps=15) if quick else cls(warmup=10, reps=50)
         return cls(warmup=1, reps=5) if quick else cls(warmup=3, reps=15)

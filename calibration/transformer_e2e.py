@@ -1,7 +1,9 @@
-"""End-to-end check: a real small transformer, run with torch under continuous batching, against
+"""End-to-end check: a real transformer, run with torch under continuous batching, against
 ``servesim step`` on the same batch shapes.
 
-The model is :data:`servesim.calibration.shapes.E2E_MODEL_CONFIG` (Llama-style, GQA, random bf16 weights)
+On the CPU the model is :data:`servesim.calibration.shapes.E2E_MODEL_CONFIG` (Llama-style, GQA,
+random bf16 weights); on a GPU (``--device cuda``) it is any catalogue model, by default
+``llama-3-8b`` at full size (16 GB of random bf16 weights), with :data:`GPU_WORKLOAD`. Both are
 laid out the way serving engines run it: every scheduled token of the step is packed into one
 ``[tokens, hidden]`` activation, so each projection is one GEMM with M = tokens; prefills run
 causal SDPA per prompt; decodes run one batched SDPA over their contiguous KV slots (gathered with
@@ -9,6 +11,11 @@ causal SDPA per prompt; decodes run one batched SDPA over their contiguous KV sl
 the simulator does not model); the LM head runs only for the sequences that sample. The scheduler admits
 whole prompts under a token budget while slots are free, and every running request decodes
 each step, so steps mix prefills and decodes as in vLLM.
+
+The loop is eager torch, one kernel launch per operator, like an engine with CUDA graphs off:
+on a GPU a small decode step's launches (about 20 per layer) can take longer than its kernels,
+which the cost model prices without any engine's runtime costs (``RuntimeCosts.none``). The
+table says which steps that is: ``measured_s`` against ``predicted_s`` by step size.
 
 The workload runs once to warm allocator and caches, then ``passes`` more times, timed; the
 schedule depends only on the (seeded) lengths, so every pass runs the same steps, and a step's
@@ -31,7 +38,10 @@ from servesim.calibration.shapes import e2e_model
 from servesim.calibration.timing import import_torch
 from servesim.cost import BatchShape, CostModel
 from servesim.engines import RuntimeCosts
+from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
+from servesim.model_config import load_model
+from servesim.model_spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -46,34 +56,45 @@ class Workload:
     seed: int = 0
 
 
-class SmallDecoder:
-    """The e2e model's forward pass over a packed batch, with a slot-based contiguous KV cache."""
+GPU_WORKLOAD = Workload(requests=48, prompt_min=64, prompt_max=1536, output_min=8, output_max=128,
+                        max_slots=32, token_budget=4096)
+"""A GPU run of a full-size 8B model: prompts up to 1.5k tokens, up to 32 running sequences and a
+4096-token step budget, so steps range from single decodes to multi-prompt prefills (its KV cache
+is 17.5 GB for Llama-3-8B, weights 16 GB: it fits an 80 GB card)."""
 
-    def __init__(self, max_slots: int, max_len: int, seed: int = 0) -> None:
+
+class PackedDecoder:
+    """A Llama-style model's forward pass over a packed batch, with a slot-based contiguous KV
+    cache, on ``device``."""
+
+    def __init__(self, spec: ModelSpec, max_slots: int, max_len: int, seed: int = 0,
+                 device: str = "cpu") -> None:
         torch = import_torch()
-        self.torch = torch
-        spec = e2e_model()
-        self.spec = spec
-        g = torch.Generator().manual_seed(seed)
+        self.torch, self.spec, self.device = torch, spec, device
+        g = torch.Generator(device=device).manual_seed(seed)
         h, d, heads, kv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
         inter, vocab = spec.intermediate_size, spec.vocab_size
+        bf16 = torch.bfloat16
 
         def weight(*shape: int) -> Any:
-            return (torch.randn(*shape, generator=g) * shape[0] ** -0.5).to(torch.bfloat16)
+            return (torch.randn(*shape, generator=g, device=device) * shape[0] ** -0.5).to(bf16)
+
+        def ones(n: int) -> Any:
+            return torch.ones(n, dtype=bf16, device=device)
 
         self.embed = weight(vocab, h)
-        self.layers = [{"ln1": torch.ones(h, dtype=torch.bfloat16), "wqkv": weight(h, (heads + 2 * kv) * d),
-                        "wo": weight(heads * d, h), "ln2": torch.ones(h, dtype=torch.bfloat16),
+        self.layers = [{"ln1": ones(h), "wqkv": weight(h, (heads + 2 * kv) * d),
+                        "wo": weight(heads * d, h), "ln2": ones(h),
                         "wgu": weight(h, 2 * inter), "wdown": weight(inter, h)}
                        for _ in range(spec.num_layers)]
-        self.norm = torch.ones(h, dtype=torch.bfloat16)
+        self.norm = ones(h)
         self.lm_head = weight(h, vocab)
         shape = (spec.num_layers, max_slots, kv, max_len, d)
-        self.k_cache = torch.zeros(shape, dtype=torch.bfloat16)
-        self.v_cache = torch.zeros(shape, dtype=torch.bfloat16)
-        inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
-        self.cos, self.sin = angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+        self.k_cache = torch.zeros(shape, dtype=bf16, device=device)
+        self.v_cache = torch.zeros(shape, dtype=bf16, device=device)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32, device=device), inv)
+        self.cos, self.sin = angles.cos().to(bf16), angles.sin().to(bf16)
 
     @staticmethod
     def _rope(torch: Any, x: Any, cos: Any, sin: Any) -> Any:
@@ -88,12 +109,14 @@ class SmallDecoder:
         heads, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         ids = [t for _, p in prefills for t in p] + [t for _, _, t in decodes]
         positions = [i for _, p in prefills for i in range(len(p))] + [pos for _, pos, _ in decodes]
-        ids_t, pos_t = torch.tensor(ids), torch.tensor(positions)
+        dev = self.device
+        ids_t, pos_t = torch.tensor(ids, device=dev), torch.tensor(positions, device=dev)
         n_pre = sum(len(p) for _, p in prefills)
-        dec_slots = torch.tensor([s for s, _, _ in decodes], dtype=torch.long)
-        dec_pos = torch.tensor([p for _, p, _ in decodes], dtype=torch.long)
-        longest = int(dec_pos.max()) + 1 if decodes else 0
-        mask = (torch.arange(longest)[None, :] <= dec_pos[:, None])[:, None, None, :] if decodes else None
+        dec_slots = torch.tensor([s for s, _, _ in decodes], dtype=torch.long, device=dev)
+        dec_pos = torch.tensor([p for _, p, _ in decodes], dtype=torch.long, device=dev)
+        longest = max(p for _, p, _ in decodes) + 1 if decodes else 0
+        mask = ((torch.arange(longest, device=dev)[None, :] <= dec_pos[:, None])[:, None, None, :]
+                if decodes else None)
         x = self.embed.index_select(0, ids_t)
         cos = self.cos.index_select(0, pos_t)[:, None, :]
         sin = self.sin.index_select(0, pos_t)[:, None, :]
@@ -128,12 +151,13 @@ class SmallDecoder:
             gate, up = (hidden @ w["wgu"]).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ w["wdown"]
         ends = np.cumsum([len(p) for _, p in prefills]) - 1
-        rows = torch.tensor(list(ends) + list(range(n_pre, n_pre + len(decodes))), dtype=torch.long)
+        rows = torch.tensor(list(ends) + list(range(n_pre, n_pre + len(decodes))), dtype=torch.long,
+                            device=dev)
         last = F.rms_norm(x[rows], (spec.hidden_size,), self.norm)
         return (last @ self.lm_head).float().argmax(dim=-1)
 
 
-def _serve(model: SmallDecoder, workload: Workload) -> list[dict[str, Any]]:
+def _serve(model: PackedDecoder, workload: Workload) -> list[dict[str, Any]]:
     """Run the workload to completion; one record per step with its batch and measured time."""
     rng = np.random.default_rng(workload.seed)
     prompts = rng.integers(workload.prompt_min, workload.prompt_max + 1, workload.requests)
@@ -173,14 +197,25 @@ def _serve(model: SmallDecoder, workload: Workload) -> list[dict[str, Any]]:
 
 
 def run_e2e(profile: HardwareProfile, workload: Workload | None = None, threads: int = 1,
-            passes: int = 3) -> pd.DataFrame:
-    """Per step: batch summary, measured (median over ``passes``) and predicted seconds, the error."""
+            passes: int = 3, device: str = "cpu", model_name: str | None = None) -> pd.DataFrame:
+    """Per step: batch summary, measured (median over ``passes``) and predicted seconds, the error.
+
+    ``device`` cpu runs the small model with :class:`Workload`'s defaults; cuda runs
+    ``model_name`` (default ``llama-3-8b``) with :data:`GPU_WORKLOAD`."""
     if passes < 1:
         raise ValueError(f"passes must be at least 1, got {passes}")
     torch = import_torch()
     torch.set_num_threads(threads)
-    workload = workload or Workload()
-    model = SmallDecoder(workload.max_slots, workload.prompt_max + workload.output_max + 1, workload.seed)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ServesimError("--device", "cuda requested but torch sees no GPU",
+                            "use --device cpu, or a CUDA build of torch on a GPU machine")
+    if device not in ("cpu", "cuda"):
+        raise ServesimError("--device", f"unknown device {device!r}", "use cuda or cpu")
+    name = model_name or ("llama-3-8b" if device == "cuda" else None)
+    spec = load_model(name) if name else e2e_model()
+    workload = workload or (GPU_WORKLOAD if device == "cuda" else Workload())
+    model = PackedDecoder(spec, workload.max_slots, workload.prompt_max + workload.output_max + 1,
+                          workload.seed, device)
     # The loop times the model's forward passes only: no serving engine's step cost is added.
     cost = CostModel(model.spec, profile, tp=1, runtime=RuntimeCosts.none())
     with torch.inference_mode():

@@ -35,11 +35,13 @@ def bench_command(
     out: Annotated[Path, Opt(help="Folder for the CSVs and metadata.json")] = Path("calibration_run"),
     quick: Annotated[bool, Opt(help="Sparse grid, few repetitions (CI: seconds on a CPU)")] = False,
     threads: Annotated[int, Opt(help="CPU threads (default 1, see calibration/bench.py)")] = 1,
+    reps: Annotated[int | None, Opt(help="Timed repetitions per kernel (default 50 on cuda, 15 on "
+                                         "cpu; fewer when a GPU lease is short)")] = None,
 ) -> None:
     """Time GEMMs, attention prefill/decode, memory kernels (and all-reduce with several GPUs)."""
     from servesim.calibration.bench import run_bench
 
-    meta = run_bench(device, out, quick=quick, threads=threads)
+    meta = run_bench(device, out, quick=quick, threads=threads, reps=reps)
     families = ", ".join(k for k in meta["seconds"] if k != "total")
     _console.print(f"{meta['device_name']}: wrote {families} to {out} in {meta['seconds']['total']:.1f} s")
 
@@ -214,13 +216,17 @@ def e2e_command(
     profile: Annotated[str, Opt(help="Profile fitted on this machine (e.g. cpu-local.yaml)")],
     out: Annotated[Path | None, Opt(help="Write the per-step CSV here")] = None,
     threads: Annotated[int, Opt(help="CPU threads (use the bench's)")] = 1,
+    device: Annotated[str, Opt(help="cpu (a small model) or cuda (a full-size catalogue model)")] = "cpu",
+    model: Annotated[str | None, Opt(help="Catalogue model run on cuda (default llama-3-8b)")] = None,
+    passes: Annotated[int, Opt(help="Timed passes; a step's time is their median")] = 3,
 ) -> None:
-    """Run a small transformer with torch under continuous batching; compare each step with the
-    cost model."""
+    """Run a transformer with torch under continuous batching (random bf16 weights); compare each
+    step with the cost model."""
     from servesim.calibration.transformer_e2e import run_e2e
     from servesim.hardware_io import load_hardware
 
-    steps = run_e2e(load_hardware(profile, "--profile"), threads=threads)
+    steps = run_e2e(load_hardware(profile, "--profile"), threads=threads, passes=passes, device=device,
+                    model_name=model)
     if out:
         steps.to_csv(out, index=False)
     ape = steps["ape"] * 100
