@@ -33,7 +33,7 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
 esac
 say "profile $profile"
 
-stage 120 python3 -m servesim calibrate e2e --device cuda --profile "$profile" \
+stage 240 python3 -m servesim calibrate e2e --device cuda --profile "$profile" \
     --out "$work/e2e_steps.csv"
 stage 270 python3 -m servesim calibrate bench --device cuda --reps "$reps" --out "$work/bench"
 stage 40 python3 -m servesim calibrate validate "$work/bench" --profile "$profile" \

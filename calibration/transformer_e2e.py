@@ -28,6 +28,7 @@ step's measured time is compared with ``CostModel.step_time`` for the same
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,8 +158,12 @@ class PackedDecoder:
         return (last @ self.lm_head).float().argmax(dim=-1)
 
 
-def _serve(model: PackedDecoder, workload: Workload) -> list[dict[str, Any]]:
-    """Run the workload to completion; one record per step with its batch and measured time."""
+STEP_MARK = "servesim_e2e_step_"
+
+
+def _serve(model: PackedDecoder, workload: Workload, annotate: Any = None) -> list[dict[str, Any]]:
+    """Run the workload to completion; one record per step with its batch and measured time.
+    ``annotate`` (torch.profiler.record_function) marks each step for :func:`_kernel_seconds`."""
     rng = np.random.default_rng(workload.seed)
     prompts = rng.integers(workload.prompt_min, workload.prompt_max + 1, workload.requests)
     outputs = rng.integers(workload.output_min, workload.output_max + 1, workload.requests)
@@ -182,7 +187,11 @@ def _serve(model: PackedDecoder, workload: Workload) -> list[dict[str, Any]]:
         computed = [0] * len(admitted) + [s["computed"] for _, s in decodes]
         total = [int(prompts[r]) for r in admitted] + [s["total"] for _, s in decodes]
         start = time.perf_counter()
-        sampled = model.step(prefills, dec_args).tolist()
+        if annotate is None:
+            sampled = model.step(prefills, dec_args).tolist()
+        else:
+            with annotate(f"{STEP_MARK}{len(steps)}"):
+                sampled = model.step(prefills, dec_args).tolist()
         elapsed = time.perf_counter() - start
         steps.append({"new": new, "computed": computed, "total": total, "measured_s": elapsed})
         for r, token in zip(admitted + [r for r, _ in decodes], sampled, strict=True):
@@ -194,6 +203,33 @@ def _serve(model: PackedDecoder, workload: Workload) -> list[dict[str, Any]]:
                 free.append(state["slot"])
                 del running[r]
     return steps
+
+
+def _kernel_seconds(model: PackedDecoder, workload: Workload) -> list[float] | None:
+    """GPU time per step: the durations of the device's kernels and copies that start inside each
+    step's range, from one more pass under ``torch.profiler``. A step ends with a synchronisation
+    (its sampled tokens are read back), so its kernels cannot spill into the next one. What the
+    measured wall time adds on top is the eager loop's host work (launches, Python). None when the
+    profiler cannot see the device (say, no CUPTI)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        steps = _serve(model, workload, annotate=record_function)
+    events = list(prof.events())
+    ranges = {int(e.name[len(STEP_MARK):]): (e.time_range.start, e.time_range.end) for e in events
+              if e.name.startswith(STEP_MARK) and e.device_type == DeviceType.CPU}
+    device = sorted((e.time_range.start, e.time_range.end - e.time_range.start) for e in events
+                    if e.device_type == DeviceType.CUDA and not e.name.startswith(STEP_MARK))
+    if len(ranges) != len(steps) or not device:
+        return None
+    starts = np.array([d[0] for d in device], dtype=float)
+    durations = np.array([d[1] for d in device], dtype=float)
+    bounds = np.array([ranges[i] for i in range(len(steps))], dtype=float)
+    first = np.searchsorted(starts, bounds[:, 0], side="left")
+    last = np.searchsorted(starts, bounds[:, 1], side="right")
+    cumulative = np.concatenate([[0.0], np.cumsum(durations)])
+    return list((cumulative[last] - cumulative[first]) * 1e-6)
 
 
 def run_e2e(profile: HardwareProfile, workload: Workload | None = None, threads: int = 1,
@@ -221,6 +257,11 @@ def run_e2e(profile: HardwareProfile, workload: Workload | None = None, threads:
     with torch.inference_mode():
         _serve(model, workload)  # warm-up pass
         runs = [_serve(model, workload) for _ in range(passes)]
+        try:
+            kernels = _kernel_seconds(model, workload) if device == "cuda" else None
+        except Exception as error:  # the profiler is a bonus: the wall times stand alone
+            warnings.warn(f"e2e: no kernel times from torch.profiler ({error})", stacklevel=1)
+            kernels = None
     steps = runs[0]
     measured = np.median([[step["measured_s"] for step in run] for run in runs], axis=0)
     rows = []
@@ -234,4 +275,8 @@ def run_e2e(profile: HardwareProfile, workload: Workload | None = None, threads:
     table = pd.DataFrame(rows)
     table["ape"] = (table["predicted_s"] - table["measured_s"]).abs() / table["measured_s"]
     table["signed_%"] = (table["predicted_s"] / table["measured_s"] - 1) * 100
+    if kernels is not None:
+        table["kernel_s"] = kernels
+        table["kernel_ape"] = (table["predicted_s"] - table["kernel_s"]).abs() / table["kernel_s"]
+        table["kernel_signed_%"] = (table["predicted_s"] / table["kernel_s"] - 1) * 100
     return table

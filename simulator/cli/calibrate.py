@@ -232,3 +232,10 @@ def e2e_command(
     ape = steps["ape"] * 100
     _console.print(f"{len(steps)} steps: per-step error median {ape.median():.1f}%, "
                    f"p90 {ape.quantile(0.9):.1f}%, mean signed {steps['signed_%'].mean():+.1f}%")
+    if "kernel_s" in steps:
+        kernel = steps["kernel_ape"] * 100
+        _console.print(f"against the GPU's kernel time per step (profiler): median {kernel.median():.1f}%, "
+                       f"p90 {kernel.quantile(0.9):.1f}%, "
+                       f"mean signed {steps['kernel_signed_%'].mean():+.1f}%; "
+                       f"host time the eager loop adds: median "
+                       f"{(steps['measured_s'] - steps['kernel_s']).median() * 1e3:.2f} ms per step")
