@@ -205,12 +205,30 @@ def _serve(model: PackedDecoder, workload: Workload, annotate: Any = None) -> li
     return steps
 
 
-def _kernel_seconds(model: PackedDecoder, workload: Workload) -> list[float] | None:
-    """GPU time per step: the durations of the device's kernels and copies that start inside each
-    step's range, from one more pass under ``torch.profiler``. A step ends with a synchronisation
-    (its sampled tokens are read back), so its kernels cannot spill into the next one. What the
-    measured wall time adds on top is the eager loop's host work (launches, Python). None when the
-    profiler cannot see the device (say, no CUPTI)."""
+KERNEL_CLASSES = {"gemm": ("aten::mm", "aten::addmm", "aten::_scaled_mm"),
+                  "attention": ("scaled_dot_product", "flash", "efficient_attention", "bmm", "softmax"),
+                  "kv_gather_and_copies": ("index", "copy_", "cat", "where")}
+"""torch operators (matched by substring of their profiler key) behind each class of GPU time; the
+rest (norms, RoPE, activations, residual adds, the mask) is ``elementwise``. The matrix products
+of math-backend attention are ``aten::bmm``, so they count as attention, not GEMMs."""
+PREDICTED_CLASSES = {"gemm": ("qkv_proj", "o_proj", "mlp", "lm_head", "moe"),
+                     "attention": ("attn_prefill", "attn_decode"),
+                     "elementwise": ("embedding", "elementwise")}
+
+
+def kernel_class(key: str) -> str:
+    for name, markers in KERNEL_CLASSES.items():
+        if any(marker in key for marker in markers):
+            return name
+    return "elementwise"
+
+
+def _kernel_seconds(model: PackedDecoder, workload: Workload) -> tuple[list[float], dict[str, float]] | None:
+    """GPU time per step, and per class of operator over the whole pass, from one more pass under
+    ``torch.profiler``. A step's GPU time sums the device's kernels and copies that start inside
+    its range: a step ends with a synchronisation (its sampled tokens are read back), so its
+    kernels cannot spill into the next one. What the measured wall time adds on top is the eager
+    loop's host work (launches, Python). None when the profiler cannot see the device."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -229,7 +247,13 @@ def _kernel_seconds(model: PackedDecoder, workload: Workload) -> list[float] | N
     first = np.searchsorted(starts, bounds[:, 0], side="left")
     last = np.searchsorted(starts, bounds[:, 1], side="right")
     cumulative = np.concatenate([[0.0], np.cumsum(durations)])
-    return list((cumulative[last] - cumulative[first]) * 1e-6)
+    classes: dict[str, float] = {}
+    for average in prof.key_averages():
+        if average.key.startswith(STEP_MARK):
+            continue
+        name = kernel_class(average.key)
+        classes[name] = classes.get(name, 0.0) + average.self_device_time_total * 1e-6
+    return list((cumulative[last] - cumulative[first]) * 1e-6), classes
 
 
 def run_e2e(profile: HardwareProfile, workload: Workload | None = None, threads: int = 1,
@@ -258,25 +282,34 @@ def run_e2e(profile: HardwareProfile, workload: Workload | None = None, threads:
         _serve(model, workload)  # warm-up pass
         runs = [_serve(model, workload) for _ in range(passes)]
         try:
-            kernels = _kernel_seconds(model, workload) if device == "cuda" else None
+            profiled = _kernel_seconds(model, workload) if device == "cuda" else None
         except Exception as error:  # the profiler is a bonus: the wall times stand alone
             warnings.warn(f"e2e: no kernel times from torch.profiler ({error})", stacklevel=1)
-            kernels = None
+            profiled = None
     steps = runs[0]
     measured = np.median([[step["measured_s"] for step in run] for run in runs], axis=0)
     rows = []
+    predicted_classes: dict[str, float] = {}
     for i, step in enumerate(steps):
         batch = BatchShape.from_requests(np.array(step["new"]), np.array(step["computed"]),
                                          np.array(step["total"]))
-        predicted = cost.step_time(batch)
+        priced = cost.step(batch)
+        predicted = priced.time_s
+        for name, parts in PREDICTED_CLASSES.items():
+            predicted_classes[name] = predicted_classes.get(name, 0.0) + sum(
+                priced.breakdown.get(part, 0.0) for part in parts)
         rows.append({"step": i, "prefills": batch.num_prefills, "prefill_tokens": batch.num_prefill_tokens,
                      "decodes": batch.num_decodes, "decode_context": int(batch.decode_context.sum()),
                      "measured_s": float(measured[i]), "predicted_s": predicted})
     table = pd.DataFrame(rows)
     table["ape"] = (table["predicted_s"] - table["measured_s"]).abs() / table["measured_s"]
     table["signed_%"] = (table["predicted_s"] / table["measured_s"] - 1) * 100
-    if kernels is not None:
+    if profiled is not None:
+        kernels, classes = profiled
         table["kernel_s"] = kernels
         table["kernel_ape"] = (table["predicted_s"] - table["kernel_s"]).abs() / table["kernel_s"]
         table["kernel_signed_%"] = (table["predicted_s"] / table["kernel_s"] - 1) * 100
+        table.attrs["kernel_classes"] = pd.DataFrame(
+            [{"class": name, "gpu_s": classes.get(name, 0.0), "predicted_s": predicted_classes.get(name, 0.0)}
+             for name in (*KERNEL_CLASSES, "elementwise")])
     return table

@@ -239,3 +239,8 @@ def e2e_command(
                        f"mean signed {steps['kernel_signed_%'].mean():+.1f}%; "
                        f"host time the eager loop adds: median "
                        f"{(steps['measured_s'] - steps['kernel_s']).median() * 1e3:.2f} ms per step")
+        classes = steps.attrs["kernel_classes"]
+        _print(classes.assign(gpu_ms=classes["gpu_s"] * 1e3, predicted_ms=classes["predicted_s"] * 1e3)
+               [["class", "gpu_ms", "predicted_ms"]], "GPU time by operator class over one pass")
+        if out:
+            classes.to_csv(out.with_name(out.stem + "_classes.csv"), index=False)
