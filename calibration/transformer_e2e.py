@@ -170,7 +170,7 @@ def _serve(model: PackedDecoder, workload: Workload, annotate: Any = None) -> li
     waiting = list(range(workload.requests))
     running: dict[int, dict[str, int]] = {}  # request -> slot, computed, total, last token
     free = list(range(workload.max_slots))
-    steps = []
+    steps: list[dict[str, Any]] = []
     while waiting or running:
         decodes = [(r, s) for r, s in running.items()]
         budget = workload.token_budget - len(decodes)

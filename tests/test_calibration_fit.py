@@ -153,3 +153,30 @@ def test_fit_and_validate_never_import_torch() -> None:
             "assert 'torch' not in sys.modules")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+def test_bench_reps_override_sets_warmups_to_a_fifth() -> None:
+    from servesim.calibration.timing import Timing
+
+    assert Timing.for_run("cuda", False) == Timing(warmup=10, reps=50)
+    assert Timing.for_run("cuda", False, reps=15) == Timing(warmup=3, reps=15)
+    assert Timing.for_run("cpu", True, reps=4) == Timing(warmup=2, reps=4)
+    with pytest.raises(ServesimError, match="--reps"):
+        Timing.for_run("cuda", False, reps=0)
+
+
+def test_e2e_sorts_profiled_operators_into_the_cost_models_classes() -> None:
+    """The GPU end-to-end check compares GPU time by class with the prediction by class: a
+    2-D matrix product is a GEMM, math-backend attention's batched products are attention, the
+    KV-slot gathers are apart (the cost model has no such cost) and the rest is elementwise."""
+    from servesim.calibration.transformer_e2e import kernel_class
+
+    assert kernel_class("aten::mm") == "gemm"
+    assert kernel_class("aten::_scaled_mm") == "gemm"
+    assert kernel_class("aten::bmm") == "attention"
+    assert kernel_class("aten::_scaled_dot_product_flash_attention") == "attention"
+    assert kernel_class("aten::_safe_softmax") == "attention"
+    assert kernel_class("aten::index_select") == "kv_gather_and_copies"
+    assert kernel_class("aten::_index_put_impl_") == "kv_gather_and_copies"
+    assert kernel_class("aten::_fused_rms_norm") == "elementwise"
+    assert kernel_class("aten::silu") == "elementwise"
