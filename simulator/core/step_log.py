@@ -59,6 +59,9 @@ SUMMARY_COLUMNS = ("replica", "pool", "start_s", "duration_s", "num_prefills", "
 time; ``metrics.benchmark_names``: tokens per second; the groups' sections; the speculative
 section): its table is only these, expanded one by one, so it never holds the whole table. A
 summary figure that reads another column adds it here."""
+SPECULATIVE_SUMMARY_COLUMNS = ("proposed_tokens", "op_proposal_s", "verify_extra_s")
+"""Of :data:`SUMMARY_COLUMNS`, those only the speculative section reads: a run without speculative
+decoding leaves them out of the summary's table (at a million requests they are 65 MiB of zeros)."""
 
 
 class StepLog:
@@ -236,9 +239,12 @@ class StepLog:
             names = [name for name in names if name in only]
             get = self.column
         replica = get("replica")
+        totals = np.asarray(blocks_total, dtype=np.int64)
+        if only is not None:  # the summary's table: as narrow as the other integer columns
+            totals = narrow_ints(totals)
         derived: dict[str, Callable[[], np.ndarray]] = {
             "batch_size": lambda: _add(get("num_prefills"), get("num_decodes")),
-            "kv_blocks_total": lambda: _per_replica(np.asarray(blocks_total, dtype=np.int64), replica),
+            "kv_blocks_total": lambda: _per_replica(totals, replica),
             "step": lambda: _per_replica_count(replica),
             "bound": lambda: np.asarray(BOUNDS, dtype=object)[get("bound")],
             "pool": lambda: np.asarray(groups, dtype=object)[replica]}

@@ -22,14 +22,13 @@ finish, a finish before an arrival at the same instant). A statistic of no value
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from servesim.metrics.stats import merge_weighted, weighted_percentile
+from servesim.metrics.stats import merge_weighted, weighted_mean_std, weighted_percentile
 
 DEFAULT_PERCENTILES = (99.0,)
 """vLLM's ``--metric-percentiles`` default."""
@@ -55,14 +54,13 @@ def _stats(values: np.ndarray, counts: np.ndarray | None, name: str, percentiles
            ) -> dict[str, float | None]:
     keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms",
             *(f"p{percentile_word(p)}_{name}_ms" for p in percentiles)]
-    weights = np.ones_like(values) if counts is None else counts
-    keep = np.isfinite(values) & (weights > 0)
-    values, weights = values[keep], weights[keep]
+    keep = np.isfinite(values) if counts is None else np.isfinite(values) & (counts > 0)
+    if not keep.all():  # (a long run's values all count: no copy of them)
+        values, counts = values[keep], None if counts is None else counts[keep]
     if values.size == 0:
         return dict.fromkeys(keys)
-    mean = float(np.average(values, weights=weights))
-    std = float(math.sqrt(np.average((values - mean) ** 2, weights=weights)))
-    points = weighted_percentile(values, weights, np.asarray([50.0, *percentiles]))
+    mean, std = weighted_mean_std(values, counts)
+    points = weighted_percentile(values, counts, np.asarray([50.0, *percentiles]))
     assert isinstance(points, np.ndarray)
     stats = [mean, float(points[0]), std, *(float(v) for v in points[1:])]
     return {key: value * 1e3 for key, value in zip(keys, stats, strict=True)}

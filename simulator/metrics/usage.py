@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from servesim.core.replica_state import ReplicaState
+from servesim.metrics.stats import weighted_average
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,8 +20,8 @@ def kv_usage(states: list[ReplicaState], steps: pd.DataFrame) -> dict[str, Any]:
                            "blocks_in_use_at_end": sum(p.used for p in pools)}
     weights = steps["duration_s"].to_numpy()
     if len(steps) and weights.sum():
-        use = steps["kv_blocks_used"].to_numpy() / steps["kv_blocks_total"].to_numpy()
-        out["mean_utilization"] = float(np.average(use, weights=weights))
+        out["mean_utilization"] = weighted_average(steps["kv_blocks_used"].to_numpy(), weights,
+                                                   steps["kv_blocks_total"].to_numpy())
     else:
         out["mean_utilization"] = 0.0
     return out
@@ -47,6 +46,6 @@ def batch_usage(steps: pd.DataFrame) -> dict[str, Any]:
     weights = steps["duration_s"].to_numpy()
     busy = float(weights.sum())
     return {"steps": len(steps),
-            "mean_size": float(np.average(steps["batch_size"].to_numpy(), weights=weights)),
+            "mean_size": weighted_average(steps["batch_size"].to_numpy(), weights),
             "prefill_steps": int((steps["num_prefills"] > 0).sum()),
             "busy_s": busy}

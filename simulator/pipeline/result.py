@@ -16,7 +16,7 @@ import pandas as pd
 from servesim.core.replica_state import ReplicaState
 from servesim.core.sim import Sim
 from servesim.core.state import RequestState
-from servesim.core.step_log import SUMMARY_COLUMNS, StepLog
+from servesim.core.step_log import SPECULATIVE_SUMMARY_COLUMNS, SUMMARY_COLUMNS, StepLog
 from servesim.metrics.sessions import session_columns, session_section
 from servesim.metrics.summary import Summary, prefix_cache_stats, run_span, summarise
 from servesim.metrics.tables import itl_frame, request_frame
@@ -79,7 +79,12 @@ class RunResult:
         expanded one by one from the compact step log and not kept (a long run that writes only
         its summary never holds the whole table)."""
         built = self.__dict__.get("steps")
-        return built if built is not None else self._steps_frame(labels=False, only=SUMMARY_COLUMNS)
+        if built is not None:
+            return built
+        speculates = any(run.group.speculation is not None for run in self.built.groups)
+        only = SUMMARY_COLUMNS if speculates else tuple(
+            column for column in SUMMARY_COLUMNS if column not in SPECULATIVE_SUMMARY_COLUMNS)
+        return self._steps_frame(labels=False, only=only)
 
     @cached_property
     def itl(self) -> pd.DataFrame:
