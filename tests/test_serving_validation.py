@@ -116,16 +116,19 @@ def test_parallel_layouts_map_to_the_deployment() -> None:
     split = ServingRow(**{**base.__dict__, "prefill": (2, 4, 1, 4), "decode": (1, 1, 8, 8)})
     deployment = split.document(2)["deployment"]
     assert deployment["kind"] == "disaggregated"
-    assert deployment["prefill"] == {"replicas": 2, "tp": 4, "dp": 1, "ep": 4}
-    assert deployment["decode"] == {"replicas": 1, "tp": 1, "dp": 8, "ep": 8}
+    layouts = {role: {k: deployment[role][k] for k in ("replicas", "tp", "dp", "ep")}
+               for role in ("prefill", "decode")}
+    assert layouts == {"prefill": {"replicas": 2, "tp": 4, "dp": 1, "ep": 4},
+                       "decode": {"replicas": 1, "tp": 1, "dp": 8, "ep": 8}}
 
 
 def test_each_row_replays_with_the_flags_aiconfigurator_deploys() -> None:
     """The file records no engine flags; the replay takes those of AIConfigurator's generator
     rules (calibration.aic_flags): step budget batch + ISL + 1500 for vLLM and TensorRT-LLM
     (TensorRT-LLM's in whole 32-token blocks), seats and CUDA graphs up to the batch, SGLang's own
-    chunk size, an FP8 KV cache only for FP8/NVFP4 checkpoints; disaggregated groups keep the
-    engine's defaults."""
+    chunk size, an FP8 KV cache only for FP8/NVFP4 checkpoints; a disaggregated row's prefill
+    group one prompt per rank (its prefill_batch_size) in ISL + 1500 tokens, its decode group
+    decode_batch_size seats and as many tokens, CUDA graphs up to the decode seats."""
     base = ServingRow(row=1, engine="vllm", model="qwen3-32b", hf_model="Qwen/Qwen3-32B", gpu="h100_sxm",
                       tp=2, precision="fp8", isl=12000, osl=128, concurrency=64, ttft_s=1.0, tpot_s=0.1,
                       version="0.19.0")
@@ -141,9 +144,25 @@ def test_each_row_replays_with_the_flags_aiconfigurator_deploys() -> None:
     sg = sglang.document(2)
     assert "max_num_batched_tokens" not in sg["deployment"] and sg["deployment"]["max_num_seqs"] == 8
     assert sg["engine"]["cuda_graph_bs"] == list(range(1, 9)) and sg["precision"]["kv_cache"] == "fp8"
-    split = ServingRow(**{**base.__dict__, "prefill": (1, 2, 1, 1), "decode": (1, 2, 1, 1)}).document(2)
-    assert "max_num_batched_tokens" not in split["deployment"]["prefill"]
+    split_row = ServingRow(**{**base.__dict__, "prefill": (1, 2, 1, 1), "decode": (2, 2, 1, 1),
+                              "prefill_batch": 1, "decode_batch": 32})
+    split = split_row.document(2)
+    assert split["deployment"]["prefill"] == {"replicas": 1, "tp": 2, "dp": 1, "ep": 1, "max_num_seqs": 1,
+                                              "max_num_batched_tokens": 12000 + 1500}
+    assert split["deployment"]["decode"] == {"replicas": 2, "tp": 2, "dp": 1, "ep": 1, "max_num_seqs": 32,
+                                             "max_num_batched_tokens": 32}
     assert "max_num_batched_tokens" not in split["deployment"]
+    assert split["engine"]["cudagraph_capture_sizes"] == list(range(1, 33))
+    assert split_row.step_budget() == 13500
+    silent = ServingRow(**{**split_row.__dict__, "engine": "sglang", "prefill_batch": None,
+                           "decode_batch": None})
+    assert silent.document(2)["deployment"]["decode"]["max_num_seqs"] == 128  # the rules' defaults
+    assert silent.document(2)["deployment"]["prefill"]["max_num_seqs"] == 1
+    assert silent.step_budget() == "engine default"
+    split_plan = prepare(validate_document(split))
+    prefill_group, decode_group = split_plan.topology.groups
+    assert (prefill_group.limits.max_num_seqs, prefill_group.limits.max_num_batched_tokens) == (1, 13500)
+    assert (decode_group.limits.max_num_seqs, decode_group.limits.max_num_batched_tokens) == (32, 32)
     # and the flags reach the engine's limits and runtime
     plan = prepare(validate_document(document))
     limits = plan.topology.kv_group.limits
@@ -160,7 +179,8 @@ def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Pa
     aggregated = rows[rows["replay"] == "re-timed"]
     expected = [-(-(c + ISL + 1500) // 32) * 32 for c in aggregated["concurrency"]]
     assert list(aggregated["step_budget"]) == expected
-    assert list(rows.loc[rows["replay"] == "simulated", "step_budget"]) == ["engine default"]
+    # the disaggregated row's prefill group: one prompt of ISL + 1500 tokens (in 32-token blocks)
+    assert list(rows.loc[rows["replay"] == "simulated", "step_budget"]) == [-(-(ISL + 1500) // 32) * 32]
     assert skipped["reason"].str.startswith("the simulator refuses the deployment").sum() == 1
     for name in ("serving_rows.csv", "serving_summary.csv", "serving_skipped.csv", "serving.html"):
         assert (tmp_path / name).is_file()

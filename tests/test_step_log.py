@@ -15,6 +15,7 @@ from servesim.core.step_log import (
     ROW,
     SPECULATIVE_SUMMARY_COLUMNS,
     SUMMARY_COLUMNS,
+    StepColumns,
     StepLog,
     _per_replica_count,
     frame_columns,
@@ -260,6 +261,8 @@ def test_the_summary_keeps_no_steps_table() -> None:
     assert full.summary.to_dict() == summary.to_dict()
     assert summary.batch.steps == len(full.steps) > 200
     light_frame = light._summary_steps()
+    # One group: the columns are read one at a time, never held as a table
+    assert isinstance(light_frame, StepColumns) and len(light_frame) == len(full.steps)
     # Without speculative decoding its columns stay out (zeros at 23 bytes a step, with the
     # narrowed kv_blocks_total); the summary is the same all the same (above).
     assert list(light_frame) == [name for name in full.steps if name in SUMMARY_COLUMNS

@@ -9,7 +9,7 @@ its name), then ``extra_s``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -231,27 +231,70 @@ class StepLog:
         the others."""
         import pandas as pd  # here: a run that writes no steps table needs no pandas
 
+        names, fetch = self._column_source(blocks_total, groups, labels, only)
+        return pd.DataFrame({name: fetch(name) for name in names}, copy=False)
+
+    def summary_columns(self, blocks_total: list[int], only: tuple[str, ...]) -> StepColumns:
+        """The summary's steps table of a run with one replica group, read column by column
+        (:class:`StepColumns`): ``to_frame(blocks_total, labels=False, only=only)`` without
+        holding it (at a million requests that table is 88 MiB, and building it is the summary's
+        peak)."""
+        names, fetch = self._column_source(blocks_total, None, False, only)
+        return StepColumns(fetch, names, len(self))
+
+    def _column_source(self, blocks_total: list[int], groups: list[str] | None, labels: bool,
+                       only: tuple[str, ...] | None) -> tuple[list[str], Callable[[str], np.ndarray]]:
+        """The steps table's column names and how to get each (see :meth:`to_frame`)."""
         names = frame_columns(groups is not None, labels)
         if only is None:
             columns = self.columns()
-            get = columns.__getitem__
+            get: Callable[[str], np.ndarray] = columns.__getitem__
         else:
             names = [name for name in names if name in only]
             get = self.column
-        replica = get("replica")
         totals = np.asarray(blocks_total, dtype=np.int64)
         if only is not None:  # the summary's table: as narrow as the other integer columns
             totals = narrow_ints(totals)
         derived: dict[str, Callable[[], np.ndarray]] = {
             "batch_size": lambda: _add(get("num_prefills"), get("num_decodes")),
-            "kv_blocks_total": lambda: _per_replica(totals, replica),
-            "step": lambda: _per_replica_count(replica),
+            "kv_blocks_total": lambda: _per_replica(totals, get("replica")),
+            "step": lambda: _per_replica_count(get("replica")),
             "bound": lambda: np.asarray(BOUNDS, dtype=object)[get("bound")],
-            "pool": lambda: np.asarray(groups, dtype=object)[replica]}
+            "pool": lambda: np.asarray(groups, dtype=object)[get("replica")]}
         if not labels:
             del derived["step"], derived["bound"]
-        return pd.DataFrame({name: derived[name]() if name in derived else get(name) for name in names},
-                            copy=False)
+
+        def fetch(name: str) -> np.ndarray:
+            return derived[name]() if name in derived else get(name)
+
+        return names, fetch
+
+
+class StepColumns:
+    """The summary's steps table as columns read one at a time: each is expanded from the compact
+    log when read and dropped when its reader is done, so the summary never holds the table.
+    It answers what the summary asks of a table (a column by name as a Series, ``len``, ``in``);
+    a run with several groups, whose sections select rows by pool, gets a real table instead."""
+
+    def __init__(self, fetch: Callable[[str], np.ndarray], names: list[str], length: int) -> None:
+        self._fetch, self._names, self._length = fetch, names, length
+
+    def __getitem__(self, name: str) -> pd.Series:
+        import pandas as pd
+
+        if name not in self._names:
+            raise KeyError(name)
+        return pd.Series(self._fetch(name), name=name, copy=False)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        """The column names, as iterating a table gives them."""
+        return iter(self._names)
 
 
 def _add(first: np.ndarray, second: np.ndarray) -> np.ndarray:

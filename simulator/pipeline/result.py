@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 import pandas as pd
 
@@ -77,13 +78,18 @@ class RunResult:
         """The steps table the summary reads: :attr:`steps` when it is built already, otherwise
         only the columns a summary figure reads (:data:`~servesim.core.step_log.SUMMARY_COLUMNS`),
         expanded one by one from the compact step log and not kept (a long run that writes only
-        its summary never holds the whole table)."""
+        its summary never holds the whole table). With one replica group not even those are held
+        together: :class:`~servesim.core.step_log.StepColumns` expands each column as it is read
+        (it answers the column reads, ``len`` and ``in`` the summary's figures make of a table)."""
         built = self.__dict__.get("steps")
         if built is not None:
             return built
         speculates = any(run.group.speculation is not None for run in self.built.groups)
         only = SUMMARY_COLUMNS if speculates else tuple(
             column for column in SUMMARY_COLUMNS if column not in SPECULATIVE_SUMMARY_COLUMNS)
+        if len(self.plan.topology.groups) == 1:
+            blocks = [run.group.limits.num_blocks for run in self.built.groups for _ in run.replicas]
+            return cast("pd.DataFrame", self.sim.steps.summary_columns(blocks, only))
         return self._steps_frame(labels=False, only=only)
 
     @cached_property
