@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from servesim.calibration.aic_flags import aggregated_flags, kv_cache_dtype
+from servesim.calibration.aic_flags import aggregated_flags, disaggregated_flags, kv_cache_dtype
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 
@@ -100,6 +100,10 @@ class ServingRow:
     """Disaggregated: (workers, tp, dp, ep) of the prefill group; None when aggregated."""
     decode: tuple[int, int, int, int] | None = None
     """Disaggregated: (workers, tp, dp, ep) of the decode group."""
+    prefill_batch: int | None = None
+    """Disaggregated: the row's ``prefill_batch_size`` (requests per prefill rank), when recorded."""
+    decode_batch: int | None = None
+    """Disaggregated: the row's ``decode_batch_size`` (requests per decode rank), when recorded."""
 
     def deployment(self) -> dict[str, Any]:
         """The ``deployment`` section: one worker's parallelism, or the two groups of a
@@ -114,11 +118,20 @@ class ServingRow:
     def engine_flags(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(deployment keys, engine knobs) the replay assumes where the file is silent: the flags
         AIConfigurator's generator gives an aggregated worker (:mod:`servesim.calibration.aic_flags`;
-        its batch is per attention-DP rank); none for a disaggregated row's groups."""
+        its batch is per attention-DP rank), or a disaggregated row's groups (the keys of each
+        group under ``prefill`` and ``decode``)."""
         if self.prefill is not None:
-            return {}, {}
+            return disaggregated_flags(self.engine, self.isl, self.prefill_batch, self.decode_batch)
         per_rank = -(-self.concurrency // self.dp)  # rounded up
         return aggregated_flags(self.engine, self.isl, per_rank)
+
+    def step_budget(self) -> int | str:
+        """The step budget the replay assumes (the prefill group's, disaggregated), or ``engine
+        default``."""
+        flags = self.engine_flags()[0]
+        worker = flags.get("prefill", {}) if self.prefill is not None else flags
+        budget = worker.get("max_num_batched_tokens")
+        return budget if budget is not None else "engine default"
 
     def kv_cache(self) -> str:
         """The KV cache dtype the replay assumes (AIConfigurator's, from the checkpoint)."""
@@ -133,7 +146,8 @@ class ServingRow:
         deployment: dict[str, Any] = {**self.deployment(), "max_model_len": self.isl + self.osl,
                                       "enable_prefix_caching": False}
         flags, knobs = self.engine_flags()
-        deployment.update(flags)
+        for key, value in flags.items():
+            deployment[key] = {**deployment[key], **value} if isinstance(value, dict) else value
         return {
             "name": f"row{self.row}", "model": self.model, "hardware": HARDWARE[self.gpu],
             "engine": {"name": self.engine, **knobs, **(engine_knobs or {})},
@@ -174,6 +188,12 @@ def _degree(raw: pd.Series, column: str) -> int:
     """A parallelism column as a degree: empty, 0 or missing mean 1 (not used)."""
     value = _number(raw.get(column))
     return int(value) if np.isfinite(value) and value >= 1 else 1
+
+
+def _batch(raw: pd.Series, column: str) -> int | None:
+    """A batch-size column as a whole number of requests, or None when not recorded."""
+    value = _number(raw.get(column))
+    return int(value) if np.isfinite(value) and value >= 1 else None
 
 
 def _group(raw: pd.Series, role: str) -> tuple[int, int, int, int] | None:
@@ -262,6 +282,8 @@ def read_serving_file(path: Path) -> ServingFile:
             version=str(row.get("backend_version", "")), pp=_degree(row, "pp_size"),
             dp=_degree(row, "attention_dp_size"), ep=_degree(row, "moe_ep_size"),
             prefill=_group(row, "prefill") if disaggregated else None,
-            decode=_group(row, "decode") if disaggregated else None))
+            decode=_group(row, "decode") if disaggregated else None,
+            prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
+            decode_batch=_batch(row, "decode_batch_size") if disaggregated else None))
     out.skipped = pd.DataFrame(skipped, columns=["row", "backend", "model", "system", "reason"])
     return out

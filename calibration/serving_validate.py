@@ -260,11 +260,11 @@ def prediction_rows(traced: list[TracedRow], coefficients: dict[int, Coefficient
                   f"D{r.decode[0]}x(tp{r.decode[1]} dp{r.decode[2]} ep{r.decode[3]})"
                   if r.prefill is not None and r.decode is not None
                   else f"tp{r.tp} pp{r.pp} dp{r.dp} ep{r.ep}")
-        budget = r.engine_flags()[0].get("max_num_batched_tokens")  # what the replay assumed
+        budget = r.step_budget()  # what the replay assumed
         lines.append({"row": r.row, "engine": r.engine, "gpu": r.gpu, "model": r.hf_model, "tp": r.tp,
                       "layout": layout, "precision": r.precision,
                       "kv_cache": r.kv_cache(),
-                      "step_budget": budget if budget is not None else "engine default",
+                      "step_budget": budget,
                       "isl": r.isl, "osl": r.osl,
                       "concurrency": r.concurrency,
                       "measured_ttft_ms": r.ttft_s * 1e3, "measured_tpot_ms": r.tpot_s * 1e3,
