@@ -61,7 +61,7 @@ GPU_WORKLOAD = Workload(requests=48, prompt_min=64, prompt_max=1536, output_min=
                         max_slots=32, token_budget=4096)
 """A GPU run of a full-size 8B model: prompts up to 1.5k tokens, up to 32 running sequences and a
 4096-token step budget, so steps range from single decodes to multi-prompt prefills (its KV cache
-is 17.5 GB for Llama-3-8B, weights 16 GB: it fits an 80 GB card)."""
+is 7.0 GB for Llama-3-8B, weights 16 GB: it fits an 80 GB card)."""
 
 
 class PackedDecoder:
