@@ -42,9 +42,10 @@ TensorRT-LLM's ``disable_overlap_scheduler: true`` on prefill workers is not app
 section per experiment: the overlap is the engine's, for both groups).
 
 Measured effect (75 replayable disaggregated rows of at most 256 clients, shipped coefficients):
-TTFT median error 42.1% -> 46.7%, TPOT 21.6% -> 20.7%. Their TTFT is under-predicted (ratio about
-0.55) by a gap no prefill schedule explains (the disaggregated hand-off is not modelled yet); the
-flags are kept as the deployments' facts.
+TTFT median error 42.1% -> 46.7%, TPOT 21.6% -> 20.7%. Their TTFT is under-predicted either way
+(ratio about 0.55: a gap of 50-500 ms at up to 8 clients that grows with the clients at long
+prompts; the disaggregated hand-off is not modelled yet, and prefill capacity under load looks
+over-estimated); the flags are kept as the deployments' facts.
 
 One rule is **not** applied: SGLang's (``enable_mixed_chunk: true`` with ``max_prefill_tokens =
 isl + 1500``). With decodes mixed into every prefill batch the replay's closed-loop clients
