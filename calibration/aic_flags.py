@@ -89,7 +89,8 @@ def kv_cache_dtype(hf_model: str) -> str:
 
 
 def step_budget(engine: str, isl: int, max_batch_size: int) -> int:
-    """``max_num_tokens`` of an aggregated worker holding ``max_batch_size`` requests."""
+    """``max_num_tokens`` of a worker that prefills ``isl``-token prompts beside ``max_batch_size``
+    decodes (0 for a prefill worker of a disaggregated deployment)."""
     tokens = max_batch_size + isl + PROMPT_HEADROOM
     if engine == "trtllm":
         tokens = -(-tokens // TRTLLM_TOKENS_PER_BLOCK) * TRTLLM_TOKENS_PER_BLOCK
@@ -99,6 +100,21 @@ def step_budget(engine: str, isl: int, max_batch_size: int) -> int:
 DEFAULT_PREFILL_SEATS = 1
 DEFAULT_DECODE_SEATS = 128
 """The rules' ``max_batch_size`` of a prefill and a decode worker when the row gives none."""
+BUDGETED_ENGINES = ("vllm", "trtllm")
+"""Engines whose rules set a step budget (SGLang's ``max_prefill_tokens`` is left out, above)."""
+
+
+def _worker(engine: str, seats: int, budget: int) -> dict[str, Any]:
+    """One worker's deployment keys: its seats, and its step budget where the rules set one."""
+    keys: dict[str, Any] = {"max_num_seqs": seats}
+    if engine in BUDGETED_ENGINES:
+        keys["max_num_batched_tokens"] = budget
+    return keys
+
+
+def _graphs(engine: str, seats: int) -> dict[str, Any]:
+    """The engine knob capturing a CUDA graph at every decode batch size up to ``seats``."""
+    return {CAPTURE_SIZE_KNOB[engine]: list(range(1, seats + 1))}
 
 
 def disaggregated_flags(engine: str, isl: int, prefill_batch: int | None, decode_batch: int | None
@@ -106,19 +122,11 @@ def disaggregated_flags(engine: str, isl: int, prefill_batch: int | None, decode
     """({"prefill": keys, "decode": keys}, engine knobs) of a disaggregated deployment."""
     prefill_seats = prefill_batch or DEFAULT_PREFILL_SEATS
     decode_seats = decode_batch or DEFAULT_DECODE_SEATS
-    prefill: dict[str, Any] = {"max_num_seqs": prefill_seats}
-    decode: dict[str, Any] = {"max_num_seqs": decode_seats}
-    if engine in ("vllm", "trtllm"):
-        prefill["max_num_batched_tokens"] = step_budget(engine, isl, 0)
-        decode["max_num_batched_tokens"] = decode_seats
-    knobs = {CAPTURE_SIZE_KNOB[engine]: list(range(1, decode_seats + 1))}
-    return {"prefill": prefill, "decode": decode}, knobs
+    groups = {"prefill": _worker(engine, prefill_seats, step_budget(engine, isl, 0)),
+              "decode": _worker(engine, decode_seats, decode_seats)}
+    return groups, _graphs(engine, decode_seats)
 
 
 def aggregated_flags(engine: str, isl: int, batch_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(deployment keys, engine knobs) of an aggregated worker serving ``batch_size`` requests."""
-    deployment: dict[str, Any] = {"max_num_seqs": batch_size}
-    if engine in ("vllm", "trtllm"):
-        deployment["max_num_batched_tokens"] = step_budget(engine, isl, batch_size)
-    return deployment, {CAPTURE_SIZE_KNOB[engine]: list(range(1, batch_size + 1))}
-
+    return _worker(engine, batch_size, step_budget(engine, isl, batch_size)), _graphs(engine, batch_size)

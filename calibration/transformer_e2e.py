@@ -214,9 +214,12 @@ of math-backend attention are ``aten::bmm``, so they count as attention, not GEM
 PREDICTED_CLASSES = {"gemm": ("qkv_proj", "o_proj", "mlp", "lm_head", "moe"),
                      "attention": ("attn_prefill", "attn_decode"),
                      "elementwise": ("embedding", "elementwise")}
+"""The cost model's breakdown entries summed into each of those classes (the KV gathers have no
+counterpart: paged kernels read the cache in place)."""
 
 
 def kernel_class(key: str) -> str:
+    """The class of GPU time of a profiled torch operator (:data:`KERNEL_CLASSES`)."""
     for name, markers in KERNEL_CLASSES.items():
         if any(marker in key for marker in markers):
             return name
