@@ -59,6 +59,9 @@ def bench_gemm(device: str, quick: bool, timing: Timing | None = None) -> pd.Dat
             fp8_calls = Rotating([_fp8_fn(torch, a, w) for w in weights])
             rows.append({**base, "dtype": "fp8",
                          "time_s": median_seconds(fp8_calls.call_next, device, timing)})
+    # ``_scaled_mm`` is timed on inputs already in fp8: no activation quantisation inside, unlike
+    # AIConfigurator's vLLM linears (servesim.cost.quantise); the fit and validation read this.
     table = pd.DataFrame(rows)
+    table["input_quantised"] = False
     table["source"] = f"servesim bench ({device}, flop cap {FLOP_CAP[(device, quick)]:.0e})"
     return table

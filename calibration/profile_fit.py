@@ -159,6 +159,8 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
                 f"(whose measured times include the dynamic activation quantisation): "
                 f"{quantise.fixed_s * 1e6:g} us per kernel (half the median FP8-over-bf16 excess of the "
                 "linears of <= 16 tokens and <= 1,024 features, servesim.calibration.quantise_fit); "
+                f"{quantise.per_row_s * 1e9:g} ns per input row (the grid value, 0-16 ns, whose refitted "
+                "FP8 GEMM curve fits the fitted rows best); "
                 "memory curve: the elementwise class's (hand-set)")
     fitted_families = ", ".join(usable_tables)
     provenance["calibration"] = (

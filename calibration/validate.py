@@ -36,10 +36,27 @@ def load_tables(source: Path, profile: HardwareProfile) -> dict[str, pd.DataFram
     return read_measurements(source)
 
 
+def by_gemm_format(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """``tables`` with a GEMM table's fp8 rows as a ``gemm_fp8`` family of their own: the cost
+    model prices fp8 math with the profile's FP8 GEMM class (``Efficiency.gemm_for``), so they are
+    validated against it, not against the bf16 curve at the fp8 peak."""
+    gemm = tables.get("gemm")
+    if gemm is None or "gemm_fp8" in tables or "dtype" not in gemm.columns:
+        return tables
+    fp8 = (gemm["dtype"].astype(str) == "fp8").to_numpy()
+    if not fp8.any():
+        return tables
+    split = {family: table for family, table in tables.items() if family != "gemm"}
+    if not fp8.all():
+        split["gemm"] = gemm[~fp8].reset_index(drop=True)
+    split["gemm_fp8"] = gemm[fp8].reset_index(drop=True)
+    return split
+
+
 def predictions(tables: dict[str, pd.DataFrame], profile: HardwareProfile) -> pd.DataFrame:
     frames = []
     spec = profile.ideal()
-    for family, raw in tables.items():
+    for family, raw in by_gemm_format(tables).items():
         table = usable(family, raw, profile)
         if table.empty:
             continue

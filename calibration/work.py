@@ -185,7 +185,11 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: i
         width = table["dtype"].astype(str).map(DTYPE_BYTES).to_numpy(float)
         nbytes = k * nn * width + m * k * width + m * nn * OUT_BYTES
         peak = np.array([profile.peak(DType(d)) for d in table["dtype"].astype(str)])
-        quantised = width < 2.0  # dynamic activation quantisation inside the timed linear
+        # dynamic activation quantisation inside the timed linear (AIConfigurator's vLLM linears);
+        # a table with ``input_quantised`` false timed the 8-bit GEMM alone (``calibrate bench``)
+        quantised = width < 2.0
+        if "input_quantised" in table.columns:
+            quantised &= table["input_quantised"].astype(bool).to_numpy()
         side = np.where(quantised, input_quantisation_s_array(
             m, k, width, profile.efficiency.quantisation, profile.memory.bandwidth_Bps), 0.0)
         return Work(2.0 * m * k * nn, nbytes, peak, m, nbytes, m, time_s,
@@ -278,8 +282,8 @@ def moe_work(family: str, table: pd.DataFrame, profile: HardwareProfile) -> Work
     activation, _ = MOE_FORMATS[family]
     if activation.bits < 16:
         bandwidth, quant = profile.memory.bandwidth_Bps, profile.efficiency.quantisation
-        side = side + input_quantisation_s_array(parts["tokens"], parts["hidden"], act, quant, bandwidth) \
-            + input_quantisation_s_array(parts["assignments"], parts["local"], act, quant, bandwidth)
+        for rows, width in ((parts["tokens"], parts["hidden"]), (parts["assignments"], parts["local"])):
+            side = side + input_quantisation_s_array(rows, width, act, quant, bandwidth, per_row=False)
     peak = np.full(len(table), profile.peak(activation.math_format))
     return Work(parts["flops"], parts["bytes"], peak, parts["rows_per_expert"], parts["bytes"] / MOE_KERNELS,
                 parts["tokens"], table["time_s"].to_numpy(float), side_s=side, kernels=float(MOE_KERNELS))

@@ -167,6 +167,10 @@ class OperatorEfficiency(FrozenModel):
     key_tile: int = Field(
         1, ge=1, description="decode attention: each sequence's keys are processed in tiles of this "
         "many (the kernel's KV block), so its work is rounded up to a whole tile")
+    per_row_s: float = Field(
+        0.0, ge=0.0, allow_inf_nan=False,
+        description="seconds per input row (token) of a kernel that gives each row its own thread "
+        "block, run in waves: vLLM's dynamic activation quantisation; only the quantise class reads it")
 
     @classmethod
     def perfect(cls) -> OperatorEfficiency:

@@ -43,8 +43,13 @@ def test_w4a4_runs_on_blackwells_fp4_peak() -> None:
     w8a8 = CostModel(model, b200, 1, Precision.from_names("fp8", "fp8", "fp8"), KERNELS).step(prefill)
     mlp = [op for op in w4a4.ops if op.name == "mlp"]
     assert all(op.bound == "compute" for op in mlp)
-    # the MLP GEMMs at 8,192 rows: the same FLOPs at twice the FP8 peak
-    assert w8a8.breakdown["mlp"] / w4a4.breakdown["mlp"] == pytest.approx(2.0, rel=0.05)
+    # the MLP GEMMs at 8,192 rows: the same FLOPs at twice the FP8 peak (net of the activations'
+    # quantisation, which costs both formats about the same per row: servesim.cost.quantise)
+    def gemms(step: StepCost) -> float:
+        return sum(op.time_s - op.side_s for op in step.ops if op.name == "mlp")
+
+    assert gemms(w8a8) / gemms(w4a4) == pytest.approx(2.0, rel=0.05)
+    assert 1.7 < w8a8.breakdown["mlp"] / w4a4.breakdown["mlp"] < 2.0  # measured 1.86 with it
 
 
 def test_hopper_has_no_fp4_tensor_cores_but_runs_fp4_weights_weight_only() -> None:

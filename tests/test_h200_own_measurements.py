@@ -27,12 +27,24 @@ def shipped_summary():
 
 
 def test_shipped_h200_profile_prices_our_own_h200_gemms_within_ten_percent(shipped_summary) -> None:
-    """Measured: median 7.3%, p90 22.9% over 4,950 bf16 and fp8 GEMMs (spec roofline 27.3 / 63.8)."""
+    """Measured: median 6.2%, p90 18.8% over 2,750 bf16 GEMMs (spec roofline 26.2% held out)."""
     gemm = shipped_summary.loc["gemm"]
-    assert gemm["rows"] == 4950
+    assert gemm["rows"] == 2750
     assert gemm["all_median_%"] < 10.0
-    assert gemm["all_p90_%"] < 30.0
+    assert gemm["all_p90_%"] < 25.0
     assert gemm["spec_median_%"] > 2 * gemm["all_median_%"]
+
+
+def test_shipped_h200_fp8_gemm_class_beats_the_spec_sheet_on_torch_fp8_gemms(shipped_summary) -> None:
+    """The 2,200 fp8 GEMMs (``torch._scaled_mm`` on inputs already in fp8, so no activation
+    quantisation is priced) against the profile's FP8 GEMM class, fitted to vLLM's Cutlass FP8
+    linears: median 20.3% (28.3% before the quantisation's cost per row was fitted apart; spec
+    roofline 34.0%), predictions a median 1.15x the measured time (1.37x on the wide ones): cuBLAS's
+    fp8 GEMM is faster than the kernel vLLM's tables time."""
+    fp8 = shipped_summary.loc["gemm_fp8"]
+    assert fp8["rows"] == 2200
+    assert fp8["all_median_%"] < 25.0
+    assert fp8["all_median_%"] < fp8["spec_median_%"] - 10.0
 
 
 def test_shipped_h200_attention_beats_the_spec_sheet_on_torch_kernels(shipped_summary) -> None:

@@ -160,7 +160,7 @@ class ExpertLayer:
                       repeat=layers, kernels=2)
         if quantise is None or act >= IO_BYTES:
             return op
-        side = sum(input_quantisation_s(rows, width, act, quantise, self.bandwidth)
+        side = sum(input_quantisation_s(rows, width, act, quantise, self.bandwidth, per_row=False)
                    for width in (h, local))
         return replace(op, side_s=layers * side)
 

@@ -321,10 +321,10 @@ class CostModel:
             return op
         return replace(op, side_s=repeat * self._quantise_s(m, k))
 
-    def _quantise_s(self, rows: float, k: int) -> float:
+    def _quantise_s(self, rows: float, k: int, per_row: bool = True) -> float:
         """The dynamic quantisation of a (rows x k) 16-bit input to the activation format that an
-        8-bit GEMM runs first (:mod:`servesim.cost.quantise`)."""
-        return input_quantisation_s(rows, k, self._act_bytes, self._quant_eff, self.bandwidth)
+        8-bit GEMM runs first (:mod:`servesim.cost.quantise`; ``per_row`` false for the fused MoE's)."""
+        return input_quantisation_s(rows, k, self._act_bytes, self._quant_eff, self.bandwidth, per_row)
 
     def _elementwise(self, name: str, elements: float, tokens: float, kernels: float,
                      repeat: float) -> OpCost:
@@ -365,7 +365,8 @@ class CostModel:
                                 bandwidth=self.bandwidth, eff=self._moe_eff,
                                 compute_axis=rows_per_expert, repeat=repeat, kernels=2)
         if self._act_bytes < IO_BYTES:  # the fused kernel quantises its input and intermediate
-            side = self._quantise_s(tokens, h) + self._quantise_s(assignments, local)
+            side = (self._quantise_s(tokens, h, per_row=False)
+                    + self._quantise_s(assignments, local, per_row=False))
             experts_cost = replace(experts_cost, side_s=repeat * side)
         router = self._gemm("moe", tokens, h, experts, repeat, sixteen_bit=True)
         return [router, experts_cost]
