@@ -56,12 +56,14 @@ class Coefficients:
     serial_per_seq_s: float = 0.0
     frontend_s: float = 0.0
     """The front end's latency per request (``CpuCosts.frontend_s``): added to every TTFT."""
+    handoff_s: float = 0.0
+    """A disaggregated deployment's hand-off latency per request (``CpuCosts.handoff_s``)."""
 
     def knobs(self) -> dict[str, float]:
         return {"step_overhead_s": self.fixed_s, "cpu_per_seq_s": self.per_seq_s,
                 "cpu_per_token_s": self.per_token_s, "cpu_per_sample_s": 0.0,
                 "serial_overhead_s": self.serial_fixed_s, "serial_per_seq_s": self.serial_per_seq_s,
-                "frontend_latency_s": self.frontend_s}
+                "frontend_latency_s": self.frontend_s, "handoff_latency_s": self.handoff_s}
 
     def cpu_s(self, seqs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Host time per step that may overlap the GPU."""

@@ -225,6 +225,55 @@ def pick_front_end(curves: dict[int, np.ndarray], rows: list[ServingRow]) -> flo
     return float(fine[int(np.nanargmin(fine_losses))])
 
 
+HANDOFF_GRID_S = tuple(i * 0.01 for i in range(31))
+"""Hand-off latencies tried (0-300 ms)."""
+HANDOFF_MAX_CONCURRENCY = 16
+"""The hand-off latency is fitted to disaggregated rows at up to this many clients, where the
+prefill and decode workers are lightly loaded and the gap between measured and simulated TTFT is
+the path's fixed part, not queueing."""
+
+
+def is_disaggregated(t: TracedRow) -> bool:
+    return t.simulated and t.row.prefill is not None
+
+
+def pick_handoff(ttft_without: dict[int, float], rows: list[ServingRow]) -> float:
+    """The hand-off latency (of :data:`HANDOFF_GRID_S`) whose predicted TTFT is closest to the
+    measured one over ``rows`` (mean |log error|), each row's TTFT taken as its simulated TTFT
+    without a hand-off latency plus the latency: at few clients a fixed delay on every request's
+    path adds to its TTFT as it is (the final predictions are simulated with the latency)."""
+    chosen = [(ttft_without[r.row], r.ttft_s) for r in rows
+              if r.row in ttft_without and np.isfinite(ttft_without[r.row])]
+    if not chosen:
+        return 0.0
+    predicted = np.array([p for p, _ in chosen])[:, None] + np.asarray(HANDOFF_GRID_S)[None, :]
+    measured = np.array([m for _, m in chosen])[:, None]
+    losses = np.mean(np.abs(np.log(predicted / measured)), axis=0)
+    return float(HANDOFF_GRID_S[int(np.argmin(losses))])
+
+
+def fit_handoff(traced: list[TracedRow], lomo: dict[int, Coefficients], fitted: dict[str, Coefficients],
+                warmup: int, measured: int, workers: int = 1) -> None:
+    """Each engine's hand-off latency, fitted to its disaggregated rows at <=
+    :data:`HANDOFF_MAX_CONCURRENCY` clients (simulated with the CPU coefficients already in
+    ``lomo``, without a hand-off latency): ``fitted`` gets the one of all models' rows, each row in
+    ``lomo`` the one of the other models' rows (leave one model out), in place."""
+    light = [t for t in traced if is_disaggregated(t) and t.row.row in lomo
+             and t.row.concurrency <= HANDOFF_MAX_CONCURRENCY]
+    without = {t.row.row: replace(lomo[t.row.row], handoff_s=0.0) for t in light}
+    ttft = {row: value for row, value, _ in _run_simulations(
+        [(t.row, warmup, measured, without[t.row.row]) for t in light], workers)}
+    for engine in fitted:
+        mine = [t.row for t in light if t.row.engine == engine]
+        if not mine:
+            continue
+        fitted[engine] = replace(fitted[engine], handoff_s=pick_handoff(ttft, mine))
+        for t in traced:
+            if t.row.engine == engine and is_disaggregated(t) and t.row.row in lomo:
+                others = [r for r in mine if r.model != t.row.model]
+                lomo[t.row.row] = replace(lomo[t.row.row], handoff_s=pick_handoff(ttft, others))
+
+
 def trace_rows(rows: Iterable[ServingRow], warmup: int = WARMUP, measured: int = MEASURED,
                workers: int = 1) -> list[TracedRow]:
     """Every row's schedule (in file order); ``workers`` processes."""
@@ -239,7 +288,8 @@ def shipped_coefficients(engine: str, hardware: str) -> Coefficients:
     """The engine's CPU coefficients as ``servesim run`` would use them on ``hardware``."""
     cpu = make_engine(engine, {}).cpu(hardware)
     return Coefficients(cpu.fixed_s, cpu.per_seq_s, cpu.per_token_s, serial_fixed_s=cpu.serial_fixed_s,
-                        serial_per_seq_s=cpu.serial_per_seq_s, frontend_s=cpu.frontend_s)
+                        serial_per_seq_s=cpu.serial_per_seq_s, frontend_s=cpu.frontend_s,
+                        handoff_s=cpu.handoff_s)
 
 
 def prediction_rows(traced: list[TracedRow], coefficients: dict[int, Coefficients], warmup: int,
@@ -381,9 +431,10 @@ def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: in
 def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, warmup: int = WARMUP,
                measured: int = MEASURED, engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
                params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS,
-               simulate: bool = True, front_end: bool = True) -> ServingFit:
+               simulate: bool = True, front_end: bool = True, handoff: bool = True) -> ServingFit:
     """:func:`fit_serving` on rows already traced (``simulate`` False: leave the simulated rows'
-    predictions out, to compare fits quickly; ``front_end`` False: no front-end latency)."""
+    predictions out, to compare fits quickly; ``front_end`` False: no front-end latency;
+    ``handoff`` False: no disaggregated hand-off latency, :func:`fit_handoff`)."""
     fitted: dict[str, Coefficients] = {}
     lomo: dict[int, Coefficients] = {}
     used: dict[str, int] = {}
@@ -408,6 +459,8 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
             if t.row.engine == engine and (t.trace is not None or t.simulated):
                 # a model with no re-timed rows is predicted from all of them (none are its own)
                 lomo[t.row.row] = per_model.get(t.row.model, fitted[engine])
+    if simulate and handoff:
+        fit_handoff(traced, lomo, fitted, warmup, measured, workers)
     # without ``simulate``, re-timed approximations stand in for what would be simulated
     simulated: dict[int, tuple[float, float]] | None = (
         simulate_rows([t for t in traced if t.row.row in lomo], lomo, warmup, measured, workers)
@@ -430,6 +483,8 @@ def runtime_profile_yaml(engine: str, c: Coefficients, provenance: str) -> str:
                      serial_per_seq_s=float(f"{c.serial_per_seq_s:.4g}"))
     if c.frontend_s:
         entry["frontend_s"] = float(f"{c.frontend_s:.4g}")
+    if c.handoff_s:
+        entry["handoff_s"] = float(f"{c.handoff_s:.4g}")
     entry["provenance"] = provenance
     return yaml.safe_dump({"engine": engine, "cpu_costs": {"default": entry}}, sort_keys=False, width=100)
 
@@ -448,6 +503,10 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
         front = (f"; the front end's latency per request fitted after them to the mean TTFT of the rows at "
                  f"<= {FRONT_END_MAX_CONCURRENCY} clients ({c.frontend_s * 1e3:.2f} ms, >= 10 us, a fixed "
                  f"time per request outside the steps)")
+        if c.handoff_s:
+            front += (f"; the disaggregated hand-off latency per request fitted last to the mean TTFT "
+                      f"of its disaggregated rows at <= {HANDOFF_MAX_CONCURRENCY} clients "
+                      f"({c.handoff_s * 1e3:.0f} ms, 0-300 ms grid)")
         provenance = (f"fitted {date} by servesim calibrate fit-serving to the mean TPOT of "
                       f"{result.rows_used[engine]} measured closed-loop deployments of {source} "
                       f"(single-group rows, re-timed; host time per step and per scheduled sequence that "

@@ -93,6 +93,41 @@ def test_isolated_request_ttft_is_prefill_plus_latency_plus_bytes_over_bandwidth
         assert ttft["ethernet"] - ttft["nvlink"] == pytest.approx(0.02011, rel=1e-3)
 
 
+def test_engine_handoff_latency_adds_to_an_isolated_requests_ttft_and_frees_the_prefill_side_first() -> None:
+    """``engine.handoff_latency_s`` (the transfer's set-up and completion notice): one 2,000-token
+    prompt's TTFT is its prefill + the link's time + the hand-off, to the float; the prefill
+    replica releases the prompt's KV when its last byte leaves (the transfer's start + its link
+    time), not when the decode side learns of it; every later token keeps its decode-step gaps."""
+    prompt, handoff = 2000, 0.075
+    prefill = CostModel(LLAMA, H100).step_time(BatchShape.prefill(prompt))
+    ttft, itl = {}, {}
+    for latency in (0.0, handoff):
+        config = experiment(policy=disaggregated(link={"kind": "infiniband"}),
+                            engine={"name": "vllm-v0", "handoff_latency_s": latency})
+        link = resolve_topology(config).link
+        result = tabulate(run(config, table([0.0], prompt, 8)))
+        ttft[latency] = float(result.requests["ttft_s"].iloc[0])
+        itl[latency] = result.itl["itl_s"].to_numpy()
+        transfer = result.summary["disaggregation"]["transfer_s"]["max"]
+        assert transfer == pytest.approx(link.seconds(prompt * KV_PER_TOKEN), rel=1e-12)
+        assert ttft[latency] == pytest.approx(prefill + link.seconds(prompt * KV_PER_TOKEN) + latency,
+                                              rel=1e-12)
+    assert ttft[handoff] - ttft[0.0] == pytest.approx(handoff, rel=1e-9)
+    np.testing.assert_allclose(itl[handoff], itl[0.0], rtol=1e-12)
+
+
+def test_each_engine_ships_a_fitted_handoff_latency() -> None:
+    """The serving engines' hand-off latencies come from their fit (configs/engines/*.yaml, with
+    provenance); vLLM V0 and the bare cost model have none."""
+    from servesim.engines import make_engine
+
+    for name in ("sglang", "trtllm"):
+        cpu = make_engine(name, {}).cpu("b200")
+        assert 0.0 < cpu.handoff_s <= 0.3, name
+        assert "hand-off" in cpu.provenance, name
+    assert make_engine("vllm-v0", {}).cpu("h100-sxm-80gb").handoff_s == 0.0
+
+
 @pytest.mark.parametrize("channels", [1, 2])
 def test_two_transfers_share_a_one_channel_link_in_turn(channels: int) -> None:
     """Two identical prompts arriving together are prefilled in one step and both ask the link

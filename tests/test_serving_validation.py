@@ -283,3 +283,54 @@ def test_pick_front_end_refines_between_grid_points() -> None:
     # never below the latency the rows were traced with: at 0 an engine would run another schedule
     fast = [ServingRow(**{**rows[0].__dict__, "row": i, "ttft_s": 0.01}) for i in (1, 2)]
     assert pick_front_end(curves, fast) == TRACE_FRONTEND_S
+
+
+HANDOFF = 0.06
+"""The hand-off latency the disaggregated rows below are "measured" with."""
+
+
+def disaggregated_line(model: str, tp: int, concurrency: int) -> dict[str, Any]:
+    """A disaggregated row (one TP ``tp`` prefill worker, one decode worker) "measured" by
+    simulating it with the TRUTH coefficients and a :data:`HANDOFF` hand-off."""
+    from servesim.calibration.serving_validate import _simulate
+
+    extra = {"mode": "disagg", "tp_size": "", "prefill_num_workers": 1, "prefill_tp_size": tp,
+             "prefill_batch_size": 1, "decode_num_workers": 1, "decode_tp_size": tp,
+             "decode_batch_size": concurrency}
+    row = ServingRow(row=0, engine="trtllm", model=read_model(model), hf_model=model, gpu="h100_sxm", tp=tp,
+                     precision="bf16", isl=ISL, osl=12, concurrency=concurrency, ttft_s=1.0, tpot_s=1.0,
+                     version="", prefill=(1, tp, 1, 1), decode=(1, tp, 1, 1), prefill_batch=1,
+                     decode_batch=concurrency)
+    _, ttft, tpot = _simulate((row, 1, 3, replace(TRUTH, frontend_s=1e-5, handoff_s=HANDOFF)))
+    return line(model, tp, concurrency, ttft * 1e3, tpot * 1e3, **extra)
+
+
+def test_fit_serving_recovers_a_disaggregated_hand_off(tmp_path: Path) -> None:
+    """Aggregated rows "measured" with the TRUTH coefficients and disaggregated rows measured with a
+    60 ms hand-off on top: the fit finds the CPU coefficients on the first and 60 ms on the second
+    (within one 10 ms grid step), for all models and for each model left out, whose disaggregated
+    TTFT is then predicted within 5%."""
+    models = (("meta-llama/Llama-3.1-8B-Instruct", 1), ("Qwen/Qwen3-32B", 2))
+    lines = [line(model, tp, concurrency, *measured(model, tp, concurrency))
+             for model, tp in models for concurrency in (2, 8)]
+    lines += [disaggregated_line(model, tp, concurrency) for model, tp in models for concurrency in (2, 4)]
+    path = tmp_path / "silicon.csv"
+    pd.DataFrame(lines, columns=COLUMNS).to_csv(path, index=False)
+    result = fit_serving(path, measured=3, engines=("trtllm",), front_end=False)
+    assert result.coefficients["trtllm"].handoff_s == pytest.approx(HANDOFF, abs=0.0101)
+    rows = result.lomo_rows
+    split = rows[rows["layout"].str.startswith("P")]
+    assert len(split) == 4 and (split["replay"] == "simulated").all()
+    assert (split["ttft_ape_%"] < 5.0).all(), split[["model", "measured_ttft_ms", "predicted_ttft_ms"]]
+
+
+def test_pick_handoff_is_the_grid_latency_closest_in_log_error() -> None:
+    """Simulated TTFTs without a hand-off of 100 and 300 ms, measured 170 and 370 ms: 70 ms."""
+    from servesim.calibration.serving_validate import pick_handoff
+
+    rows = [ServingRow(row=i, engine="sglang", model="llama-3.1-8b", hf_model="m", gpu="b200_sxm", tp=1,
+                       precision="bf16", isl=1, osl=2, concurrency=2, ttft_s=measured_s, tpot_s=0.01,
+                       version="") for i, measured_s in ((1, 0.17), (2, 0.37))]
+    assert pick_handoff({1: 0.1, 2: 0.3}, rows) == pytest.approx(0.07)
+    assert pick_handoff({1: 0.1, 2: 0.3}, []) == 0.0
+    assert pick_handoff({1: 0.2, 2: 0.4}, rows) == 0.0  # already slower than measured: none

@@ -259,11 +259,12 @@ class RequestState:
         ready = computed >= self.prompt[ids] + self.generated[ids]
         return ids if ready.all() else ids[ready]
 
-    def land(self, ids: np.ndarray, now: float) -> np.ndarray:
-        """The prompt KV of ``ids`` arrived on their decode replica at ``now``: they emit their
+    def land(self, ids: np.ndarray, now: float, sent: float | None = None) -> np.ndarray:
+        """The prompt KV of ``ids`` arrived on their decode replica at ``now`` (its last byte left
+        the link at ``sent``, default ``now``: the rest is the engine's hand-off): they emit their
         first token there (disaggregated TTFT includes the transfer). Returns those now done
         (one-token outputs)."""
-        self.transfer_end[ids] = now
+        self.transfer_end[ids] = now if sent is None else sent
         return self._emit(ids, now, may_be_first=True)
 
     def _emit(self, emitted: np.ndarray, now: float, may_be_first: bool,

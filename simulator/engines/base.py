@@ -92,6 +92,9 @@ class RuntimeCosts:
     frontend_s: float = 0.0
     """The front end's latency on every request's path (see :attr:`CpuCosts.frontend_s`): not a
     step cost, so the cost model never reads it; the simulation delays each request's entry by it."""
+    handoff_s: float = 0.0
+    """A disaggregated deployment's hand-off latency per request (see :attr:`CpuCosts.handoff_s`):
+    not a step cost; the disaggregated topology adds it to each KV transfer."""
 
     @classmethod
     def none(cls) -> RuntimeCosts:
@@ -250,6 +253,11 @@ class EngineKnobs(FrozenModel):
         None, ge=0, allow_inf_nan=False,
         description="the front end's latency per request (HTTP server, tokenisation, hand-off to the "
         "scheduler, the first token's way back), added to every TTFT and end-to-end latency")
+    handoff_latency_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="disaggregated serving: the hand-off's latency per request beyond the KV bytes' "
+        "time on the link (the transfer's set-up and completion notice, the decode worker taking the "
+        "request in), added to every TTFT of a disaggregated deployment")
     profile: Path | None = Field(
         None, description="an engine runtime profile YAML (written by `servesim calibrate "
         "from-benchmark` or `fit-serving`) whose CPU coefficients replace the engine's")
@@ -277,20 +285,26 @@ class CpuCosts:
     TTFT and end-to-end latency; it is not in any step's time, so TPOT and throughput do not see
     it. A fixed delay is the same to a client wherever on the round trip it falls, so the
     simulation adds it on the way in (:func:`servesim.core.sim.arrivals`)."""
+    handoff_s: float = 0.0
+    """A disaggregated deployment's hand-off latency per request, beyond the KV bytes' time on the
+    link: the KV transfer's set-up and its completion notice (NIXL, Mooncake's transfer engine) and
+    the decode worker taking the request in. Each request's prompt KV lands on its decode replica
+    this much after its last byte; aggregated deployments never read it."""
 
     def runtime(self, **engine: Any) -> RuntimeCosts:
         """These host costs with the rest of an engine's runtime (overlap, graphs, all-reduce)."""
         return RuntimeCosts(step_overhead_s=self.fixed_s, provenance=self.provenance,
                             cpu_per_seq_s=self.per_seq_s, cpu_per_token_s=self.per_token_s,
                             cpu_per_sample_s=self.per_sample_s, serial_fixed_s=self.serial_fixed_s,
-                            serial_per_seq_s=self.serial_per_seq_s, frontend_s=self.frontend_s, **engine)
+                            serial_per_seq_s=self.serial_per_seq_s, frontend_s=self.frontend_s,
+                            handoff_s=self.handoff_s, **engine)
 
     def replace_from(self, knobs: EngineKnobs) -> CpuCosts:
         """These costs with every coefficient the experiment sets replaced."""
         values = {"fixed_s": knobs.step_overhead_s, "per_seq_s": knobs.cpu_per_seq_s,
                   "per_token_s": knobs.cpu_per_token_s, "per_sample_s": knobs.cpu_per_sample_s,
                   "serial_fixed_s": knobs.serial_overhead_s, "serial_per_seq_s": knobs.serial_per_seq_s,
-                  "frontend_s": knobs.frontend_latency_s}
+                  "frontend_s": knobs.frontend_latency_s, "handoff_s": knobs.handoff_latency_s}
         given: dict[str, float] = {k: v for k, v in values.items() if v is not None}
         if not given:
             return self
@@ -307,7 +321,8 @@ UNFITTED_CPU = CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms p
 
 _KNOB_OF = {"fixed_s": "step_overhead_s", "per_seq_s": "cpu_per_seq_s", "per_token_s": "cpu_per_token_s",
             "per_sample_s": "cpu_per_sample_s", "serial_fixed_s": "serial_overhead_s",
-            "serial_per_seq_s": "serial_per_seq_s", "frontend_s": "frontend_latency_s"}
+            "serial_per_seq_s": "serial_per_seq_s", "frontend_s": "frontend_latency_s",
+            "handoff_s": "handoff_latency_s"}
 
 
 def by_prefix(table: dict[str, Any], hardware_name: str) -> Any:
@@ -394,8 +409,9 @@ class Engine(ABC):
         if self._is_constant_only(cpu):
             if self.knobs.step_overhead_s is not None:
                 return RuntimeCosts(cpu.fixed_s, "engine.step_overhead_s in the experiment",
-                                    frontend_s=cpu.frontend_s)
-            return RuntimeCosts(cpu.fixed_s, cpu.provenance, frontend_s=cpu.frontend_s)
+                                    frontend_s=cpu.frontend_s, handoff_s=cpu.handoff_s)
+            return RuntimeCosts(cpu.fixed_s, cpu.provenance, frontend_s=cpu.frontend_s,
+                                handoff_s=cpu.handoff_s)
         return cpu.runtime()
 
     @staticmethod
@@ -432,6 +448,7 @@ class _CpuEntry(StrictModel):
     serial_fixed_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     serial_per_seq_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     frontend_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    handoff_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     provenance: str = ""
 
 
@@ -447,7 +464,7 @@ class RuntimeProfile(StrictModel):
     def table(self) -> dict[str, CpuCosts]:
         return {("" if prefix == "default" else prefix):
                 CpuCosts(e.fixed_s, e.per_seq_s, e.per_token_s, e.per_sample_s, e.provenance,
-                         e.serial_fixed_s, e.serial_per_seq_s, e.frontend_s)
+                         e.serial_fixed_s, e.serial_per_seq_s, e.frontend_s, e.handoff_s)
                 for prefix, e in self.cpu_costs.items()}
 
 

@@ -23,8 +23,10 @@ first, then the decode group (the step table's ``pool`` column says which). What
   :class:`~servesim.policies.handoff.KvReceiver` reserves the blocks for the prompt's KV when it
   has room and then starts the copy;
 - the copy is a SimPy process on the :class:`~servesim.core.kv_link.KvLink` (queueing for a
-  channel, then ``latency + bytes / bandwidth``). When it lands, the prefill replica frees the
-  blocks, and the request emits its first token on the decode replica and joins its running set.
+  channel, then ``latency + bytes / bandwidth``). When its last byte is sent, the prefill replica
+  frees the blocks; the engine's hand-off latency later (``CpuCosts.handoff_s``: the transfer's
+  set-up and completion notice, the decode worker taking the request in) it lands, and the request
+  emits its first token on the decode replica and joins its running set.
 
 TTFT therefore ends when the KV has arrived on the decode side: it includes the prefill, the wait
 for decode-side room, the link queue and the copy. (vLLM's NIXL path samples the first token
@@ -192,7 +194,7 @@ class Disaggregated(Topology):
         from servesim.core.kv_link import KvLink
 
         link = KvLink(sim.env, self.link)
-        handoff = Handoff(sim.env, sim.requests, link, self.kv_bytes_per_token)
+        handoff = Handoff(sim.env, sim.requests, link, self.kv_bytes_per_token, self.decode.runtime.handoff_s)
         prefill = build_group(sim, self.prefill, 0, partial(
             _prefill_state, sim, self.prefill, reject_codes))
         for replica in prefill.replicas:
@@ -320,11 +322,15 @@ class Handoff:
     decisions are the decode router's and the :class:`KvReceiver`'s)."""
 
     def __init__(self, env: simpy.Environment, requests: RequestState, link: KvLink,
-                 kv_bytes_per_token: float) -> None:
+                 kv_bytes_per_token: float, handoff_s: float = 0.0) -> None:
+        """``handoff_s``: the engine's hand-off latency per request
+        (:attr:`~servesim.engines.base.CpuCosts.handoff_s`): a transfer's KV lands on its decode
+        replica this long after its last byte left the link."""
         self.env = env
         self.requests = requests
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
+        self.handoff_s = handoff_s
         self.prefill: list[ServingUnit] = []
         self.decode: list[ServingUnit] = []
         self.receivers: list[KvReceiver] = []
@@ -361,11 +367,15 @@ class Handoff:
         source = self.prefill[int(r.replica[request])]
         source.state.pool.release(request)
         source.wake()  # freed blocks may admit waiting prompts
+        landed = end
+        if self.handoff_s > 0.0:  # set-up and completion notice: the decode side learns of it later
+            yield self.env.timeout(self.handoff_s)
+            landed = self.env.now
         d = int(r.decode_replica[request]) - len(self.prefill)
         target, receiver = self.decode[d], self.receivers[d]
         receiver.landed()
         ids = np.array([request], dtype=np.int64)
-        if r.land(ids, end).size:  # a one-token output is complete on arrival
+        if r.land(ids, landed, sent=end).size:  # a one-token output is complete on arrival
             target.state.pool.release(request)
         else:
             target.state.join_running(ids)
