@@ -509,10 +509,11 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
                       f"({c.handoff_s * 1e3:.0f} ms, 0-300 ms grid)")
         provenance = (f"fitted {date} by servesim calibrate fit-serving to the mean TPOT of "
                       f"{result.rows_used[engine]} measured closed-loop deployments of {source} "
-                      f"(single-group rows, re-timed; host time per step and per scheduled sequence that "
-                      f"overlaps the GPU, >= 0; {serial}; with the kernels fixed, it also absorbs "
-                      f"what the kernels' prices miss end to end, so it is an effective cost){front}; "
-                      f"leave-one-model-out median APE by GPU: {errors or 'n/a'}")
+                      f"(single-group rows deployed with the flags of AIConfigurator's generator rules, "
+                      f"calibration/aic_flags.py, re-timed; host time per step and per scheduled "
+                      f"sequence that overlaps the GPU, >= 0; {serial}; with the kernels fixed, it also "
+                      f"absorbs what the kernels' prices miss end to end, so it is an effective cost)"
+                      f"{front}; leave-one-model-out median APE by GPU: {errors or 'n/a'}")
         path = Path(out_dir) / f"{engine}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, runtime_profile_yaml(engine, c, provenance))
