@@ -234,6 +234,7 @@ the path's fixed part, not queueing."""
 
 
 def is_disaggregated(t: TracedRow) -> bool:
+    """A disaggregated row (simulated, never re-timed)."""
     return t.simulated and t.row.prefill is not None
 
 
@@ -268,10 +269,13 @@ def fit_handoff(traced: list[TracedRow], lomo: dict[int, Coefficients], fitted: 
         if not mine:
             continue
         fitted[engine] = replace(fitted[engine], handoff_s=pick_handoff(ttft, mine))
+        held_out: dict[str, float] = {}  # each model's latency, fitted on the other models' rows
         for t in traced:
             if t.row.engine == engine and is_disaggregated(t) and t.row.row in lomo:
-                others = [r for r in mine if r.model != t.row.model]
-                lomo[t.row.row] = replace(lomo[t.row.row], handoff_s=pick_handoff(ttft, others))
+                model = t.row.model
+                if model not in held_out:
+                    held_out[model] = pick_handoff(ttft, [r for r in mine if r.model != model])
+                lomo[t.row.row] = replace(lomo[t.row.row], handoff_s=held_out[model])
 
 
 def trace_rows(rows: Iterable[ServingRow], warmup: int = WARMUP, measured: int = MEASURED,

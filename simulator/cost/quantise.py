@@ -66,4 +66,4 @@ def input_quantisation_s_array(rows: np.ndarray, k: np.ndarray, act_bytes: np.nd
     """:func:`input_quantisation_s` over arrays (the calibration's vectorised rows)."""
     nbytes = rows * k * (2 * INPUT_BYTES + act_bytes)
     seconds = memory_bound_s_many(nbytes, KERNELS, elementwise, bandwidth, rows)
-    return seconds + rows * elementwise.per_row_s if per_row else seconds
+    return (seconds + rows * elementwise.per_row_s) if per_row else seconds

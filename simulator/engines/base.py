@@ -406,12 +406,8 @@ class Engine(ABC):
         """The software cost per step of this engine on ``hardware_name`` at TP ``tp`` with
         ``max_num_seqs`` seats (CUDA-graph capture sizes may depend on both)."""
         cpu = self.cpu(hardware_name)
-        if self._is_constant_only(cpu):
-            if self.knobs.step_overhead_s is not None:
-                return RuntimeCosts(cpu.fixed_s, "engine.step_overhead_s in the experiment",
-                                    frontend_s=cpu.frontend_s, handoff_s=cpu.handoff_s)
-            return RuntimeCosts(cpu.fixed_s, cpu.provenance, frontend_s=cpu.frontend_s,
-                                handoff_s=cpu.handoff_s)
+        if self._is_constant_only(cpu) and self.knobs.step_overhead_s is not None:
+            return replace(cpu.runtime(), provenance="engine.step_overhead_s in the experiment")
         return cpu.runtime()
 
     @staticmethod
