@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.calibration.aic_flags import aggregated_flags, disaggregated_flags, kv_cache_dtype
+from servesim.engines import ENGINES as ENGINE_MODELS
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 
@@ -125,6 +126,16 @@ class ServingRow:
         per_rank = -(-self.concurrency // self.dp)  # rounded up
         return aggregated_flags(self.engine, self.isl, per_rank)
 
+    def engine_version(self) -> str | None:
+        """The engine version the replay models: the row's ``backend_version`` as ``major.minor``
+        when the engine models that release (vLLM's async-scheduling default changed at 0.14), else
+        None (the engine's default: a nightly build, an empty field, a release not modelled)."""
+        match = re.match(r"(\d+)\.(\d+)", self.version)
+        if match is None:
+            return None
+        release = f"{int(match.group(1))}.{int(match.group(2))}"
+        return release if release in ENGINE_MODELS[self.engine].versions else None
+
     def step_budget(self) -> int | str:
         """The step budget the replay assumes (the prefill group's, disaggregated), or ``engine
         default``."""
@@ -146,6 +157,9 @@ class ServingRow:
         deployment: dict[str, Any] = {**self.deployment(), "max_model_len": self.isl + self.osl,
                                       "enable_prefix_caching": False}
         flags, knobs = self.engine_flags()
+        version = self.engine_version()
+        if version is not None:
+            knobs = {**knobs, "version": version}
         for key, value in flags.items():
             deployment[key] = {**deployment[key], **value} if isinstance(value, dict) else value
         return {

@@ -514,8 +514,10 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
         provenance = (f"fitted {date} by servesim calibrate fit-serving to the mean TPOT of "
                       f"{result.rows_used[engine]} measured closed-loop deployments of {source} "
                       f"(single-group rows deployed with the flags of AIConfigurator's generator rules, "
-                      f"calibration/aic_flags.py, re-timed; host time per step and per scheduled "
-                      f"sequence that overlaps the GPU, >= 0; {serial}; with the kernels fixed, it also "
+                      f"calibration/aic_flags.py, and the row's engine release, re-timed; host time per "
+                      f"step and per scheduled sequence, >= 0, overlapping the GPU where that release "
+                      f"schedules asynchronously and serial where it does not (vLLM before 0.14); "
+                      f"{serial}; with the kernels fixed, it also "
                       f"absorbs what the kernels' prices miss end to end, so it is an effective cost)"
                       f"{front}; leave-one-model-out median APE by GPU: {errors or 'n/a'}")
         path = Path(out_dir) / f"{engine}.yaml"

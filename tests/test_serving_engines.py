@@ -41,6 +41,32 @@ def test_vllm_defaults_follow_the_gpu() -> None:
     assert group({"name": "vllm", "max_cudagraph_capture_size": 64}).runtime.cuda_graph_sizes[-1] == 64
 
 
+def test_vllm_schedules_asynchronously_from_release_0_14() -> None:
+    """vLLM turned async scheduling on by default in 0.14 (SchedulerConfig.async_scheduling was
+    False up to 0.13): the engine overlaps its host time with the GPU from 0.14, runs it serially
+    before, and the knob overrides the release either way. A decode step of 64 sequences with
+    100 us of host time per sequence (6.4 ms) takes max(GPU, 6.4 ms) overlapped, GPU + 6.4 ms
+    serial."""
+    from servesim import BatchShape, CostModel, load_hardware, load_model
+
+    hw, model = load_hardware("h100-sxm-80gb"), load_model("llama-3-8b")
+    shape = BatchShape.decodes_only(np.full(64, 1000, dtype=np.int64))
+
+    def step(**knobs: Any) -> tuple[bool, float]:
+        engine = make_engine("vllm", {"cpu_per_seq_s": 1e-4, "step_overhead_s": 0.0, **knobs})
+        runtime = engine.runtime(hw.name, hbm_bytes=hw.memory.capacity_bytes)
+        return runtime.overlap, CostModel(model, hw, 1, runtime=runtime).step_record(shape).time_s
+
+    gpu_s = step(version="0.12", cpu_per_seq_s=0.0)[1]  # no host time: the kernels alone
+    assert gpu_s > 0.0064  # so the overlapped step is the GPU's
+    assert step(version="0.12") == (False, pytest.approx(gpu_s + 0.0064, rel=1e-12))
+    for version in ("0.14", "0.19"):
+        assert step(version=version) == (True, pytest.approx(gpu_s, rel=1e-12))
+    assert step() == step(version="0.19")  # the latest modelled is the default
+    assert step(version="0.12", async_scheduling=True)[0]
+    assert not step(version="0.19", async_scheduling=False)[0]
+
+
 def test_sglang_defaults_follow_gpu_memory_and_tp() -> None:
     """H100 (80 GB): 8192-token chunks, decode graphs to 256 below TP 4 and 512 from TP 4, and
     mem_fraction_static (memory - (9.5 + tp/2) GB) / memory; B200 (>= 160 GB): 16384 and 512."""
@@ -73,6 +99,8 @@ def test_trtllm_defaults() -> None:
     ({"name": "vllm", "cudagraph_mode": "SOMETIMES"}, r"^engine.cudagraph_mode: "),
     ({"name": "sglang", "chunked_prefill": 4}, r"^engine.chunked_prefill: unknown key"),
     ({"name": "trtllm", "version": "0.9"}, r"^engine.version: trtllm is modelled for versions 1.2"),
+    ({"name": "vllm", "version": "0.10"}, r"^engine.version: vllm is modelled for versions 0.19, .*0.11, "
+                                          r"not '0.10'"),
     ({"name": "vllm", "cpu_per_seq_s": -1}, r"^engine.cpu_per_seq_s: .*greater than or equal to 0"),
 ])
 def test_bad_engine_knobs_are_one_line_errors(engine: dict[str, Any], message: str) -> None:

@@ -99,7 +99,7 @@ def test_every_row_is_replayed_or_counted_with_its_reason(serving_file: Path) ->
     document = row.document(4)
     assert document["workload"]["arrival"] == {"process": "closed", "concurrency": 2}
     assert document["workload"]["num_requests"] == 8
-    assert document["engine"] == {"name": "trtllm", "cuda_graph_batch_sizes": [1, 2]}
+    assert document["engine"] == {"name": "trtllm", "cuda_graph_batch_sizes": [1, 2], "version": "1.2"}
 
 
 def test_parallel_layouts_map_to_the_deployment() -> None:
@@ -167,6 +167,26 @@ def test_each_row_replays_with_the_flags_aiconfigurator_deploys() -> None:
     plan = prepare(validate_document(document))
     limits = plan.topology.kv_group.limits
     assert (limits.max_num_batched_tokens, limits.max_num_seqs) == (13564, 64)
+
+
+def test_each_row_replays_the_engine_release_it_measured() -> None:
+    """A row's backend_version reaches the engine as major.minor when that release is modelled:
+    vLLM 0.12 (async scheduling off by default before 0.14) runs its host time serially, 0.19
+    overlaps it; a nightly build, an empty field or a release not modelled keeps the default."""
+    base = ServingRow(row=1, engine="vllm", model="qwen3-32b", hf_model="Qwen/Qwen3-32B", gpu="h100_sxm",
+                      tp=2, precision="bf16", isl=1024, osl=128, concurrency=8, ttft_s=1.0, tpot_s=0.1,
+                      version="0.12.0")
+    assert base.engine_version() == "0.12" and base.document(2)["engine"]["version"] == "0.12"
+    runtime = prepare(validate_document(base.document(2))).topology.kv_group.runtime
+    assert not runtime.overlap
+    current = ServingRow(**{**base.__dict__, "version": "0.19.0"})
+    assert prepare(validate_document(current.document(2))).topology.kv_group.runtime.overlap
+    for other in ("nightly-5b8c30d62b754b57", "", "0.9.2"):
+        row = ServingRow(**{**base.__dict__, "version": other})
+        assert row.engine_version() is None and "version" not in row.document(2)["engine"]
+    trt = ServingRow(**{**base.__dict__, "engine": "trtllm", "version": "1.2.0rc6.post2"})
+    assert trt.engine_version() == "1.2"
+    assert ServingRow(**{**trt.__dict__, "version": "1.0.0rc3"}).engine_version() is None
 
 
 def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Path) -> None:

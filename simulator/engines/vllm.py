@@ -11,9 +11,13 @@ exception is vLLM's own, PR #17885: the larger budget lowered A100 throughput). 
 
 Runtime:
 
-- **Async scheduling** (``--async-scheduling``, on by default in recent releases, PR #27614):
-  the scheduler and output processing of step ``n + 1`` run while the GPU computes step ``n``,
-  so a step takes ``max(GPU, CPU)``; ``async_scheduling: false`` makes them serial.
+- **Async scheduling** (``--async-scheduling``): the scheduler and output processing of step
+  ``n + 1`` run while the GPU computes step ``n``, so a step takes ``max(GPU, CPU)``; without it
+  they are serial (GPU + CPU). On by default from vLLM 0.14 (its release notes: "Async scheduling
+  is now enabled by default", PR #27614; ``SchedulerConfig.async_scheduling`` was ``False`` up to
+  0.13), so ``version`` 0.11-0.13 turns it off unless ``async_scheduling`` says otherwise. The
+  versions modelled differ only there: the scheduler, defaults and graphs below are taken as
+  0.19's for every one of them (an assumption, not checked release by release).
 - **CUDA graphs** (``cudagraph_mode`` ``FULL_AND_PIECEWISE``, ``docs/design/cuda_graphs.md``):
   pure decode steps replay full graphs, mixed and prefill steps piecewise graphs (attention
   eager), each padded to the next capture size; capture sizes ``[1, 2, 4] + range(8, 256, 8) +
@@ -52,7 +56,9 @@ an estimate (4-10 us is typical of PyTorch eager launches); not measured here.""
 
 
 class VllmKnobs(EngineKnobs):
-    async_scheduling: bool = Field(True, description="overlap the scheduler with the GPU step")
+    async_scheduling: bool | None = Field(
+        None, description="overlap the scheduler with the GPU step (default: on from version 0.14, "
+        "off before)")
     enforce_eager: bool = Field(False, description="never use CUDA graphs")
     cudagraph_mode: Literal["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE", "NONE"] = Field(
         "FULL_AND_PIECEWISE", description="which steps replay CUDA graphs")
@@ -71,11 +77,21 @@ def vllm_capture_sizes(max_size: int) -> tuple[int, ...]:
                  if v <= max_size)
 
 
+ASYNC_DEFAULT_SINCE = (0, 14)
+"""The first vLLM release with async scheduling on by default (release notes of v0.14.0)."""
+
+
+def async_by_default(version: str) -> bool:
+    """Whether vLLM ``version`` (``major.minor``) schedules asynchronously unless told not to."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return (major, minor) >= ASYNC_DEFAULT_SINCE
+
+
 @register_engine
 class Vllm(Engine):
     name = "vllm"
     title = "vLLM 0.19 (V1 engine)"
-    versions = ("0.19",)
+    versions = ("0.19", "0.18", "0.17", "0.16", "0.15", "0.14", "0.13", "0.12", "0.11")
     Knobs = VllmKnobs
     fast_forward = True
     """Its runtime (graphs, host time, all-reduce) is priced by the cost model from the batch alone."""
@@ -98,6 +114,15 @@ class Vllm(Engine):
         "launch_s": "estimate: 5 us per eager kernel launch",
     }
 
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether the scheduler overlaps the GPU: the knob, else the version's default."""
+        knobs = self.knobs
+        assert isinstance(knobs, VllmKnobs)
+        if knobs.async_scheduling is not None:
+            return knobs.async_scheduling
+        return async_by_default(self.version)
+
     def scheduler_defaults(self, hardware_name: str, hbm_bytes: float, tp: int) -> SchedulerDefaults:
         if hbm_bytes >= 70 * GIB and not hardware_name.startswith("a100"):
             return self.defaults
@@ -116,7 +141,7 @@ class Vllm(Engine):
             sizes = (tuple(sorted(set(knobs.cudagraph_capture_sizes))) if knobs.cudagraph_capture_sizes
                      else vllm_capture_sizes(largest))
         return cpu.runtime(
-            overlap=knobs.async_scheduling, cuda_graph_sizes=sizes,
+            overlap=self.async_scheduling, cuda_graph_sizes=sizes,
             graph_mixed=mode in ("FULL_AND_PIECEWISE", "PIECEWISE"),
             graph_decode_full=mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"),
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s,
