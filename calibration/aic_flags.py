@@ -24,7 +24,12 @@ the code, are what is used here):
   checkpoint (``sdk/models``, ``_infer_quant_modes_from_raw_config``): FP8 whenever the
   checkpoint's ``quant_algo`` is ``fp8``, ``fp8_block`` or ``nvfp4`` (or its
   ``kv_cache_quant_algo`` is FP8), bf16 otherwise. :data:`FP8_KV_CHECKPOINTS` lists the file's
-  checkpoints that are quantised so.
+  checkpoints that are quantised so. A TensorRT-LLM row with FP8 or FP4 GEMMs that names a bf16
+  checkpoint (Qwen/Qwen3-32B) ran a pre-quantised one (TensorRT-LLM's PyTorch backend does not
+  quantise at load time), so it gets an FP8 KV cache too. The data agree: Qwen3-32B FP8 on one
+  H100 at 64-128 clients (TensorRT-LLM 1.0.0rc3) runs every client at once as measured (TPOT 62.9
+  ms at 128 clients of 2,048 + 512 tokens; replayed with FP8 KV 64.3 ms, with bf16 KV 46.9 ms and
+  a TTFT of 28 s, as the bf16 pool holds about half of them).
 
 A disaggregated row's groups get the rules for its ``prefill`` and ``decode`` workers
 (``benchmark/*.rule``):
@@ -83,9 +88,23 @@ CAPTURE_SIZE_KNOB = {"vllm": "cudagraph_capture_sizes", "trtllm": "cuda_graph_ba
 """Each engine's knob for its captured decode batch sizes."""
 
 
-def kv_cache_dtype(hf_model: str) -> str:
-    """The KV cache AIConfigurator deploys for this checkpoint: ``fp8`` or ``bf16``."""
-    return "fp8" if hf_model in FP8_KV_CHECKPOINTS else "bf16"
+PREQUANTISED_ONLY_ENGINES = frozenset({"trtllm"})
+"""Engines that cannot quantise a bf16 checkpoint as they load it: TensorRT-LLM's PyTorch backend
+runs FP8 and FP4 only from a pre-quantised (ModelOpt) checkpoint (its quantization guide, 1.0 on:
+"Running Pre-quantized Models", else "quantize it offline using ModelOpt"). vLLM and SGLang
+quantise at load time (``--quantization fp8``)."""
+
+
+def kv_cache_dtype(hf_model: str, engine: str, precision: str) -> str:
+    """The KV cache AIConfigurator deploys for this checkpoint: ``fp8`` or ``bf16``. A row whose
+    engine only runs pre-quantised checkpoints and whose GEMMs are FP8 or FP4 ran the quantised
+    checkpoint, not the bf16 one its row names; ModelOpt's FP8 and NVFP4 checkpoints carry an FP8
+    KV cache (``kv_cache_quant_algo``), which AIConfigurator infers from them, so it is FP8."""
+    if hf_model in FP8_KV_CHECKPOINTS:
+        return "fp8"
+    if engine in PREQUANTISED_ONLY_ENGINES and precision in ("fp8", "fp4"):
+        return "fp8"
+    return "bf16"
 
 
 def step_budget(engine: str, isl: int, max_batch_size: int) -> int:

@@ -146,7 +146,7 @@ class ServingRow:
 
     def kv_cache(self) -> str:
         """The KV cache dtype the replay assumes (AIConfigurator's, from the checkpoint)."""
-        return kv_cache_dtype(self.hf_model)
+        return kv_cache_dtype(self.hf_model, self.engine, self.precision)
 
     def document(self, requests_per_client: int,
                  engine_knobs: dict[str, Any] | None = None) -> dict[str, Any]:

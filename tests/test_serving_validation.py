@@ -139,6 +139,9 @@ def test_each_row_replays_with_the_flags_aiconfigurator_deploys() -> None:
     assert document["precision"]["kv_cache"] == "bf16"  # a bf16 checkpoint with FP8 GEMMs
     trt = ServingRow(**{**base.__dict__, "engine": "trtllm", "concurrency": 65})
     assert trt.document(2)["deployment"]["max_num_batched_tokens"] == 13568  # 13565 -> 424 blocks of 32
+    # TensorRT-LLM runs FP8 only from a pre-quantised (ModelOpt) checkpoint, whose KV cache is FP8
+    assert trt.document(2)["precision"]["kv_cache"] == "fp8"
+    assert ServingRow(**{**trt.__dict__, "precision": "bf16"}).kv_cache() == "bf16"
     sglang = ServingRow(**{**base.__dict__, "engine": "sglang", "hf_model": "deepseek-ai/DeepSeek-R1",
                            "model": "deepseek-v3", "dp": 8, "concurrency": 60})
     sg = sglang.document(2)
