@@ -57,6 +57,17 @@ def test_vllm_flags_are_the_simulated_engine_arguments() -> None:
     assert unquote(server.shell()) == ["VLLM_USE_V1=0", *server.argv]
 
 
+def test_async_scheduling_is_written_where_it_is_not_the_release_default() -> None:
+    """vLLM schedules asynchronously by default from 0.14: the command says so only where the
+    simulation ran otherwise."""
+    def argv(engine: dict[str, Any]) -> tuple[str, ...]:
+        return plans({**experiment(), "engine": {"name": "vllm", **engine}})["vllm"].servers[0].argv
+
+    assert not {"--async-scheduling", "--no-async-scheduling"} & set(argv({}) + argv({"version": "0.12"}))
+    assert argv({"async_scheduling": False})[-1] == "--no-async-scheduling"
+    assert argv({"version": "0.12", "async_scheduling": True})[-1] == "--async-scheduling"
+
+
 def test_priority_swap_and_unmodelled_policies_become_flags_or_notes() -> None:
     doc = experiment()
     doc["policy"] = {"name": "priority", "preemption_mode": "swap", "swap_space_gib": 8}

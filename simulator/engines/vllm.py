@@ -90,7 +90,7 @@ def async_by_default(version: str) -> bool:
 @register_engine
 class Vllm(Engine):
     name = "vllm"
-    title = "vLLM 0.19 (V1 engine)"
+    title = "vLLM V1 engine (releases 0.11-0.19)"
     versions = ("0.19", "0.18", "0.17", "0.16", "0.15", "0.14", "0.13", "0.12", "0.11")
     Knobs = VllmKnobs
     fast_forward = True

@@ -5,8 +5,9 @@ arguments of ``vllm serve --help``; servesim's deployment keys use the same name
 parallelism, ``--gpu-memory-utilization``, ``--max-model-len``, ``--max-num-seqs``,
 ``--max-num-batched-tokens``, ``--block-size``, chunked prefill and prefix caching on or off
 (written out, because vLLM's defaults for both changed between versions),
-``--num-gpu-blocks-override``, the priority scheduler and its preemption mode, and the precision
-(``--dtype``, ``--quantization fp8``, ``--kv-cache-dtype fp8``). What no flag can say (a
+``--num-gpu-blocks-override``, the priority scheduler and its preemption mode, the precision
+(``--dtype``, ``--quantization fp8``, ``--kv-cache-dtype fp8``), and ``--async-scheduling`` or
+``--no-async-scheduling`` where the simulation's differs from the release's default. What no flag can say (a
 scheduling order vLLM does not ship, an int4 checkpoint to pick) is a note beside the command.
 
 Parallelism is mapped key by key from :meth:`Parallelism.describe`, so a new degree (pipeline,
@@ -19,6 +20,7 @@ import json
 from collections.abc import Callable
 
 from servesim.dtypes import DType
+from servesim.engines.vllm import async_by_default
 from servesim.launch.command import LaunchConfig, ServerCommand, parallelism_argv
 from servesim.launch.routing import routing_text
 from servesim.topology.base import Topology
@@ -108,6 +110,9 @@ def group_command(group: ReplicaGroup, topology: Topology, model: str, role: str
         notes += more
     argv += extra or []
     engine = topology.engine
+    if engine.name == "vllm" and group.runtime.overlap != async_by_default(engine.version):
+        # async scheduling as simulated, where it is not the release's default (on from 0.14)
+        argv.append("--async-scheduling" if group.runtime.overlap else "--no-async-scheduling")
     if not engine.name.startswith("vllm"):
         notes.append(f"simulated with engine {engine.name} {engine.version}; these are its settings in "
                      "vLLM's names")
