@@ -101,6 +101,7 @@ def test_trtllm_defaults() -> None:
     ({"name": "trtllm", "version": "0.9"}, r"^engine.version: trtllm is modelled for versions 1.2"),
     ({"name": "vllm", "version": "0.10"}, r"^engine.version: vllm is modelled for versions 0.19, .*0.11, "
                                           r"not '0.10'"),
+    ({"name": "vllm", "version": 0.12}, r'^engine.version: quote it: version: "0.12"'),
     ({"name": "vllm", "cpu_per_seq_s": -1}, r"^engine.cpu_per_seq_s: .*greater than or equal to 0"),
 ])
 def test_bad_engine_knobs_are_one_line_errors(engine: dict[str, Any], message: str) -> None:
