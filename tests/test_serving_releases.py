@@ -1,0 +1,38 @@
+"""An engine's release, checked against the measurement it explains: vLLM 0.12 ran its host time
+serially with the GPU (async scheduling became the default in 0.14). Qwen3-32B on 8 H100s, 64
+clients of 1,024 + 1,024 tokens, vLLM 0.12.0, measured TPOT 13.3 ms: replayed as its release
+(serial) the shipped coefficients give 13.2 ms (one warm-up and one measured request per
+client); with the host time overlapped, as a 0.19 server would run it, 9.8 ms, every step the
+GPU's alone. Needs ../shared/data."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SHARED_DATA
+
+from servesim.calibration.engine_fit import weighted_mean
+from servesim.calibration.serving_data import HARDWARE, read_serving_file
+from servesim.calibration.serving_validate import round_weights, shipped_coefficients, simulate_document
+
+SERVING = SHARED_DATA / "serving" / "aiconfigurator_silicon_dev.csv"
+pytestmark = pytest.mark.skipif(not SERVING.is_file(), reason=f"{SERVING} is not here (shared data)")
+
+
+def mean_tpot_s(document: dict, concurrency: int) -> float:
+    requests = simulate_document(document).requests
+    weights = round_weights(concurrency, 1, len(requests))
+    decoding = requests["finish_s"] - requests["first_token_s"]
+    tpot = (decoding / (requests["output_tokens"] - 1)).to_numpy(float)
+    return weighted_mean(tpot, weights)
+
+
+def test_vllm_0_12_rows_run_their_host_time_serially() -> None:
+    wanted = ("vllm", "qwen3-32b", 8, 1024, 1024, 64)
+    row = next(r for r in read_serving_file(SERVING).rows
+               if (r.engine, r.model, r.tp, r.isl, r.osl, r.concurrency) == wanted)
+    assert row.version == "0.12.0" and row.engine_version() == "0.12"
+    knobs = shipped_coefficients("vllm", HARDWARE[row.gpu]).knobs()
+    serial = mean_tpot_s(row.document(2, knobs), row.concurrency)
+    overlapped = mean_tpot_s(row.document(2, {**knobs, "async_scheduling": True}), row.concurrency)
+    assert abs(serial / row.tpot_s - 1) < 0.10  # the issue's aim for TPOT
+    assert overlapped / row.tpot_s < 0.85  # the GPU alone is too fast
