@@ -135,15 +135,21 @@ def _trace(args: tuple[ServingRow, int]) -> TracedRow:
 def _simulate(args: tuple[ServingRow, int, int, Coefficients]) -> tuple[int, float, float]:
     """(row, mean TTFT, mean TPOT) of the measured requests of one simulated row."""
     row, warmup, measured, c = args
-    requests = simulate_document(row.document(warmup + measured, c.knobs())).requests
+    return (row.row, *replayed_means(row.document(warmup + measured, c.knobs()), row.concurrency, warmup))
+
+
+def replayed_means(document: dict, concurrency: int, warmup: int) -> tuple[float, float]:
+    """(mean TTFT, mean TPOT) of a closed-loop replay ``document`` of ``concurrency`` clients,
+    the first ``warmup`` rounds weighed as :func:`round_weights` says."""
+    requests = simulate_document(document).requests
     completed = (requests["status"] == "completed").to_numpy()
-    weights = round_weights(row.concurrency, warmup, len(requests))
+    weights = round_weights(concurrency, warmup, len(requests))
     ttft = np.where(completed, (requests["first_token_s"] - requests["arrival_s"]).to_numpy(float), np.nan)
     outputs = requests["output_tokens"].to_numpy(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         decoding = (requests["finish_s"] - requests["first_token_s"]).to_numpy(float)
         tpot = np.where(completed & (outputs > 1), decoding / (outputs - 1), np.nan)
-    return row.row, weighted_mean(ttft, weights), weighted_mean(tpot, weights)
+    return weighted_mean(ttft, weights), weighted_mean(tpot, weights)
 
 
 def _run_simulations(jobs: list[tuple[ServingRow, int, int, Coefficients]],

@@ -13,20 +13,15 @@ from __future__ import annotations
 import pytest
 from conftest import SHARED_DATA
 
-from servesim.calibration.engine_fit import weighted_mean
 from servesim.calibration.serving_data import HARDWARE, read_serving_file
-from servesim.calibration.serving_validate import round_weights, shipped_coefficients, simulate_document
+from servesim.calibration.serving_validate import replayed_means, shipped_coefficients
 
 SERVING = SHARED_DATA / "serving" / "aiconfigurator_silicon_dev.csv"
 pytestmark = pytest.mark.skipif(not SERVING.is_file(), reason=f"{SERVING} is not here (shared data)")
 
 
 def mean_tpot_s(document: dict, concurrency: int) -> float:
-    requests = simulate_document(document).requests
-    weights = round_weights(concurrency, 1, len(requests))
-    decoding = requests["finish_s"] - requests["first_token_s"]
-    tpot = (decoding / (requests["output_tokens"] - 1)).to_numpy(float)
-    return weighted_mean(tpot, weights)
+    return replayed_means(document, concurrency, warmup=1)[1]
 
 
 def test_vllm_0_12_rows_run_their_host_time_serially() -> None:

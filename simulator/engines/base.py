@@ -225,15 +225,6 @@ class EngineKnobs(FrozenModel):
     """Knobs every engine takes under ``engine:`` (an engine adds its own by subclassing)."""
 
     version: str | None = Field(None, description="engine version to model (default: the latest modelled)")
-
-    @field_validator("version", mode="before")
-    @classmethod
-    def _version_is_text(cls, value: Any) -> Any:
-        """YAML reads ``0.12`` as a number (and ``0.10`` as 0.1): ask for quotes, never guess."""
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            raise ValueError(f"quote it: version: \"{value}\" (YAML reads an unquoted version as a "
-                             "number, and 0.10 as 0.1)")
-        return value
     step_overhead_s: float | None = Field(
         None, ge=0, allow_inf_nan=False,
         description="fixed CPU time per iteration, on every GPU (default: the engine's value for the "
@@ -270,6 +261,15 @@ class EngineKnobs(FrozenModel):
     profile: Path | None = Field(
         None, description="an engine runtime profile YAML (written by `servesim calibrate "
         "from-benchmark` or `fit-serving`) whose CPU coefficients replace the engine's")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_text(cls, value: Any) -> Any:
+        """YAML reads ``0.12`` as a number (and ``0.10`` as 0.1): ask for quotes, never guess."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(f"quote it: version: \"{value}\" (YAML reads an unquoted version as a "
+                             "number, and 0.10 as 0.1)")
+        return value
 
 
 @dataclass(frozen=True)
