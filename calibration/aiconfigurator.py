@@ -160,8 +160,9 @@ MOE_FAMILIES = {"bfloat16": "moe", "fp8_block": "moe_fp8", "int4_wo": "moe_w4a16
 block-scaled FP8 (DeepSeek-style checkpoints, the FP8 MoE models servesim's catalogue serves)
 weight-only INT4 (Marlin, e.g. Kimi K2's checkpoints) and NVFP4 (W4A4, B200 only)."""
 MOE_ROUTING = ("balanced", "power_law_1.01")
-"""Router-logit distributions fitted, in order of preference: the cost model routes uniformly, so
-the balanced rows; A100's tables have only power-law ones (1.01 is the mildest skew)."""
+"""Router-logit distributions fitted, in order of preference: the balanced rows, priced with the
+experts their routing hits (:mod:`servesim.calibration.moe_routing`); A100's tables have only
+power-law ones (1.01 is the mildest skew), priced as uniform routing."""
 
 
 def moe_tables(root: Path, gpu: str, out: AicTables) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
@@ -178,12 +179,13 @@ def moe_tables(root: Path, gpu: str, out: AicTables) -> tuple[dict[str, pd.DataF
     raw = raw[known]
     routing = next(r for r in MOE_ROUTING if (raw["distribution"] == r).any())
     skewed = raw["distribution"] != routing
-    out.drop(f"moe with routing other than {routing} (the cost model routes uniformly)", int(skewed.sum()))
+    out.drop(f"moe with routing other than {routing}", int(skewed.sum()))
     raw = raw[~skewed]
     table = pd.DataFrame({"tokens": raw["num_tokens"].to_numpy(), "hidden": raw["hidden_size"].to_numpy(),
                           "inter": raw["inter_size"].to_numpy(), "topk": raw["topk"].to_numpy(),
                           "experts": raw["num_experts"].to_numpy(), "tp": raw["moe_tp_size"].to_numpy(),
                           "ep": raw["moe_ep_size"].to_numpy(),
+                          "routing": np.where(raw["distribution"] == "balanced", "balanced", "uniform"),
                           "family": raw["moe_dtype"].map(MOE_FAMILIES).to_numpy(),
                           "time_s": raw["latency"].to_numpy() * 1e-3,
                           "source": f"aiconfigurator {gpu} moe vllm {VERSIONS[gpu]} ({routing} routing)"})

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from servesim.calibration.moe_routing import routed_work
 from servesim.cost.attention import (
     ATTENTION_IO_BYTES,
     AttentionShape,
@@ -238,19 +239,22 @@ def moe_experts(family: str, table: pd.DataFrame) -> dict[str, np.ndarray]:
     """FLOPs, bytes and GEMM rows per expert hit of the routed experts of one fused MoE call per
     row (``tokens`` entering, ``hidden``, ``inter`` (the expert's intermediate before MoE-TP
     sharding), ``topk``, ``experts``, ``tp``), by the formulas of
-    :meth:`servesim.cost.step_cost.CostModel._routed_experts`: uniform routing, gated experts,
-    ``E (1 - (1 - k/E)^T)`` experts hit, each read once; with an optional ``ep`` column, rank 0 of
-    an expert-parallel layout as :class:`servesim.cost.expert_parallel.ExpertLayer` prices it
-    (``1/ep`` of the assignments and experts, balanced)."""
+    :meth:`servesim.cost.step_cost.CostModel._routed_experts`: gated experts, each expert hit read
+    once; with an optional ``ep`` column, rank 0 of an expert-parallel layout as
+    :class:`servesim.cost.expert_parallel.ExpertLayer` prices it. The experts hit and the rank's
+    assignments follow the row's ``routing`` column (:mod:`servesim.calibration.moe_routing`:
+    AIConfigurator's balanced rows hit ``min(E, T k)`` experts), or without one the cost model's
+    uniform routing (``E (1 - (1 - k/E)^T)`` experts hit, ``1/ep`` of them and of the
+    assignments on the rank)."""
     activation, weight = MOE_FORMATS[family]
     tokens, h, inter, top_k, experts, tp = (table[c].to_numpy(float) for c in
                                             ("tokens", "hidden", "inter", "topk", "experts", "tp"))
     ep = table["ep"].to_numpy(float) if "ep" in table.columns else np.ones(len(table))
+    routing = table["routing"].to_numpy(str) if "routing" in table.columns else None
     act = activation.bytes_per_element(MOE_GROUP_SIZE)
     local = np.ceil(inter / tp)
     up = 2.0 * local
-    assignments = tokens * top_k / ep
-    hit = experts / ep * (1.0 - (1.0 - top_k / experts) ** tokens)
+    hit, assignments = routed_work(tokens, experts, top_k, ep, routing)
     weights = h * (up + local)
     io = assignments * ((h + local) * act + (up + h) * OUT_BYTES)
     nbytes = hit * weights * weight.bytes_per_element(MOE_GROUP_SIZE) + io

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from servesim import load_hardware, load_model
+from servesim.calibration.moe_routing import balanced_rank0
 from servesim.calibration.work import MOE_FORMATS, fast_predict, moe_elementwise_s, moe_experts, work
 from servesim.cost.batch import BatchShape
 from servesim.cost.step_cost import CostModel
@@ -96,3 +97,36 @@ def test_expert_parallel_rows_take_the_rank_share() -> None:
     hit = 256 / 8 * (1 - (1 - 8 / 256) ** 64)
     assert eight["rows_per_expert"][0] == pytest.approx(64 * 8 / 8 / hit)
     assert np.isfinite(eight["bytes"][0])
+
+
+@pytest.mark.parametrize(("tokens", "experts", "top_k", "ep", "expected"), [
+    (16, 256, 8, 1, (128, 128)),   # stride 32 > 16 tokens: token i takes 2i + 32j, all distinct
+    (32, 256, 8, 1, (256, 256)),   # i + 32j covers every expert once
+    (64, 256, 8, 1, (256, 512)),   # every expert hit, twice each
+    (16, 256, 8, 8, (16, 16)),     # rank 0 holds experts 0-31: only j = 0 lands there (0, 2, .., 30)
+    (4, 384, 8, 1, (32, 32)),      # stride 48: 12i + 48j
+    (1, 256, 8, 1, (8, 8)),
+])
+def test_balanced_routing_hits_what_the_collector_spreads(tokens: int, experts: int, top_k: int, ep: int,
+                                                          expected: tuple[int, int]) -> None:
+    """AIConfigurator's balanced router logits spread T tokens over min(E, T k) experts (worked
+    out by hand from ``balanced_logits``), not the E (1 - (1 - k/E)^T) of uniform random routing."""
+    assert balanced_rank0(tokens, experts, top_k, ep) == expected
+
+
+def test_a_balanced_row_is_priced_with_the_experts_it_read() -> None:
+    """16 tokens of top-8 over 256 experts: the balanced row's bytes hold 128 experts' weights,
+    the same row without a routing column (uniform, the cost model's rule) about 102."""
+    row = pd.DataFrame([{"tokens": 16, "hidden": 4096, "inter": 1536, "topk": 8, "experts": 256, "tp": 1,
+                         "time_s": 1e-3}])
+    balanced = moe_experts("moe", row.assign(routing="balanced"))
+    uniform = moe_experts("moe", row)
+    weights = 4096 * 3 * 1536 * 2
+    io = 16 * 8 * ((4096 + 1536) * 2 + (2 * 1536 + 4096) * 2)
+    assert balanced["bytes"][0] == pytest.approx(128 * weights + io)
+    hit = 256 * (1 - (1 - 8 / 256) ** 16)
+    assert hit == pytest.approx(102.0, abs=0.05)
+    assert uniform["bytes"][0] == pytest.approx(hit * weights + io)
+    assert balanced["rows_per_expert"][0] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="routing"):
+        moe_experts("moe", row.assign(routing="power_law_1.2"))
