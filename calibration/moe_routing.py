@@ -6,10 +6,11 @@ The cost model assumes uniform random routing, ``E (1 - (1 - k/E)^T)`` experts h
 (:meth:`servesim.cost.step_cost.CostModel._routed_experts`). AIConfigurator's ``balanced`` rows
 do not route that way: its collector (``collector/vllm/collect_moe.py::balanced_logits``) spreads
 the tokens as far as they go, token ``i``'s ``j``-th expert being ``(i + j * s) mod E`` with
-``s = ceil(E / k)`` once ``T >= s``, and ``floor(i * s / T) + j * s`` below it, so ``min(E, T * k)``
-experts are hit. At 16 tokens of top-8 over 256 experts that is 128 experts where uniform routing
-hits 102; priced as uniform, a balanced row looked 1.26x slower than its bytes, and the fitted
-expert curve carried that slowness into every simulated decode step of 8-64 sequences.
+``s = ceil(E / k)`` once ``T >= s``, and ``(floor(i * s / T) + j * s) mod E`` below it, so about
+``min(E, T * k)`` experts are hit (:func:`balanced_rank0` counts them exactly). At 16 tokens of
+top-8 over 256 experts that is 128 experts where uniform routing hits 102; priced as uniform, a
+balanced row looked 1.26x slower than its bytes, and the fitted expert curve carried that
+slowness into every simulated decode step of 8-64 sequences.
 
 :func:`routed_work` gives, per row, the experts hit and the (token, expert) assignments of the
 rank whose time was measured (rank 0 of an expert-parallel layout: vLLM places experts
