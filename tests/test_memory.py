@@ -66,3 +66,19 @@ def test_logits_workspace_holds_the_full_vocabulary_on_every_gpu() -> None:
     logits = 256 * 128_256 * 4
     assert one - logits == (2 * 4096 + 3 * 14336) * 2
     assert eight - logits == (2 * 4096 + 3 * 14336 // 8) * 2
+
+
+def test_deepseek_fp8_fits_four_b200s_as_measured() -> None:
+    """SGLang and TensorRT-LLM served DeepSeek-V3/R1 in FP8 on 4 B200s (the serving file's rows).
+    With the memory nvidia-smi reports (183,359 MiB) the plan holds them at a 0.9 memory fraction,
+    the KV cache taking what the weights and activations leave; at the HGX page's 180 GB it could
+    not."""
+    model, b200 = load_model("deepseek-v3"), load_hardware("b200")
+    fp8 = Precision.from_names("fp8", "fp8")
+    assert b200.memory.capacity_bytes == 183_359 * 2**20
+    plan = plan_memory(model, b200, tp=4, gpu_memory_utilization=0.9, precision=fp8)
+    kv = 183_359 * 2**20 * 0.9 - 1.0e9 - plan.weight_bytes - plan.activation_bytes
+    assert plan.kv_cache_bytes == pytest.approx(kv) and kv > 1e9
+    spec_page = b200.model_copy(update={"memory": b200.memory.model_copy(update={"capacity_bytes": 180e9})})
+    with pytest.raises(ServesimError, match=r"use deployment\.tp: 8 or more"):
+        plan_memory(model, spec_page, tp=4, gpu_memory_utilization=0.9, precision=fp8)
