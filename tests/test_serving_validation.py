@@ -357,3 +357,24 @@ def test_pick_handoff_is_the_grid_latency_closest_in_log_error() -> None:
     assert pick_handoff({1: 0.1, 2: 0.3}, rows) == pytest.approx(0.07)
     assert pick_handoff({1: 0.1, 2: 0.3}, []) == 0.0
     assert pick_handoff({1: 0.2, 2: 0.4}, rows) == 0.0  # already slower than measured: none
+
+
+def test_fit_serving_writes_profiles_that_name_their_source(serving_file: Path, tmp_path: Path) -> None:
+    """``servesim calibrate fit-serving FILE --source TEXT`` writes each engine's fitted host time
+    with provenance naming the data as asked (the shipped profiles cite the commit the file came
+    from), beside the coefficients the fit recovered."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from servesim.cli.app import build_app
+
+    out = tmp_path / "engines"
+    source = "silicon.csv (acme/bench@0123abcd)"
+    done = CliRunner().invoke(build_app("calibrate"), ["calibrate", "fit-serving", str(serving_file),
+                                                       "--out-dir", str(out), "--source", source])
+    assert done.exit_code == 0, done.output
+    written = yaml.safe_load((out / "trtllm.yaml").read_text())
+    costs = written["cpu_costs"]["default"]
+    assert f"measured closed-loop deployments of {source} (single-group" in costs["provenance"]
+    assert costs["fixed_s"] == pytest.approx(TRUTH.fixed_s, rel=0.03)
+    assert costs["per_seq_s"] == pytest.approx(TRUTH.per_seq_s, rel=0.03)

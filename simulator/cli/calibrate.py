@@ -133,6 +133,8 @@ def fit_serving_command(
     report: Annotated[Path | None, Opt(help="Folder for the leave-one-model-out rows and summary")] = None,
     workers: Annotated[int, Opt(help="Processes that replay rows")] = 1,
     measured: Annotated[int, Opt(help="Measured requests per client (after one warm-up request)")] = 3,
+    source: Annotated[str | None, Opt(help="How the profiles' provenance names the file (default: its "
+                                           "name), e.g. with the commit it was taken from")] = None,
 ) -> None:
     """Fit each engine's CPU time per step to the measured deployments; report the
     leave-one-model-out error and write the engines' runtime profiles."""
@@ -147,7 +149,7 @@ def fit_serving_command(
                        f"{c.frontend_s * 1e3:.1f} ms per request ({result.rows_used[engine]} rows)")
     _print(result.lomo_summary, "leave-one-model-out: absolute % error of mean TTFT and TPOT")
     _print_skipped(result.skipped)
-    written = write_engine_fits(result, path.name, out_dir or configs_dir() / "engines")
+    written = write_engine_fits(result, source or path.name, out_dir or configs_dir() / "engines")
     if report:
         write_outputs(report, result.lomo_rows, result.lomo_summary, result.skipped,
                       f"{path.name}: leave-one-model-out predictions")
