@@ -146,7 +146,7 @@ def fit_serving_command(
         _console.print(f"{engine}: overlapped {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us "
                        f"per sequence; serial {c.serial_fixed_s * 1e6:.0f} us per step + "
                        f"{c.serial_per_seq_s * 1e6:.2f} us per sequence; front end "
-                       f"{c.frontend_s * 1e3:.1f} ms per request ({result.rows_used[engine]} rows)")
+                       f"{c.frontend_s * 1e3:.3g} ms per request ({result.rows_used[engine]} rows)")
     _print(result.lomo_summary, "leave-one-model-out: absolute % error of mean TTFT and TPOT")
     _print_skipped(result.skipped)
     written = write_engine_fits(result, source or path.name, out_dir or configs_dir() / "engines")
