@@ -3,7 +3,7 @@
 A fused MoE layer reads the weights of every expert at least one token picked, so in a small
 batch (``tokens * top_k`` below the expert count) its time follows the number of experts hit.
 The cost model assumes uniform random routing, ``E (1 - (1 - k/E)^T)`` experts hit
-(:meth:`servesim.cost.step_cost.CostModel._routed_experts`). AIConfigurator's ``balanced`` rows
+(:func:`servesim.cost.routing.experts_hit`). AIConfigurator's ``balanced`` rows
 do not route that way: its collector (``collector/vllm/collect_moe.py::balanced_logits``) spreads
 the tokens as far as they go, token ``i``'s ``j``-th expert being ``(i + j * s) mod E`` with
 ``s = ceil(E / k)`` once ``T >= s``, and ``(floor(i * s / T) + j * s) mod E`` below it, so about
@@ -27,6 +27,8 @@ from functools import cache
 
 import numpy as np
 
+from servesim.cost.routing import experts_hit
+
 ROUTINGS = ("uniform", "balanced")
 
 
@@ -46,7 +48,7 @@ def routed_work(tokens: np.ndarray, experts: np.ndarray, top_k: np.ndarray, ep: 
                 routing: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(experts hit, assignments) of the measured rank of each row; ``routing`` per row is one of
     :data:`ROUTINGS` (None: uniform everywhere, the cost model's assumption)."""
-    hit = experts / ep * (1.0 - (1.0 - top_k / experts) ** tokens)
+    hit = experts_hit(experts / ep, top_k / experts, tokens)
     assignments = tokens * top_k / ep
     if routing is None:
         return hit, assignments

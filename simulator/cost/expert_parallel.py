@@ -39,6 +39,7 @@ import numpy as np
 
 from servesim.cost.quantise import input_quantisation_s
 from servesim.cost.roofline import OpCost, roofline
+from servesim.cost.routing import experts_hit
 from servesim.dtypes import DType, Precision
 from servesim.hardware import HardwareProfile, Link, OperatorEfficiency
 from servesim.model_spec import ModelSpec
@@ -139,7 +140,7 @@ class ExpertLayer:
         """Expected local experts of the busiest rank that at least one token picks (each picked
         by a token with probability ``f k / E``)."""
         pick = min(1.0, self.parallelism.expert_imbalance * self.moe.top_k / self.moe.num_experts)
-        return self.local_experts * (1.0 - (1.0 - pick) ** tokens)
+        return experts_hit(self.local_experts, pick, tokens)
 
     def gemms(self, tokens: float, layers: int, experts: OperatorEfficiency,
               quantise: OperatorEfficiency | None = None) -> OpCost:

@@ -55,6 +55,7 @@ from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.quantise import input_quantisation_s
 from servesim.cost.roofline import OpCost, roofline
+from servesim.cost.routing import experts_hit
 from servesim.dtypes import DType, Precision
 from servesim.engines.base import RuntimeCosts, default_runtime
 from servesim.hardware import HardwareProfile
@@ -351,7 +352,7 @@ class CostModel:
         assert moe is not None
         experts, top_k = moe.num_experts, moe.top_k
         assignments = tokens * top_k
-        hit = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+        hit = experts_hit(experts, top_k / experts, tokens)
         rows_per_expert = assignments / hit
         local = ceil_div(moe.expert_intermediate, self.tp)
         up_width = 2 * local if self.model.gated_mlp else local
