@@ -78,10 +78,20 @@ def load_hardware(name_or_path: str | Path, where: str = "hardware") -> Hardware
                         f"use one of {', '.join(names)} or a path to a profile YAML")
 
 
+def _shortest_exponent_form(value: float) -> str:
+    """``value`` in exponent form with the fewest mantissa digits that read back as the same float
+    (a capacity of 183,359 MiB needs 12 significant digits; a fixed 11 rounded it)."""
+    for digits in range(16):
+        text = f"{value:.{digits}e}"
+        if float(text) == value:
+            return text
+    return f"{value:.16e}"
+
+
 def _represent_float(dumper: yaml.SafeDumper, value: float) -> yaml.Node:
     if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-        mantissa, exponent = f"{value:.10e}".split("e")
-        mantissa = mantissa.rstrip("0")
+        mantissa, exponent = _shortest_exponent_form(value).split("e")
+        mantissa = mantissa.rstrip("0") if "." in mantissa else mantissa + "."
         text = f"{mantissa}0e{exponent}" if mantissa.endswith(".") else f"{mantissa}e{exponent}"
         return dumper.represent_scalar("tag:yaml.org,2002:float", text)
     return dumper.represent_float(value)

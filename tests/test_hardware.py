@@ -8,7 +8,7 @@ import yaml
 
 from servesim import DType, ServesimError, load_hardware
 from servesim.hardware import Curve
-from servesim.hardware_io import builtin_hardware_names, profile_to_yaml
+from servesim.hardware_io import builtin_hardware_names, hardware_from_dict, profile_to_yaml
 
 REQUIRED = {"a100-sxm-80gb", "a100-pcie-80gb", "h100-sxm-80gb", "h100-pcie-80gb",
             "h200-sxm-141gb", "l40s", "b200", "mi300x"}
@@ -153,3 +153,16 @@ def test_missing_efficiency_is_an_error_not_a_perfect_gpu(tmp_path: Path) -> Non
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ServesimError, match=r"efficiency\.attention_decode: is required"):
         load_hardware(path)
+
+
+def test_a_written_profile_reads_back_to_the_same_floats() -> None:
+    """``profile_to_yaml`` writes each float with as many digits as reading it back exactly needs:
+    183,359 MiB (a B200 as nvidia-smi reports it) takes 12 significant digits, which a fixed 11
+    rounded to 1.9226584678e+11, 4 bytes short; every shipped profile survives a write and read."""
+    text = profile_to_yaml(load_hardware("b200"))
+    assert "capacity_bytes: 1.92265846784e+11" in text
+    assert "fixed_s: 3.06e-06" in profile_to_yaml(load_hardware("h100-sxm-80gb"))
+    for name in builtin_hardware_names():
+        profile = load_hardware(name)
+        again = hardware_from_dict(yaml.safe_load(profile_to_yaml(profile)), name)
+        assert again.model_dump() == profile.model_dump(), name
