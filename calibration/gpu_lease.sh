@@ -2,15 +2,18 @@
 # One short GPU lease, end to end: the kernel microbenchmarks, their held-out validation against
 # the shipped profile and a fit, and the end-to-end check of a full-size Llama-3-8B.
 #
-#   bash calibration/gpu_lease.sh OUT_DIR [REPS]
+#   bash calibration/gpu_lease.sh OUT_DIR [REPS] [refit]
 #
 # Each stage runs under its own time limit, so a slow stage costs only itself and whatever
 # finished is packed into OUT_DIR/gpu_run.tgz (plus log.txt) at the end. REPS (default 15) timed
 # repetitions per kernel after REPS/5 warm-ups: the full grid is about 5,700 kernels, which at the
-# default 50 repetitions would not fit a 15-minute lease. Needs servesim and torch installed.
+# default 50 repetitions would not fit a 15-minute lease. A third argument `norefit` skips the
+# refit of the profile to these timings (80 s; a record only, never shipped), so the rest fits one
+# 10-minute command. Needs servesim and torch installed.
 set -u
 out=${1:?usage: gpu_lease.sh OUT_DIR [REPS]}
 reps=${2:-15}
+refit=${3:-refit}
 work=$(mktemp -d)
 mkdir -p "$out"
 log="$out/log.txt"
@@ -33,14 +36,16 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
 esac
 say "profile $profile"
 
-stage 240 python3 -m servesim calibrate e2e --device cuda --profile "$profile" \
+stage 200 python3 -m servesim calibrate e2e --device cuda --profile "$profile" \
     --out "$work/e2e_steps.csv"
 stage 270 python3 -m servesim calibrate bench --device cuda --reps "$reps" --out "$work/bench"
 stage 40 python3 -m servesim calibrate validate "$work/bench" --profile "$profile" \
     --out "$work/validation"
-stage 40 python3 -m servesim calibrate fit "$work/bench" --profile "hardware_profiles/$profile.yaml" \
-    --out "$work/fitted-$profile.yaml"
-stage 40 python3 -m servesim calibrate validate "$work/bench" --profile "$work/fitted-$profile.yaml"
+if [ "$refit" != norefit ]; then
+    stage 40 python3 -m servesim calibrate fit "$work/bench" --profile "hardware_profiles/$profile.yaml" \
+        --out "$work/fitted-$profile.yaml"
+    stage 40 python3 -m servesim calibrate validate "$work/bench" --profile "$work/fitted-$profile.yaml"
+fi
 
 rm -f "$work/validation/validation.html"  # plotly's page is megabytes; the CSVs hold its data
 tar czf "$out/gpu_run.tgz" -C "$work" .
