@@ -89,6 +89,15 @@ def fit_with_tile(family: str, rows: pd.DataFrame, profile: HardwareProfile, pri
     return best[1]
 
 
+def fit_family(family: str, rows: pd.DataFrame, tables: dict[str, pd.DataFrame],
+               profile: HardwareProfile, prior: OperatorEfficiency,
+               memory_tail: bool) -> tuple[FitResult, OperatorEfficiency | None]:
+    """One family's fit, and for FP8 GEMMs the quantisation class fitted with it."""
+    if family == "gemm_fp8":  # fitted net of the input quantisation its times include
+        return fit_gemm_fp8(rows, tables.get("gemm"), profile, prior, memory_tail)
+    return fit_with_tile(family, rows, profile, prior, memory_tail), None
+
+
 def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, source: str,
                 date: str | None = None, families: tuple[str, ...] | None = None,
                 memory_tail: bool = True) -> tuple[HardwareProfile, FitReport]:
@@ -116,11 +125,9 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         op = OPERATOR_OF[family]
         prior = efficiency.get(op) or efficiency_of(profile, family)
         assert prior is not None
-        if family == "gemm_fp8":  # fitted net of the input quantisation its times include
-            bf16 = usable_tables.get("gemm")
-            result, efficiency["quantise"] = fit_gemm_fp8(fit_rows, bf16, profile, prior, memory_tail)
-        else:
-            result = fit_with_tile(family, fit_rows, profile, prior, memory_tail)
+        result, quantise = fit_family(family, fit_rows, usable_tables, profile, prior, memory_tail)
+        if quantise is not None:
+            efficiency["quantise"] = quantise
         efficiency[op] = result.efficiency
     data = profile.model_dump(mode="json", exclude_none=True)
     data["efficiency"] = {k: v.model_dump(mode="json") for k, v in efficiency.items() if v is not None}

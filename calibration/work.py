@@ -65,15 +65,25 @@ class Work:
     kernels: float = 1.0
     """Kernels per row that each pay the class's fixed cost (the memory position is already the
     bytes of one of them)."""
+    outputs: np.ndarray | None = None
+    """GEMMs: output elements m x n, which the class's outputs factor reads; None for other families."""
+    depth: np.ndarray | None = None
+    """GEMMs: reduction length k, where the class's depth factor reads it."""
 
     @property
     def side(self) -> np.ndarray:
         return self.side_s if self.side_s is not None else np.zeros_like(self.time_s)
 
+    def compute_eff(self, eff: OperatorEfficiency) -> np.ndarray:
+        """Each row's compute efficiency under ``eff`` (its shape factors where both have them)."""
+        return eff.compute_many(self.x_compute, self.outputs, self.depth)
+
     def subset(self, mask: np.ndarray) -> Work:
         return Work(self.flops[mask], self.bytes[mask], self.peak[mask], self.x_compute[mask],
                     self.x_memory[mask], self.tokens[mask], self.time_s[mask],
-                    None if self.side_s is None else self.side_s[mask], self.kernels)
+                    None if self.side_s is None else self.side_s[mask], self.kernels,
+                    None if self.outputs is None else self.outputs[mask],
+                    None if self.depth is None else self.depth[mask])
 
     def __len__(self) -> int:
         return int(self.time_s.size)
@@ -114,7 +124,7 @@ def _gemm_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
     math = DType(row["dtype"])
     op = roofline("gemm", 2.0 * m * k * n, nbytes, peak_flops=profile.peak(math),
                   bandwidth=profile.memory.bandwidth_Bps, eff=profile.efficiency.gemm_for(math),
-                  compute_axis=m)
+                  compute_axis=m, outputs=m * n, depth=k)
     if width >= 2.0:
         return op
     side = input_quantisation_s(m, k, width, profile.efficiency.quantisation, profile.memory.bandwidth_Bps)
@@ -169,12 +179,14 @@ def efficiency_of(profile: HardwareProfile, family: str) -> OperatorEfficiency:
     return getattr(profile.efficiency, OPERATOR_OF[family])
 
 
-def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: int = 1) -> Work:
+def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: int = 1,
+         shape_factors: bool = True) -> Work:
     """FLOPs, bytes, peak and curve positions of every row (not for all-reduce).
 
     Every family uses the cost model's formulas in vectorised form (attention without a sliding
     window, KV bytes per element from an optional ``kv_bytes`` column, 2 by default, decode keys
-    rounded up to ``key_tile``);
+    rounded up to ``key_tile``; GEMMs carry their output elements and depth for the class's shape
+    factors unless ``shape_factors`` is false, which fits and prices them by rows alone);
     ``tests/test_calibration_fit.py`` checks that they agree with :func:`operator_cost`, which
     calls :mod:`servesim.cost.attention` itself."""
     time_s = table["time_s"].to_numpy(float)
@@ -194,7 +206,8 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: i
         side = np.where(quantised, input_quantisation_s_array(
             m, k, width, profile.efficiency.quantisation, profile.memory.bandwidth_Bps), 0.0)
         return Work(2.0 * m * k * nn, nbytes, peak, m, nbytes, m, time_s,
-                    side_s=side if quantised.any() else None)
+                    side_s=side if quantised.any() else None,
+                    outputs=nn * m if shape_factors else None, depth=k if shape_factors else None)
     peak = np.full(n, profile.peak(DType.BF16))
     if family == "memory":
         nbytes = table["bytes"].to_numpy(float)
@@ -225,7 +238,7 @@ def fast_predict(w: Work, eff: OperatorEfficiency, bandwidth: float) -> np.ndarr
     :func:`servesim.cost.roofline.roofline` (what the fit optimises and validate reports)."""
     x_memory = w.x_memory if eff.memory.axis == "bytes" else w.tokens
     with np.errstate(divide="ignore", invalid="ignore"):
-        compute = np.where(w.flops > 0, w.flops / (w.peak * eff.compute(w.x_compute)), 0.0)
+        compute = np.where(w.flops > 0, w.flops / (w.peak * w.compute_eff(eff)), 0.0)
         memory = np.where(w.bytes > 0, w.bytes / (bandwidth * eff.memory(x_memory)), 0.0)
     return eff.fixed_s * w.kernels + np.maximum(compute, memory) + w.side
 

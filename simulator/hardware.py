@@ -31,7 +31,9 @@ from servesim.inputs.schema import FrozenModel
 if TYPE_CHECKING:
     import numpy as np
 
-Axis = Literal["tokens", "bytes"]
+Axis = Literal["tokens", "bytes", "outputs", "depth"]
+"""What a curve is read at: a kernel's tokens (rows) or bytes, or a GEMM's output elements
+(``outputs``, m x n on one GPU) or reduction length (``depth``, k)."""
 
 
 SMALL_RUN = 24
@@ -171,6 +173,13 @@ class OperatorEfficiency(FrozenModel):
         0.0, ge=0.0, allow_inf_nan=False,
         description="seconds per input row (token) of a kernel that gives each row its own thread "
         "block, run in waves: vLLM's dynamic activation quantisation; only the quantise class reads it")
+    outputs: Curve | None = Field(
+        None, description="GEMM classes: the compute efficiency's factor (<= 1) by the GEMM's output "
+        "elements m x n on one GPU; absent, 1. Few output tiles leave SMs idle")
+    depth: Curve | None = Field(
+        None, description="GEMM classes: the compute efficiency's factor (<= 1) by the GEMM's "
+        "reduction length k; absent, 1. A short K loop pays each tile's prologue and epilogue over "
+        "less work")
 
     @classmethod
     def perfect(cls) -> OperatorEfficiency:
@@ -185,6 +194,39 @@ class OperatorEfficiency(FrozenModel):
     @classmethod
     def _memory(cls, value: Any) -> Any:
         return _coerce_curve(value, "bytes")
+
+    @field_validator("outputs", mode="before")
+    @classmethod
+    def _outputs(cls, value: Any) -> Any:
+        return _coerce_curve(value, "outputs")
+
+    @field_validator("depth", mode="before")
+    @classmethod
+    def _depth(cls, value: Any) -> Any:
+        return _coerce_curve(value, "depth")
+
+    def compute_at(self, tokens: float, outputs: float | None = None, depth: float | None = None) -> float:
+        """Compute efficiency of one kernel: the tokens curve, times the outputs and depth factors
+        where the class has them and the caller knows the GEMM's m x n and k (a GEMM of unknown
+        shape, such as a fused MoE priced by the GEMM curves, takes factor 1: the best shapes)."""
+        eff = self.compute.at(tokens)
+        if outputs is not None and self.outputs is not None:
+            eff *= self.outputs.at(outputs)
+        if depth is not None and self.depth is not None:
+            eff *= self.depth.at(depth)
+        return eff
+
+    def compute_many(self, tokens: np.ndarray, outputs: np.ndarray | None = None,
+                     depth: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`compute_at` over arrays (calibration's vectorised rows, not bit for bit)."""
+        import numpy as np
+
+        eff = np.asarray(self.compute(tokens), dtype=float)
+        if outputs is not None and self.outputs is not None:
+            eff = eff * self.outputs(outputs)
+        if depth is not None and self.depth is not None:
+            eff = eff * self.depth(depth)
+        return eff
 
 
 class Efficiency(FrozenModel):

@@ -166,3 +166,28 @@ def test_a_written_profile_reads_back_to_the_same_floats() -> None:
         profile = load_hardware(name)
         again = hardware_from_dict(yaml.safe_load(profile_to_yaml(profile)), name)
         assert again.model_dump() == profile.model_dump(), name
+
+
+def test_gemm_shape_factors_scale_the_compute_side_only() -> None:
+    """A GEMM's compute efficiency is the rows curve times its outputs (m x n) and depth (k)
+    factors; a kernel that gives no shape (a fused MoE priced by the GEMM curves) and a class
+    without factors take the rows curve alone, and the memory side never changes."""
+    from servesim.cost.roofline import roofline
+    from servesim.hardware import Curve, OperatorEfficiency
+
+    plain = OperatorEfficiency(compute=Curve.constant(0.8), memory=Curve.constant(0.5, "bytes"), fixed_s=0.0)
+    shaped = plain.model_copy(update={
+        "outputs": Curve(axis="outputs", x=(1e5, 1e7), y=(0.5, 1.0)),
+        "depth": Curve(axis="depth", x=(1024.0, 4096.0), y=(0.8, 1.0))})
+    assert shaped.compute_at(1024, 1e5, 1024) == pytest.approx(0.8 * 0.5 * 0.8)
+    assert shaped.compute_at(1024, 1e7, 4096) == pytest.approx(0.8)
+    assert shaped.compute_at(1024) == plain.compute_at(1024, 1e5, 1024) == 0.8
+    m, n, k = 256, 512, 1024  # 131,072 outputs: factor 0.5 + 0.5 * ln(1.31072) / ln(100)
+    flops, nbytes = 2.0 * m * n * k, float(k * n + m * k + m * n) * 2
+    op = roofline("gemm", flops, nbytes, peak_flops=1e15, bandwidth=1e12, eff=shaped, compute_axis=m,
+                  outputs=m * n, depth=k)
+    outputs_factor = 0.5 + 0.5 * math.log(m * n / 1e5) / math.log(100.0)
+    assert op.compute_s == pytest.approx(flops / (1e15 * 0.8 * outputs_factor * 0.8))
+    assert op.memory_s == pytest.approx(nbytes / (1e12 * 0.5))
+    assert roofline("gemm", flops, nbytes, peak_flops=1e15, bandwidth=1e12, eff=shaped,
+                    compute_axis=m).compute_s == pytest.approx(flops / (1e15 * 0.8))

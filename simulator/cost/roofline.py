@@ -50,16 +50,17 @@ def memory_efficiency(eff: OperatorEfficiency, nbytes: float, tokens: float) -> 
 
 def roofline(name: str, flops: float, nbytes: float, *, peak_flops: float, bandwidth: float,
              eff: OperatorEfficiency, compute_axis: float, repeat: float = 1.0,
-             kernels: float = 1.0) -> OpCost:
+             kernels: float = 1.0, outputs: float | None = None, depth: float | None = None) -> OpCost:
     """Cost of ``repeat`` identical kernels each doing ``flops`` and moving ``nbytes``.
 
-    ``compute_axis`` is the kernel's position on the compute curve's axis (tokens); the memory
-    curve is read at one kernel's byte count (``nbytes / kernels`` when several kernels are
-    lumped into one record).
+    ``compute_axis`` is the kernel's position on the compute curve's axis (tokens); a GEMM also
+    gives its ``outputs`` (m x n) and ``depth`` (k), which the class's shape factors read
+    (:meth:`~servesim.hardware.OperatorEfficiency.compute_at`). The memory curve is read at one
+    kernel's byte count (``nbytes / kernels`` when several kernels are lumped into one record).
     """
     if flops <= 0 and nbytes <= 0:
         return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
-    compute_s = flops / (peak_flops * eff.compute.at(compute_axis)) if flops > 0 else 0.0
+    compute_s = flops / (peak_flops * eff.compute_at(compute_axis, outputs, depth)) if flops > 0 else 0.0
     memory_eff = memory_efficiency(eff, nbytes / kernels, compute_axis)
     memory_s = nbytes / (bandwidth * memory_eff) if nbytes > 0 else 0.0
     return OpCost(name, flops * repeat, nbytes * repeat, compute_s * repeat, memory_s * repeat,

@@ -316,7 +316,7 @@ class CostModel:
         op = roofline(name, 2.0 * m * k * n, nbytes,
                       peak_flops=self.bf16_peak if sixteen_bit else self.peak_flops,
                       bandwidth=self.bandwidth, eff=self._gemm16_eff if sixteen_bit else self._gemm_eff,
-                      compute_axis=m,
+                      compute_axis=m, outputs=m * n, depth=k,
                       repeat=repeat)
         if in_bytes >= IO_BYTES:
             return op
