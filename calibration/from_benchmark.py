@@ -135,10 +135,13 @@ def scaled_profile(hardware: HardwareProfile, scales: tuple[float, ...], note: s
 
 
 def _scale_efficiency(eff: OperatorEfficiency, factor: float) -> OperatorEfficiency:
+    """``eff`` ``factor`` times slower: its curves divided (capped at 1), its fixed cost multiplied;
+    everything else (a GEMM's shape factors, relative to its curve; the KV tile) kept."""
     def curve(c: Any) -> dict[str, Any]:
         return {"axis": c.axis, "x": list(c.x), "y": [min(1.0, y / factor) for y in c.y]}
-    return OperatorEfficiency.model_validate({"compute": curve(eff.compute), "memory": curve(eff.memory),
-                                              "fixed_s": eff.fixed_s * factor, "key_tile": eff.key_tile})
+    data = eff.model_dump(mode="json", exclude_none=True)
+    data.update(compute=curve(eff.compute), memory=curve(eff.memory), fixed_s=eff.fixed_s * factor)
+    return OperatorEfficiency.model_validate(data)
 
 
 def from_benchmark(result_path: Path, config_path: Path, overrides: list[str] | None = None,

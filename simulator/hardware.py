@@ -22,7 +22,7 @@ from bisect import bisect_right
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from servesim.dtypes import DType
 from servesim.errors import ServesimError
@@ -150,6 +150,11 @@ class Curve(FrozenModel):
         return np.interp(logged, self._log_x, self._y)
 
 
+CURVE_AXES: dict[str | None, Axis] = {"compute": "tokens", "memory": "bytes", "outputs": "outputs",
+                                      "depth": "depth"}
+"""The axis a bare number written for each curve of an efficiency class is read on."""
+
+
 def _coerce_curve(value: Any, axis: Axis) -> Any:
     """Let a YAML author write a bare number for a constant efficiency."""
     if isinstance(value, (int, float)):
@@ -167,8 +172,9 @@ class OperatorEfficiency(FrozenModel):
     memory: Curve
     fixed_s: float = Field(ge=0.0, description="per-kernel launch + minimum duration")
     key_tile: int = Field(
-        1, ge=1, description="decode attention: each sequence's keys are processed in tiles of this "
-        "many (the kernel's KV block), so its work is rounded up to a whole tile")
+        1, ge=1, le=1 << 20, description="decode attention: each sequence's keys are processed in "
+        "tiles of this many (the kernel's KV block, 16-256 in FlashAttention and FlashInfer), so its "
+        "work is rounded up to a whole tile")
     per_row_s: float = Field(
         0.0, ge=0.0, allow_inf_nan=False,
         description="seconds per input row (token) of a kernel that gives each row its own thread "
@@ -185,25 +191,10 @@ class OperatorEfficiency(FrozenModel):
     def perfect(cls) -> OperatorEfficiency:
         return cls(compute=Curve.constant(1.0), memory=Curve.constant(1.0, "bytes"), fixed_s=0.0)
 
-    @field_validator("compute", mode="before")
+    @field_validator("compute", "memory", "outputs", "depth", mode="before")
     @classmethod
-    def _compute(cls, value: Any) -> Any:
-        return _coerce_curve(value, "tokens")
-
-    @field_validator("memory", mode="before")
-    @classmethod
-    def _memory(cls, value: Any) -> Any:
-        return _coerce_curve(value, "bytes")
-
-    @field_validator("outputs", mode="before")
-    @classmethod
-    def _outputs(cls, value: Any) -> Any:
-        return _coerce_curve(value, "outputs")
-
-    @field_validator("depth", mode="before")
-    @classmethod
-    def _depth(cls, value: Any) -> Any:
-        return _coerce_curve(value, "depth")
+    def _constant_curves(cls, value: Any, info: ValidationInfo) -> Any:
+        return _coerce_curve(value, CURVE_AXES[info.field_name])
 
     def compute_at(self, tokens: float, outputs: float | None = None, depth: float | None = None) -> float:
         """Compute efficiency of one kernel: the tokens curve, times the outputs and depth factors

@@ -149,7 +149,8 @@ def test_textbook_llama2_70b_on_8_a100s_is_latency_limited() -> None:
     tokens of context. KV per token: 2 (K, V) x 80 x 8 x 128 x 2 B = 327,680 B, 40,960 B per GPU.
     Weights: 68.98e9 parameters x 2 B / 8 GPUs. The pool holds kv_bytes / 40,960 tokens; a
     sequence needs ceil(2,049 / 16) = 129 blocks. The decode batch is limited by latency: the
-    largest batch within 50 ms (the cost model's step times bracket it) holds a quarter of the pool."""
+    largest batch within 50 ms (the cost model's step times bracket it) holds 31% of the pool (216
+    of the 696 sequences it fits; 198 and 28% before the GEMM shape factors)."""
     workload = {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 100,
                 "lengths": {"preset": "azure-conversation"}}
     doc = {"model": "llama-2-70b", "workload": workload,
@@ -169,9 +170,11 @@ def test_textbook_llama2_70b_on_8_a100s_is_latency_limited() -> None:
     cost = deployment.cost_model()
     b = limits["tpot_batch"]
     assert cost.step_time(BatchShape.decode(b, 2048)) <= 0.05 < cost.step_time(BatchShape.decode(b + 1, 2048))
-    assert 185 <= b <= 210  # 198 on the A100 profile fitted to AIConfigurator's vLLM 0.14 kernels
+    # 216 on the A100 profile fitted to AIConfigurator's vLLM 0.14 kernels (198 before the GEMM
+    # shape factors: near the ridge, these GEMMs' compute side binds)
+    assert 185 <= b <= 225
     assert limits["binding"] == "latency (TPOT)" and limits["largest_batch"] == b
-    assert 600 <= limits["kv_batch"] <= 800 and 0.2 < limits["kv_use_at_tpot_batch"] < 0.3
+    assert 600 <= limits["kv_batch"] <= 800 and 0.2 < limits["kv_use_at_tpot_batch"] < 0.35
 
 
 runner = CliRunner()
@@ -182,9 +185,10 @@ def test_cli_textbook_limits_only_prints_the_answer() -> None:
                                  "--tp", "8", "--tpot", "50ms", "--decode-context", "2048", "--limits-only"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    # The default engine (vLLM V1): 208 sequences take 49.4 ms, 209 replay the 216-row CUDA graph
-    # at 50.8 ms (servesim step --model llama-2-70b --hardware a100-sxm-80gb --tp 8 ...).
-    assert "max_num_seqs 256 -> largest 208" in text and "limited by latency (TPOT)" in text
+    # The default engine (vLLM V1): 216 sequences (a whole captured CUDA graph) take 49.4 ms, 217
+    # replay the 224-row graph at 50.3 ms (servesim step --model llama-2-70b --hardware
+    # a100-sxm-80gb --tp 8 ...; 208 before the GEMM shape factors).
+    assert "max_num_seqs 256 -> largest 216" in text and "limited by latency (TPOT)" in text
     assert "the KV pool holds" in text
 
 

@@ -47,7 +47,7 @@ def test_disaggregation_lowers_p99_itl_at_equal_gpu_count() -> None:
     mid-step), whatever the prefill load. That is Splitwise's and DistServe's case for splitting."""
     prompt, output = 2048, 32
     prefill_step = CostModel(LLAMA, H100).step_time(BatchShape.prefill(prompt))
-    assert prefill_step == pytest.approx(0.0476, rel=0.02)
+    assert prefill_step == pytest.approx(0.0466, rel=0.02)  # 47.6 ms before the GEMM shape factors
     rate = 0.6 / prefill_step
     arrivals = np.cumsum(np.random.default_rng(0).exponential(1 / rate, 2000))
     workload = table(arrivals, prompt, output)
@@ -60,7 +60,7 @@ def test_disaggregation_lowers_p99_itl_at_equal_gpu_count() -> None:
     assert decode_steps["num_prefills"].sum() == 0  # the decode replica never prefilled
     assert co_p99 >= prefill_step
     assert split_p99 <= 2 * decode_steps["duration_s"].max()
-    assert split_p99 < co_p99 / 4  # measured: 59.8 ms colocated vs 10.5 ms disaggregated
+    assert split_p99 < co_p99 / 4  # measured: 54.8 ms colocated vs 9.9 ms disaggregated
     # The price: one GPU does all prefills, and TTFT includes the copy, so TTFT rises.
     assert split.summary["ttft_s"]["p50"] > colocated.summary["ttft_s"]["p50"]
 
