@@ -2,7 +2,7 @@
 # One short GPU lease, end to end: the kernel microbenchmarks, their held-out validation against
 # the shipped profile and a fit, and the end-to-end check of a full-size Llama-3-8B.
 #
-#   bash calibration/gpu_lease.sh OUT_DIR [REPS] [refit]
+#   bash calibration/gpu_lease.sh OUT_DIR [REPS] [norefit]
 #
 # Each stage runs under its own time limit, so a slow stage costs only itself and whatever
 # finished is packed into OUT_DIR/gpu_run.tgz (plus log.txt) at the end. REPS (default 15) timed
