@@ -86,3 +86,20 @@ def test_a_cached_document_is_read_without_pyyaml(tmp_path: Path) -> None:
                                                     {**env, "SERVESIM_CACHE_DIR": "off"})}
     assert "yaml" in first and "yaml" in off
     assert "yaml" not in again
+
+
+def test_importing_the_schemas_builds_no_validator() -> None:
+    """Every schema builds its validator on first use (``defer_build``): importing the experiment
+    and hardware schemas and every engine leaves them unbuilt (a section some module instantiates
+    at import, such as the default precision, is built then), and validating one builds that one
+    alone. Building them all at import cost ``servesim step`` about 0.1 s."""
+    code = (
+        "import servesim.config as c, servesim.engines\n"
+        "from servesim.hardware import Curve, HardwareProfile, OperatorEfficiency\n"
+        "schemas = (c.ExperimentConfig, HardwareProfile, OperatorEfficiency, Curve)\n"
+        "built = [m.__name__ for m in schemas if m.__pydantic_complete__]\n"
+        "Curve(x=(1.0,), y=(0.5,))\n"
+        "print(built, Curve.__pydantic_complete__, c.ExperimentConfig.__pydantic_complete__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]", "True", "False"]
