@@ -66,14 +66,15 @@ def device_metadata(device: str, quick: bool) -> dict[str, Any]:
 
 def run_bench(device: str, out: Path, quick: bool = False,
               families: tuple[str, ...] = FAMILY_ORDER, threads: int | None = None,
-              reps: int | None = None) -> dict[str, Any]:
+              reps: int | None = None, gemm_rows: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Benchmark ``families`` on ``device`` and write them to ``out``; returns the metadata.
 
     On CPU ``threads`` defaults to 1: a multi-threaded torch op waits at a barrier for its
     slowest thread, so one descheduled thread on a shared machine costs a whole scheduler
     time slice (we saw 6-12 ms spikes on 10 us kernels with 2 threads and a busy neighbour).
     The end-to-end check runs with the thread count recorded in the metadata. ``reps`` overrides
-    the repetitions per kernel (the metadata records the timing used)."""
+    the repetitions per kernel (the metadata records the timing used); ``gemm_rows`` times the
+    GEMMs at those row counts instead of the grid's."""
     torch = import_torch()
     if device == "cpu":
         torch.set_num_threads(threads or 1)
@@ -89,7 +90,7 @@ def run_bench(device: str, out: Path, quick: bool = False,
 
     timing = Timing.for_run(device, quick, reps)
     runners = {"memory": lambda: bench_memory(device, quick, timing),
-               "gemm": lambda: bench_gemm(device, quick, timing),
+               "gemm": lambda: bench_gemm(device, quick, timing, gemm_rows),
                "attention_prefill": lambda: bench_prefill(device, quick, timing),
                "attention_decode": lambda: bench_decode(device, quick, timing),
                "allreduce": lambda: bench_allreduce(quick) if device == "cuda" else None}

@@ -38,13 +38,16 @@ def _times_next(a: Any, weights: Rotating) -> Callable[[], Any]:
     return call
 
 
-def bench_gemm(device: str, quick: bool, timing: Timing | None = None) -> pd.DataFrame:
+def bench_gemm(device: str, quick: bool, timing: Timing | None = None,
+               row_counts: tuple[int, ...] | None = None) -> pd.DataFrame:
+    """Every layer GEMM of :func:`~servesim.calibration.shapes.gemm_shapes` (at ``row_counts``
+    rows when given), in bf16 and, where the GPU and ``_scaled_mm`` take it, fp8."""
     torch = import_torch()
     timing = timing or Timing.for_run(device, quick)
     fp8 = has_fp8(device)
     rows = []
     weights: list = []
-    for shape in gemm_shapes(device, quick):  # sorted by (k, n): one weight pool per layer shape
+    for shape in gemm_shapes(device, quick, row_counts):  # sorted by (k, n): one weight pool per shape
         if not weights or tuple(weights[0].shape) != (shape.k, shape.n):
             copies = copies_for(2 * shape.k * shape.n)
             weights = [torch.rand(shape.k, shape.n, dtype=torch.bfloat16, device=device) - 0.5

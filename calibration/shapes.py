@@ -59,7 +59,10 @@ def layer_gemms(model: ModelSpec, tp: int) -> list[tuple[str, int, int]]:
             ("mlp_up", h, up), ("mlp_down", inter, h), ("lm_head", h, -(-model.vocab_size // tp))]
 
 
-def gemm_shapes(device: str, quick: bool) -> list[GemmShape]:
+def gemm_shapes(device: str, quick: bool, rows: tuple[int, ...] | None = None) -> list[GemmShape]:
+    """Every catalogue layer GEMM (model, TP degree, operator) at each row count of the grid, or
+    of ``rows`` when given (the token counts a user's steps have: the grid's are powers of two and
+    their halves, multiples of 16 from 16 on, which some FP8 kernels run faster than others)."""
     names = QUICK_MODELS if quick else FULL_MODELS
     models = [(n, load_model(n)) for n in names] + [("e2e-small", e2e_model())]
     cap = FLOP_CAP[(device, quick)]
@@ -73,7 +76,7 @@ def gemm_shapes(device: str, quick: bool) -> list[GemmShape]:
             for op, k, n in layer_gemms(model, tp):
                 if 2.0 * k * n > weight_cap:
                     continue
-                for m in QUICK_M if quick else FULL_M:
+                for m in rows or (QUICK_M if quick else FULL_M):
                     if 2.0 * m * k * n > cap or (m, n, k) in seen:
                         continue
                     seen.add((m, n, k))

@@ -59,6 +59,25 @@ def test_quick_bench_writes_every_family(cpu_run: Path) -> None:
     assert (cpu_run / "metadata.json").exists()
 
 
+def test_bench_times_gemms_at_the_row_counts_asked_for(tmp_path: Path) -> None:
+    """``calibrate bench --gemm-rows 100,513``: only GEMMs, every quick-grid layer shape at exactly
+    those token counts (off the grid's multiples of 16), and nothing else written."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from servesim.calibration.shapes import gemm_shapes
+    from servesim.cli.app import app
+
+    done = CliRunner().invoke(app, ["calibrate", "bench", "--device", "cpu", "--quick", "--reps", "2",
+                                    "--gemm-rows", "100,513", "--out", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gemm.csv", "metadata.json"]
+    table = pd.read_csv(tmp_path / "gemm.csv")
+    expected = {(s.m, s.n, s.k) for s in gemm_shapes("cpu", True, (100, 513))}
+    assert set(zip(table["m"], table["n"], table["k"], strict=True)) == expected
+    assert set(table["m"]) == {100, 513} and len(expected) > 10
+
+
 def test_cpu_fit_beats_the_roofline_out_of_sample(cpu_profile: Path, cpu_run: Path,
                                                   tmp_path: Path) -> None:
     profile = load_hardware(cpu_profile)

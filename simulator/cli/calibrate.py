@@ -37,13 +37,31 @@ def bench_command(
     threads: Annotated[int, Opt(help="CPU threads (default 1, see calibration/bench.py)")] = 1,
     reps: Annotated[int | None, Opt(help="Timed repetitions per kernel (default 50 on cuda, 15 on "
                                          "cpu; fewer when a GPU lease is short)")] = None,
+    gemm_rows: Annotated[str | None, Opt(help="Only GEMMs, at these row counts (comma-separated, "
+                                              "e.g. 100,1000,1100: your steps' token counts)")] = None,
 ) -> None:
     """Time GEMMs, attention prefill/decode, memory kernels (and all-reduce with several GPUs)."""
     from servesim.calibration.bench import run_bench
 
-    meta = run_bench(device, out, quick=quick, threads=threads, reps=reps)
+    rows = _row_counts(gemm_rows) if gemm_rows is not None else None
+    meta = run_bench(device, out, quick=quick, threads=threads, reps=reps, gemm_rows=rows,
+                     **({"families": ("gemm",)} if rows else {}))
     families = ", ".join(k for k in meta["seconds"] if k != "total")
     _console.print(f"{meta['device_name']}: wrote {families} to {out} in {meta['seconds']['total']:.1f} s")
+
+
+def _row_counts(text: str) -> tuple[int, ...]:
+    """``--gemm-rows``: positive integers, comma-separated."""
+    from servesim.errors import ServesimError
+
+    try:
+        rows = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        rows = ()
+    if not rows or min(rows) < 1:
+        raise ServesimError("--gemm-rows", f"{text!r} is not a list of positive row counts",
+                            "write them comma-separated, e.g. --gemm-rows 100,1000,1100")
+    return rows
 
 
 @calibrate_app.command("fit")
