@@ -90,9 +90,9 @@ def test_shipped_h100_profile_prices_gemms_at_off_grid_token_counts() -> None:
     """1,760 bf16 GEMMs of the same layer shapes at token counts off every grid (100, 101, 250,
     513, 1,000, 1,025, 1,100, 1,500, 2,001, 3,000, 4,001, 6,000 among them; ``calibrate bench
     --gemm-rows``, an H100 of a second lease that day): median 3.9%, p90 15.1% (4.4% / 20.1%
-    before the GEMM shape factors). cuBLAS's bf16 GEMM shows no penalty for a row count one past a multiple of 16
-    (1,025 against 1,024: the same predicted-over-measured ratio within 3%), unlike the Cutlass FP8
-    kernel in AIConfigurator's tables."""
+    before the GEMM shape factors). cuBLAS's bf16 GEMM shows no penalty for a row count one past
+    a multiple of 16 (1,025 against 1,024: the same predicted-over-measured ratio within 3%),
+    unlike the Cutlass FP8 kernel in AIConfigurator's tables."""
     summary, rows = validate(H100 / "off-grid-rows", load_hardware("h100-sxm-80gb"))
     gemm = summary.set_index("family").loc["gemm"]
     assert gemm["rows"] == 1760
