@@ -56,13 +56,19 @@ def _fmt(stats: tuple[float, float]) -> str:
     return f"median {stats[0]:.1f}% p90 {stats[1]:.1f}%"
 
 
+SHAPED_METHOD = ("; the compute efficiency is the tokens curve times an outputs (m x n) and a depth "
+                 "(k) factor, fitted with it by alternating medians in log space "
+                 "(calibration/fit.py::fit_shaped)")
+"""What a GEMM family's method adds: its shape factors."""
+
+
 def _method(family: str, rows: int) -> str:
     if family == "allreduce":
         return "ring model, latency and achieved bandwidth fraction by joint grid search"
     if rows < MIN_ROWS_FULL_FIT:
         return (f"compute curve only (fewer than {MIN_ROWS_FULL_FIT} rows: the prior's fixed cost and "
                 "memory curve are kept, and its compute knots below the measured range)")
-    return METHOD
+    return METHOD + (SHAPED_METHOD if family in ("gemm", "gemm_fp8") else "")
 
 
 KEY_TILES = (1, 16, 32, 64, 128, 256)
