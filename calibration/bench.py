@@ -73,8 +73,10 @@ def run_bench(device: str, out: Path, quick: bool = False,
     slowest thread, so one descheduled thread on a shared machine costs a whole scheduler
     time slice (we saw 6-12 ms spikes on 10 us kernels with 2 threads and a busy neighbour).
     The end-to-end check runs with the thread count recorded in the metadata. ``reps`` overrides
-    the repetitions per kernel (the metadata records the timing used); ``gemm_rows`` times the
-    GEMMs at those row counts instead of the grid's."""
+    the repetitions per kernel (the metadata records the timing used); ``gemm_rows`` times only
+    the GEMMs, at those row counts instead of the grid's."""
+    if gemm_rows:
+        families = ("gemm",)
     torch = import_torch()
     if device == "cpu":
         torch.set_num_threads(threads or 1)

@@ -120,10 +120,13 @@ def fit_shaped(tokens: np.ndarray, outputs: np.ndarray, depth: np.ndarray,
     for _ in range(SHAPE_ROUNDS):
         rows_curve = fit_curve(tokens, np.exp(log_eff - fo - fd), "tokens")
         fr = np.log(np.asarray(rows_curve(tokens), dtype=float))
+        previous = (outputs_curve.y, depth_curve.y)
         outputs_curve = fit_factor(outputs, log_eff - fr - fd, "outputs")
         fo = np.log(np.asarray(outputs_curve(outputs), dtype=float))
         depth_curve = fit_factor(depth, log_eff - fr - fo, "depth")
         fd = np.log(np.asarray(depth_curve(depth), dtype=float))
+        if (outputs_curve.y, depth_curve.y) == previous:  # a fixed point: later rounds repeat it
+            break
     rows_curve = fit_curve(tokens, np.exp(log_eff - fo - fd), "tokens")
     return rows_curve, outputs_curve, depth_curve
 
@@ -198,8 +201,9 @@ def _fit_given_fixed(w: Work, fixed: float, bandwidth: float, prior: OperatorEff
         if memory_tail and use_m.any():
             memory = rejoin_prior(memory, prior.memory)
         with np.errstate(divide="ignore", invalid="ignore"):
-            shape_eff = OperatorEfficiency(compute=compute, memory=memory, fixed_s=0.0, outputs=outputs,
-                                           depth=depth)
+            # fitted curves are valid already: no need to validate them again each iteration
+            shape_eff = OperatorEfficiency.model_construct(compute=compute, memory=memory, fixed_s=0.0,
+                                                           outputs=outputs, depth=depth)
             tc = np.where(w.flops > 0, w.flops / (w.peak * w.compute_eff(shape_eff)), 0.0)
             x_m = w.x_memory if memory.axis == "bytes" else w.tokens
             tm = np.where(w.bytes > 0, w.bytes / (bandwidth * memory(x_m)), 0.0)

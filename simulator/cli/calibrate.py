@@ -44,8 +44,7 @@ def bench_command(
     from servesim.calibration.bench import run_bench
 
     rows = _row_counts(gemm_rows) if gemm_rows is not None else None
-    meta = run_bench(device, out, quick=quick, threads=threads, reps=reps, gemm_rows=rows,
-                     **({"families": ("gemm",)} if rows else {}))
+    meta = run_bench(device, out, quick=quick, threads=threads, reps=reps, gemm_rows=rows)
     families = ", ".join(k for k in meta["seconds"] if k != "total")
     _console.print(f"{meta['device_name']}: wrote {families} to {out} in {meta['seconds']['total']:.1f} s")
 
