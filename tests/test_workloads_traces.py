@@ -264,3 +264,107 @@ def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
 def test_empty_file(tmp_path: Path) -> None:
     with pytest.raises(ServesimError, match="is empty"):
         read_trace(write(tmp_path, "e.csv", ""), "csv")
+
+
+# ------------------------------------------------------- the plain reader against the pandas one
+SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+
+
+def both_readers(path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    """``_parse`` of one file by the plain reader and by pandas (the plain one switched off)."""
+    from servesim.workloads import traces
+
+    plain = traces._parse(path, fmt, None)
+    with monkeypatch.context() as patch:
+        patch.setattr(traces, "_parse_plain", lambda text, fmt: None)
+        pandas = traces._parse(path, fmt, None)
+    return plain, pandas
+
+
+def assert_same_rows(plain: object, pandas: object) -> None:
+    for name in ("lines", "prompt", "output", "arrival_s"):
+        a, b = getattr(plain, name), getattr(pandas, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name  # bit for bit
+    assert plain.notes == pandas.notes
+
+
+@pytest.mark.parametrize(("name", "fmt"), [
+    ("azure2023_AzureLLMInferenceTrace_conv.csv", "azure"),
+    ("azure2023_AzureLLMInferenceTrace_code.csv", "azure"),
+    ("sharegpt_8k_filtered_stats_llama2_tokenizer.csv", "vidur-stats"),
+    ("arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv", "arxiv"),
+])
+def test_plain_reader_equals_pandas_on_the_shared_traces(name: str, fmt: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = SHARED_TRACES / name
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (../shared/data is not beside this checkout)")
+    from servesim.inputs.files import read_text
+    from servesim.workloads import traces
+
+    assert traces._parse_plain(read_text(path, "path", 2**30), fmt) is not None  # it read it plainly
+    assert_same_rows(*both_readers(path, fmt, monkeypatch))
+
+
+def test_plain_reader_equals_pandas_on_generated_azure_stamps(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random nanosecond stamps over three days, written with 0-9 fractional digits (pandas may
+    parse them at another resolution), and lengths with leading zeros."""
+    rng = np.random.default_rng(7)
+    base = np.datetime64("2023-11-16T00:00:00", "ns")
+    rows = []
+    for k in range(3000):
+        stamp = str(base + np.timedelta64(int(rng.integers(0, 3 * 86_400 * 10**9)), "ns"))
+        digits = int(rng.integers(0, 10))
+        whole, _, fraction = stamp.partition(".")
+        stamp = whole.replace("T", " " if k % 2 else "T") + (f".{fraction[:digits]}" if digits else "")
+        rows.append(f"{stamp},{int(rng.integers(0, 5000)):05d},{int(rng.integers(1, 900))}")
+    path = write(tmp_path, "azure.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    plain, pandas = both_readers(path, "azure", monkeypatch)
+    assert_same_rows(plain, pandas)
+    assert plain.arrival_s.min() == 0.0 and plain.arrival_s.max() > 86_400
+
+
+def test_plain_reader_reads_windows_line_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from servesim.workloads import traces
+
+    path = tmp_path / "azure.csv"
+    path.write_bytes(AZURE.replace("\n", "\r\n").encode())
+    assert traces._parse_plain(path.read_bytes().decode(), "azure") is not None
+    plain, pandas = both_readers(path, "azure", monkeypatch)
+    assert_same_rows(plain, pandas)
+    assert plain.prompt.tolist() == [374, 396, 1, 2048]
+
+
+@pytest.mark.parametrize("text", [
+    AZURE.replace(",374,", ",3.0,"),  # a decimal length
+    AZURE.replace(",374,", ", 374,"),  # a space
+    AZURE.replace(",374,", ",,"),  # a missing value
+    AZURE + "\n",  # a blank line
+    AZURE.replace("\n", "\r", 1),  # a lone carriage return
+    AZURE.replace("2023-11-16 18:15:50.9951690", "2024-05-10 00:00:00.009930+00:00"),  # zoned
+    AZURE.replace("2023-11-16 18:15:50", "2023-13-16 18:15:50"),  # month 13
+    AZURE.replace(",44\n", ",44,1\n"),  # ragged
+    AZURE.replace("TIMESTAMP", '"TIMESTAMP"'),  # quoted
+])
+def test_plain_reader_declines_what_pandas_must_judge(text: str) -> None:
+    """Each of these goes to the pandas reader (which reads, fixes up or refuses it with its
+    one-line error); the plain reader must not guess."""
+    from servesim.workloads import traces
+
+    assert traces._parse_plain(text, "azure") is None
+
+
+def test_a_plain_azure_read_does_not_import_pandas(tmp_path: Path) -> None:
+    path = write(tmp_path, "azure.csv", AZURE)
+    code = ("import sys\nfrom servesim.workloads import read_trace\n"
+            f"table = read_trace({str(path)!r}, 'azure')\n"
+            "assert table.prompt_tokens.tolist() == [374, 396, 1, 2048], table.prompt_tokens\n"
+            "print('pandas' in sys.modules)\n")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

@@ -62,6 +62,7 @@ import numpy as np
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 from servesim.inputs.limits import BYTES_PER_REQUEST, MAX_TRACE_BYTES, check_memory
+from servesim.workloads.plain_csv import naive_timestamp_seconds, plain_columns, whole_numbers
 from servesim.workloads.requests import RequestTable
 from servesim.workloads.sharegpt import first_turns
 
@@ -200,6 +201,9 @@ def _parse(path: Path, fmt: str, model: str | None) -> _Rows:
 
 
 def _parse_csv(path: Path, text: str, fmt: str, model: str | None) -> _Rows:
+    plain = _parse_plain(text, fmt) if model is None else None
+    if plain is not None:
+        return plain
     frame, lines = _read_csv(path, text, fmt, _HEADERS[fmt] + (["Model"] if model is not None else []))
     notes: list[str] = []
     if model is not None:
@@ -223,6 +227,31 @@ def _parse_csv(path: Path, text: str, fmt: str, model: str | None) -> _Rows:
     elif fmt == "azure":
         arrival = _azure_seconds(frame["TIMESTAMP"], lines, path)
     return _Rows(lines, prompt, output, arrival, priority, notes=notes)
+
+
+_PLAIN_FORMATS = ("azure", "vidur-stats", "arxiv")
+"""Formats :mod:`servesim.workloads.plain_csv` may read: whole-number lengths and naive Azure
+timestamps. (``csv`` and ``burstgpt`` times are decimals, which pandas' parser and Python's
+``float`` may round differently in the last place; they stay with pandas.)"""
+
+
+def _parse_plain(text: str, fmt: str) -> _Rows | None:
+    """The file read without pandas, when :mod:`~servesim.workloads.plain_csv` can; else None."""
+    if fmt not in _PLAIN_FORMATS:
+        return None
+    columns = plain_columns(text, _HEADERS[fmt])
+    if columns is None:
+        return None
+    prompt_col, output_col = _LENGTH_COLUMNS[fmt]
+    prompt, output = whole_numbers(columns[prompt_col]), whole_numbers(columns[output_col])
+    if prompt is None or output is None:
+        return None
+    arrival = None
+    if fmt == "azure":
+        arrival = naive_timestamp_seconds(columns["TIMESTAMP"])
+        if arrival is None:
+            return None
+    return _Rows(np.arange(prompt.size, dtype=np.int64) + 2, prompt, output, arrival)
 
 
 def _read_csv(path: Path, text: str, fmt: str, required: list[str]) -> tuple[pd.DataFrame, np.ndarray]:
