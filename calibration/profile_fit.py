@@ -61,6 +61,12 @@ SHAPED_METHOD = ("; the compute efficiency is the tokens curve times an outputs 
                  "(calibration/fit.py::fit_shaped)")
 """What a GEMM family's method adds: its shape factors."""
 
+SHAPED_ATTENTION_METHOD = ("; the compute efficiency is the tokens curve times an outputs (keys seen x "
+                           "heads: the query rows x heads of these context-free rows) and a depth (head "
+                           "dimension) factor, fitted with it by alternating medians in log space "
+                           "(calibration/fit.py::fit_shaped)")
+"""What the prefill-attention family's method adds: its shape factors."""
+
 
 def _method(family: str, rows: int) -> str:
     if family == "allreduce":
@@ -68,6 +74,8 @@ def _method(family: str, rows: int) -> str:
     if rows < MIN_ROWS_FULL_FIT:
         return (f"compute curve only (fewer than {MIN_ROWS_FULL_FIT} rows: the prior's fixed cost and "
                 "memory curve are kept, and its compute knots below the measured range)")
+    if family == "attention_prefill":
+        return METHOD + SHAPED_ATTENTION_METHOD
     return METHOD + (SHAPED_METHOD if family in ("gemm", "gemm_fp8") else "")
 
 

@@ -66,9 +66,11 @@ class Work:
     """Kernels per row that each pay the class's fixed cost (the memory position is already the
     bytes of one of them)."""
     outputs: np.ndarray | None = None
-    """GEMMs: output elements m x n, which the class's outputs factor reads; None for other families."""
+    """Where the class's outputs factor reads: a GEMM's output elements m x n, prefill
+    attention's keys seen x heads (its query rows x heads at no context); None for other families."""
     depth: np.ndarray | None = None
-    """GEMMs: reduction length k, where the class's depth factor reads it."""
+    """Where the class's depth factor reads: a GEMM's reduction length k, prefill attention's head
+    dimension."""
 
     @property
     def side(self) -> np.ndarray:
@@ -185,8 +187,9 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: i
 
     Every family uses the cost model's formulas in vectorised form (attention without a sliding
     window, KV bytes per element from an optional ``kv_bytes`` column, 2 by default, decode keys
-    rounded up to ``key_tile``; GEMMs carry their output elements and depth for the class's shape
-    factors unless ``shape_factors`` is false, which fits and prices them by rows alone);
+    rounded up to ``key_tile``; GEMMs and prefill attention carry their outputs and depth for the
+    class's shape factors unless ``shape_factors`` is false, which fits and prices them by their
+    tokens curve alone);
     ``tests/test_calibration_fit.py`` checks that they agree with :func:`operator_cost`, which
     calls :mod:`servesim.cost.attention` itself."""
     time_s = table["time_s"].to_numpy(float)
@@ -223,7 +226,9 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: i
         pairs = causal_pairs(seq, context, None)
         flops = batch * pairs * per_pair
         nbytes = batch * (seq * qo + (context + seq) * cache * kv_bytes + seq * cache * kv_bytes)
-        return Work(flops, nbytes, peak, np.sqrt(2.0 * pairs), nbytes, batch * seq, time_s)
+        return Work(flops, nbytes, peak, np.sqrt(2.0 * pairs), nbytes, batch * seq, time_s,
+                    outputs=batch * (seq + context) * heads if shape_factors else None,
+                    depth=head_dim if shape_factors else None)
     seen = table["context"].to_numpy(float) + 1.0
     if key_tile > 1:
         seen = np.ceil(seen / key_tile) * key_tile

@@ -180,12 +180,13 @@ class OperatorEfficiency(FrozenModel):
         description="seconds per input row (token) of a kernel that gives each row its own thread "
         "block, run in waves: vLLM's dynamic activation quantisation; only the quantise class reads it")
     outputs: Curve | None = Field(
-        None, description="GEMM classes: the compute efficiency's factor (<= 1) by the GEMM's output "
-        "elements m x n on one GPU; absent, 1. Few output tiles leave SMs idle")
+        None, description="GEMM and prefill-attention classes: the compute efficiency's factor (<= 1) "
+        "by the kernel's grid on one GPU (a GEMM's m x n output elements; prefill attention's keys "
+        "seen times heads); absent, 1. Few output tiles leave SMs idle")
     depth: Curve | None = Field(
-        None, description="GEMM classes: the compute efficiency's factor (<= 1) by the GEMM's "
-        "reduction length k; absent, 1. A short K loop pays each tile's prologue and epilogue over "
-        "less work")
+        None, description="GEMM and prefill-attention classes: the compute efficiency's factor (<= 1) "
+        "by the reduction length (a GEMM's k; attention's query-key head dimension); absent, 1. A "
+        "short K loop pays each tile's prologue and epilogue over less work")
 
     @classmethod
     def perfect(cls) -> OperatorEfficiency:
@@ -206,6 +207,16 @@ class OperatorEfficiency(FrozenModel):
         if depth is not None and self.depth is not None:
             eff *= self.depth.at(depth)
         return eff
+
+    def shape_factor(self, outputs: float, depth: float) -> float:
+        """The outputs and depth factors alone (1.0 where the class has neither): what a kernel
+        whose tokens curve is read per piece (prefill attention's chunks) multiplies it by."""
+        factor = 1.0
+        if self.outputs is not None:
+            factor *= self.outputs.at(outputs)
+        if self.depth is not None:
+            factor *= self.depth.at(depth)
+        return factor
 
     def compute_many(self, tokens: np.ndarray, outputs: np.ndarray | None = None,
                      depth: np.ndarray | None = None) -> np.ndarray:

@@ -91,6 +91,45 @@ def test_fit_recovers_the_gemm_shape_factors() -> None:
         assert fitted.at(small) / fitted.at(large) == pytest.approx(expected, rel=0.1)
 
 
+ATTENTION_TRUTH = OperatorEfficiency(
+    compute=Curve(axis="tokens", x=(256, 2048, 16384), y=(0.3, 0.6, 0.75)),
+    memory=Curve(axis="bytes", x=(1e6, 1e8), y=(0.3, 0.7)), fixed_s=8e-6,
+    outputs=Curve(axis="outputs", x=(2.0**12, 2.0**16, 2.0**20), y=(0.3, 0.8, 1.0)),
+    depth=Curve(axis="depth", x=(64.0, 128.0, 256.0), y=(0.6, 0.85, 1.0)))
+
+
+def test_fit_recovers_the_prefill_attention_shape_factors() -> None:
+    """Prefill attention whose kernel idles SMs on a small grid (few query rows x heads) and runs
+    short head dimensions less efficiently: the fit finds both factors and predicts held-out
+    sequence lengths within the 3% noise; by its tokens curve alone it does not."""
+    h100 = load_hardware("h100-sxm-80gb")
+    bandwidth = h100.memory.bandwidth_Bps
+    rng = np.random.default_rng(5)
+    seqs = (1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)  # compute-bound
+    table = pd.DataFrame([{"batch": b, "seq": s, "context": 0, "heads": h, "kv_heads": max(1, h // 4),
+                           "head_dim": d, "time_s": 1.0}
+                          for b in (1, 4, 16) for s in seqs for h in (2, 8, 32) for d in (64, 128, 256)])
+    clean = fast_predict(work("attention_prefill", table, h100), ATTENTION_TRUTH, bandwidth)
+    table["time_s"] = clean * np.exp(rng.normal(0, 0.03, len(table)))
+    held = holdout_mask(table, "attention_prefill")
+    prior = h100.efficiency.attention_prefill.model_copy(update={"outputs": None, "depth": None})
+
+    def held_out_median(shape_factors: bool) -> tuple[float, OperatorEfficiency]:
+        w = work("attention_prefill", table, h100, shape_factors=shape_factors)
+        fit = fit_operator(w.subset(~held), bandwidth, prior).efficiency
+        return float(np.median(ape(fast_predict(w.subset(held), fit, bandwidth), w.time_s[held]))), fit
+
+    shaped_error, shaped = held_out_median(True)
+    plain_error, plain = held_out_median(False)
+    assert shaped_error < 0.04
+    assert plain_error > 2 * shaped_error
+    assert plain.outputs is None and shaped.outputs is not None and shaped.depth is not None
+    for small, large, axis in ((2.0**13, 2.0**19, "outputs"), (64.0, 256.0, "depth")):
+        truth, fitted = getattr(ATTENTION_TRUTH, axis), getattr(shaped, axis)
+        expected = truth.at(small) / truth.at(large)
+        assert fitted.at(small) / fitted.at(large) == pytest.approx(expected, rel=0.1)
+
+
 def test_fit_obeys_the_curve_rule_on_adversarial_data() -> None:
     rng = np.random.default_rng(1)
     x = np.exp2(np.arange(12.0))

@@ -3,6 +3,7 @@
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -191,3 +192,38 @@ def test_gemm_shape_factors_scale_the_compute_side_only() -> None:
     assert op.memory_s == pytest.approx(nbytes / (1e12 * 0.5))
     assert roofline("gemm", flops, nbytes, peak_flops=1e15, bandwidth=1e12, eff=shaped,
                     compute_axis=m).compute_s == pytest.approx(flops / (1e15 * 0.8))
+
+
+def test_prefill_attention_shape_factors_read_keys_times_heads_and_head_dim() -> None:
+    """Prefill attention's compute efficiency is each chunk's tokens curve times the outputs factor
+    at (the keys every chunk sees x heads on the GPU: one varlen kernel's grid, its short chunks
+    split along their context) and the depth factor at the query-key head dimension; the memory
+    side and a class without factors are unchanged."""
+    from servesim.cost import BatchShape
+    from servesim.cost.attention import AttentionShape, causal_pairs, prefill_attention
+    from servesim.hardware import Curve
+
+    base = load_hardware("h100-sxm-80gb")
+    plain = base.efficiency.attention_prefill.model_copy(update={
+        "compute": Curve.constant(0.6), "outputs": None, "depth": None})
+    shaped = plain.model_copy(update={"outputs": Curve(axis="outputs", x=(1e3, 1e5), y=(0.25, 1.0)),
+                                      "depth": Curve(axis="depth", x=(64.0, 128.0), y=(0.6, 1.0))})
+    shape = AttentionShape(heads=8, q_head_dim=64, v_head_dim=64, cache_elements_per_token=2 * 2 * 64,
+                           prefill_kv_elements_per_token=2 * 2 * 64, prefill_flops_per_pair=2 * 8 * 128,
+                           decode_flops_per_key=2 * 8 * 128, decode_q_width=8 * 64, decode_o_width=8 * 64,
+                           window=None)
+    batch = BatchShape.build([100, 400], [0, 300])  # (100 + 700) keys seen x 8 heads = 6,400 outputs
+
+    def priced(eff: object) -> object:
+        hardware = base.model_copy(update={"efficiency": base.efficiency.model_copy(
+            update={"attention_prefill": eff})})
+        return prefill_attention(batch, shape, hardware, 1e15, 2.0, 1)
+
+    pairs = float(causal_pairs(np.array([100, 400]), np.array([0, 300]), None).sum())
+    flops = pairs * shape.prefill_flops_per_pair
+    outputs_factor = 0.25 + 0.75 * math.log(6400 / 1e3) / math.log(100.0)
+    assert priced(plain).compute_s == pytest.approx(flops / (1e15 * 0.6))
+    assert priced(shaped).compute_s == pytest.approx(flops / (1e15 * 0.6 * outputs_factor * 0.6))
+    assert priced(shaped).memory_s == priced(plain).memory_s
+    assert shaped.shape_factor(6400, 64) == pytest.approx(outputs_factor * 0.6)
+    assert plain.shape_factor(6400, 64) == 1.0

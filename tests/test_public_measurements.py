@@ -22,18 +22,19 @@ from servesim import load_hardware
 from servesim.calibration.validate import predictions
 from servesim.calibration.vidur import vidur_tables
 
-# Measured (2026-11-24; GEMMs 2026-11-27, with the shape factors, the earlier fit in comments):
+# Measured (2026-11-24; GEMMs 2026-11-27, with the shape factors, the earlier fit in comments;
+# prefill attention 2026-11-27, with its shape factors read at the keys each chunk sees):
 # held-out median / p90 APE in %, spec roofline -> shipped profile. Vidur's H100 GEMMs (2024 stack)
 # run slower than AIConfigurator's vLLM 0.24 and our own torch 2.11 ones (priced a median 0.82x),
 # which the shipped profile follows (4.0% on ours): the shape factors' faster wide GEMMs moved it
 # further from them.
 MEASURED = {
     ("a100", "gemm"): ((32.1, 48.0), (8.1, 19.9)),  # 8.4 / 18.0
-    ("a100", "attention_prefill"): ((77.2, 85.7), (35.8, 56.2)),
+    ("a100", "attention_prefill"): ((77.2, 85.7), (29.4, 52.7)),  # 35.8 / 56.2
     ("a100", "attention_decode"): ((37.2, 68.1), (18.9, 45.1)),
     ("a100", "allreduce"): ((64.4, 91.4), (29.6, 48.0)),
     ("h100", "gemm"): ((37.4, 58.7), (17.7, 34.2)),  # 15.6 / 34.2
-    ("h100", "attention_prefill"): ((37.7, 40.7), (41.6, 114.8)),
+    ("h100", "attention_prefill"): ((37.7, 40.7), (17.1, 98.1)),  # 41.6 / 114.8
     ("h100", "allreduce"): ((50.3, 92.4), (12.3, 55.5)),
 }
 """H100 prefill rests on three FlashAttention-3 README figures (16k tokens per batch), where the

@@ -128,9 +128,11 @@ def test_least_loaded_beats_round_robin_on_p99_ttft_under_bursty_arrivals() -> N
     """Gamma arrivals with burstiness 0.25 (gaps with CV 2) at 9 req/s on 4 replicas of Llama-3-8B
     on H100 capped at max_num_seqs 8, Azure conversation lengths (heavy-tailed outputs). Round robin
     keeps sending every fourth request to a replica whose 8 seats are held by long generations;
-    least-outstanding sends it where a seat is free. Measured p99 TTFT: round robin 0.36 s,
-    least_outstanding 0.10 s, least_kv 0.27 s (least_kv balances KV blocks, not seats, so it
-    helps less here)."""
+    least-outstanding sends it where a seat is free. Measured p99 TTFT: round robin 0.33 s,
+    least_outstanding 0.11 s, least_kv 0.36 s: least_kv balances KV blocks, not seats, so it does
+    not help here (0.36, 0.10 and 0.27 s before prefill attention's shape factors: the seats, not
+    the blocks, decide this tail, and which router's tail is a few requests longer moves with any
+    step price)."""
     p99 = {}
     for router in ("round_robin", "least_outstanding", "least_kv"):
         config = experiment({"replicas": 4, "max_num_seqs": 8}, router={"name": router}, workload={
@@ -140,7 +142,7 @@ def test_least_loaded_beats_round_robin_on_p99_ttft_under_bursty_arrivals() -> N
         assert summary["completed"] == 1000
         p99[router] = summary["ttft_s"]["p99"]
     assert p99["least_outstanding"] < 0.5 * p99["round_robin"]
-    assert p99["least_kv"] < 0.8 * p99["round_robin"]
+    assert p99["least_outstanding"] < 0.5 * p99["least_kv"]  # seats decide it, not KV blocks
 
 
 def test_prefix_affinity_raises_the_hit_rate_over_round_robin() -> None:

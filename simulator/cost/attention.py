@@ -137,9 +137,18 @@ def prefill_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwa
     new, context = batch.prefill_tokens, batch.prefill_context
     pairs = attended_pairs(new, context, shape)
     flops = pairs * shape.prefill_flops_per_pair
-    compute_s = float(np.sum(flops / (peak_flops * eff.compute(np.sqrt(2.0 * pairs)))))
-    keys = float(keys_read(new, context, shape).sum())
     total_new = float(new.sum())
+    keys = float(keys_read(new, context, shape).sum())
+    efficiency = eff.compute(np.sqrt(2.0 * pairs))
+    # One varlen kernel runs every chunk: its grid is the query rows of all of them times the
+    # heads, and a short chunk over a long context splits its keys across more blocks (split-KV)
+    # until the GPU is full, so the grid is read at the keys each chunk sees (its query rows when
+    # it has no context, as in the fitted timings); each score is a dot product over the
+    # query-key head dimension.
+    factor = eff.shape_factor(keys * shape.heads, shape.q_head_dim)
+    if factor != 1.0:
+        efficiency = efficiency * factor
+    compute_s = float(np.sum(flops / (peak_flops * efficiency)))
     nbytes = (total_new * shape.heads * (shape.q_head_dim + shape.v_head_dim) * ATTENTION_IO_BYTES
               + keys * shape.prefill_kv_elements_per_token * kv_bytes
               + total_new * shape.cache_elements_per_token * kv_bytes)
