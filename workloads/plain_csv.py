@@ -48,7 +48,7 @@ def plain_columns(text: str, required: list[str]) -> dict[str, list[str]] | None
     rows = [line.split(",") for line in lines[1:]]
     if any(len(row) != width for row in rows):
         return None  # a line with too many commas beside one with too few
-    return {name: [row[header.index(name)] for row in rows] for name in required}
+    return {name: [row[column] for row in rows] for name, column in ((n, header.index(n)) for n in required)}
 
 
 def whole_numbers(values: list[str]) -> np.ndarray | None:
