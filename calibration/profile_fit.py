@@ -56,15 +56,18 @@ def _fmt(stats: tuple[float, float]) -> str:
     return f"median {stats[0]:.1f}% p90 {stats[1]:.1f}%"
 
 
-SHAPED_METHOD = ("; the compute efficiency is the tokens curve times an outputs (m x n) and a depth "
-                 "(k) factor, fitted with it by alternating medians in log space "
-                 "(calibration/fit.py::fit_shaped)")
+def _shaped_method(outputs: str, depth: str) -> str:
+    """What a family with shape factors adds to its method: where each factor reads."""
+    return (f"; the compute efficiency is the tokens curve times an outputs ({outputs}) and a depth "
+            f"({depth}) factor, fitted with it by alternating medians in log space "
+            "(calibration/fit.py::fit_shaped)")
+
+
+SHAPED_METHOD = _shaped_method("m x n", "k")
 """What a GEMM family's method adds: its shape factors."""
 
-SHAPED_ATTENTION_METHOD = ("; the compute efficiency is the tokens curve times an outputs (keys seen x "
-                           "heads: the query rows x heads of these context-free rows) and a depth (head "
-                           "dimension) factor, fitted with it by alternating medians in log space "
-                           "(calibration/fit.py::fit_shaped)")
+SHAPED_ATTENTION_METHOD = _shaped_method("keys seen x heads: the query rows x heads of these context-free "
+                                         "rows", "head dimension")
 """What the prefill-attention family's method adds: its shape factors."""
 
 

@@ -201,22 +201,21 @@ class OperatorEfficiency(FrozenModel):
         """Compute efficiency of one kernel: the tokens curve, times the outputs and depth factors
         where the class has them and the caller knows the GEMM's m x n and k (a GEMM of unknown
         shape, such as a fused MoE priced by the GEMM curves, takes factor 1: the best shapes)."""
-        eff = self.compute.at(tokens)
+        return self._times_factors(self.compute.at(tokens), outputs, depth)
+
+    def shape_factor(self, outputs: float, depth: float) -> float:
+        """The outputs and depth factors alone (1.0 where the class has neither): what a kernel
+        whose tokens curve is read per piece (prefill attention's chunks) multiplies it by."""
+        return self._times_factors(1.0, outputs, depth)
+
+    def _times_factors(self, eff: float, outputs: float | None, depth: float | None) -> float:
+        """``eff`` times each factor the class has and the caller gives a position for, in that
+        order (so a GEMM's efficiency is the same float whichever method asked)."""
         if outputs is not None and self.outputs is not None:
             eff *= self.outputs.at(outputs)
         if depth is not None and self.depth is not None:
             eff *= self.depth.at(depth)
         return eff
-
-    def shape_factor(self, outputs: float, depth: float) -> float:
-        """The outputs and depth factors alone (1.0 where the class has neither): what a kernel
-        whose tokens curve is read per piece (prefill attention's chunks) multiplies it by."""
-        factor = 1.0
-        if self.outputs is not None:
-            factor *= self.outputs.at(outputs)
-        if self.depth is not None:
-            factor *= self.depth.at(depth)
-        return factor
 
     def compute_many(self, tokens: np.ndarray, outputs: np.ndarray | None = None,
                      depth: np.ndarray | None = None) -> np.ndarray:
