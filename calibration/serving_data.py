@@ -105,6 +105,12 @@ class ServingRow:
     """Disaggregated: the row's ``prefill_batch_size`` (requests per prefill rank), when recorded."""
     decode_batch: int | None = None
     """Disaggregated: the row's ``decode_batch_size`` (requests per decode rank), when recorded."""
+    length_spread: float = 0.0
+    """Half-width of the replay's output lengths as a fraction of ``osl`` (0: every request
+    generates exactly ``osl`` tokens, as the benchmark asked). A deterministic replay of fixed
+    lengths can hold its clients in exact lock-step for ever (a prefill-first scheduler finishes a
+    whole round in one step); a spread of a few per cent breaks that, as an experiment on what the
+    measurements say about phase (README, Calibration: "Lock-step")."""
 
     def deployment(self) -> dict[str, Any]:
         """The ``deployment`` section: one worker's parallelism, or the two groups of a
@@ -148,13 +154,21 @@ class ServingRow:
         """The KV cache dtype the replay assumes (AIConfigurator's, from the checkpoint)."""
         return kv_cache_dtype(self.hf_model, self.engine, self.precision)
 
+    def output_spread(self) -> int:
+        """Tokens each side of ``osl`` the replay's output lengths spread over (at least one when
+        ``length_spread`` is set, never as many as ``osl``)."""
+        if self.length_spread <= 0:
+            return 0
+        return min(self.osl - 1, max(1, round(self.osl * self.length_spread)))
+
     def document(self, requests_per_client: int,
                  engine_knobs: dict[str, Any] | None = None) -> dict[str, Any]:
         """The experiment replaying this row: ``concurrency`` closed-loop clients, each sending
         ``requests_per_client`` requests of ``isl`` + ``osl`` tokens."""
         # Benchmark prompts are random tokens: no prefix is ever shared, so the prefix cache (on in
         # every engine here) would only cost simulation time.
-        deployment: dict[str, Any] = {**self.deployment(), "max_model_len": self.isl + self.osl,
+        spread = self.output_spread()
+        deployment: dict[str, Any] = {**self.deployment(), "max_model_len": self.isl + self.osl + spread,
                                       "enable_prefix_caching": False}
         flags, knobs = self.engine_flags()
         version = self.engine_version()
@@ -170,7 +184,8 @@ class ServingRow:
             "workload": {"arrival": {"process": "closed", "concurrency": self.concurrency},
                          "num_requests": self.concurrency * requests_per_client,
                          "prompt": {"dist": "fixed", "value": self.isl},
-                         "output": {"dist": "fixed", "value": self.osl}},
+                         "output": ({"dist": "uniform", "low": self.osl - spread, "high": self.osl + spread}
+                                    if spread else {"dist": "fixed", "value": self.osl})},
             "output": "summary"}
 
 

@@ -398,11 +398,21 @@ def write_outputs(out: Path, rows: pd.DataFrame, summary: pd.DataFrame, skipped:
         chart(rows, title, out / "serving.html")
 
 
+def read_with_spread(path: Path, length_spread: float) -> ServingFile:
+    """The serving file, its rows replayed with output lengths spread by ``length_spread``
+    (:attr:`ServingRow.length_spread`)."""
+    data = read_serving_file(path)
+    if length_spread:
+        data.rows = [replace(r, length_spread=length_spread) for r in data.rows]
+    return data
+
+
 def validate_serving(path: Path, out: Path | None = None, workers: int = 1, warmup: int = WARMUP,
-                     measured: int = MEASURED) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                     measured: int = MEASURED, length_spread: float = 0.0,
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Predicted vs measured for every expressible row of ``path``, with the engines as shipped:
     (rows, summary, skipped rows with reasons)."""
-    data = read_serving_file(path)
+    data = read_with_spread(path, length_spread)
     traced = trace_rows(data.rows, warmup, measured, workers)
     coefficients = {t.row.row: shipped_coefficients(t.row.engine, HARDWARE[t.row.gpu]) for t in traced}
     simulated = simulate_rows(traced, coefficients, warmup, measured, workers)
@@ -424,18 +434,22 @@ class ServingFit:
     lomo_summary: pd.DataFrame
     skipped: pd.DataFrame
     rows_used: dict[str, int]
+    length_spread: float = 0.0
+    """The output-length spread the rows were replayed with (:attr:`ServingRow.length_spread`)."""
 
 
 def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: int = MEASURED,
                 engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
                 params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS,
-                front_end: bool = True) -> ServingFit:
+                front_end: bool = True, length_spread: float = 0.0) -> ServingFit:
     """Each engine's CPU coefficients (and front-end latency) fitted to its rows of ``path``, and
     the leave-one-model-out error of that fit."""
-    data = read_serving_file(path)
+    data = read_with_spread(path, length_spread)
     traced = trace_rows([r for r in data.rows if r.engine in engines], warmup, measured, workers)
-    return fit_traced(data, traced, workers, warmup, measured, engines, params, metrics,
-                      front_end=front_end)
+    result = fit_traced(data, traced, workers, warmup, measured, engines, params, metrics,
+                        front_end=front_end)
+    result.length_spread = length_spread
+    return result
 
 
 def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, warmup: int = WARMUP,
@@ -517,6 +531,8 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
             front += (f"; the disaggregated hand-off latency per request fitted last to the mean TTFT "
                       f"of its disaggregated rows at <= {HANDOFF_MAX_CONCURRENCY} clients "
                       f"({c.handoff_s * 1e3:.0f} ms, 0-300 ms grid)")
+        spread = (f"; each row replayed with output lengths uniform within +/-{result.length_spread:.1%} of "
+                  f"its OSL (--length-spread)" if result.length_spread else "")
         provenance = (f"fitted {date} by servesim calibrate fit-serving to the mean TPOT of "
                       f"{result.rows_used[engine]} measured closed-loop deployments of {source} "
                       f"(single-group rows deployed with the flags of AIConfigurator's generator rules, "
@@ -525,7 +541,7 @@ def write_engine_fits(result: ServingFit, source: str, out_dir: Path, date: str 
                       f"schedules asynchronously and serial where it does not (vLLM before 0.14); "
                       f"{serial}; with the kernels fixed, it also "
                       f"absorbs what the kernels' prices miss end to end, so it is an effective cost)"
-                      f"{front}; leave-one-model-out median APE by GPU: {errors or 'n/a'}")
+                      f"{front}{spread}; leave-one-model-out median APE by GPU: {errors or 'n/a'}")
         path = Path(out_dir) / f"{engine}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, runtime_profile_yaml(engine, c, provenance))

@@ -58,6 +58,9 @@ def test_step_human_output_explains_the_step() -> None:
      "kernel does; use --act-dtype fp8 (W8A8) or bf16 (weight-only)"),
     (["step", "--decode-batch", "1000", "--decode-context", "4000"], "error: batch: holds"),
     (["step", "--kv-dtype", "fp6", "--decode-batch", "1"], "error: --kv-dtype: unknown dtype 'fp6'"),
+    (["calibrate", "fit-serving", "rows.csv", "--length-spread", "0.5"],
+     "error: --length-spread: 0.5 is not a fraction in [0, 0.5); use e.g. 0.02, or 0 for exactly each "
+     "row's OSL"),
 ])
 def test_user_mistakes_get_one_line_and_exit_2(args: list[str], message: str) -> None:
     run = servesim(*args)

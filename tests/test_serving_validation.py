@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from servesim.calibration.engine_fit import loss, weighted_mean
-from servesim.calibration.replay import Coefficients
+from servesim.calibration.replay import TRACE_FRONTEND_S, ZERO_CPU, Coefficients, simulate_document
 from servesim.calibration.serving_data import ServingRow, read_serving_file
 from servesim.calibration.serving_validate import fit_serving, round_weights, trace_rows, validate_serving
 from servesim.calibration.stacked_means import StackedMeans
@@ -378,3 +378,61 @@ def test_fit_serving_writes_profiles_that_name_their_source(serving_file: Path, 
     assert f"measured closed-loop deployments of {source} (single-group" in costs["provenance"]
     assert costs["fixed_s"] == pytest.approx(TRUTH.fixed_s, rel=0.03)
     assert costs["per_seq_s"] == pytest.approx(TRUTH.per_seq_s, rel=0.03)
+
+
+def sglang_row(isl: int, osl: int) -> ServingRow:
+    """An SGLang 0.5.9 row of Llama-3.1-8B on one H100 at 4 clients."""
+    return ServingRow(row=1, engine="sglang", model="llama-3.1-8b",
+                      hf_model="meta-llama/Llama-3.1-8B-Instruct", gpu="h100_sxm", tp=1, precision="bf16",
+                      isl=isl, osl=osl, concurrency=4, ttft_s=1.0, tpot_s=0.1, version="0.5.9")
+
+
+def test_a_length_spread_replays_output_lengths_around_the_osl() -> None:
+    """``length_spread`` draws each request's output length uniformly within +/- that fraction of
+    the OSL (rounded, at least one token) and makes room for the longest in ``max_model_len``;
+    0 keeps every request at exactly the OSL."""
+    row = sglang_row(isl=1000, osl=1000)
+    assert row.document(2)["workload"]["output"] == {"dist": "fixed", "value": 1000}
+    assert row.document(2)["deployment"]["max_model_len"] == 2000
+    spread = replace(row, length_spread=0.02).document(2)
+    assert spread["workload"]["output"] == {"dist": "uniform", "low": 980, "high": 1020}
+    assert spread["deployment"]["max_model_len"] == 2020
+    assert replace(row, length_spread=1e-6).output_spread() == 1
+    assert replace(row, osl=2, length_spread=0.4).output_spread() == 1  # never a zero-token output
+
+
+def test_a_length_spread_breaks_a_prefill_first_lock_step() -> None:
+    """SGLang runs every waiting prompt before any decode, so fixed lengths finish a whole round of
+    closed-loop clients in one step and send the next round at one instant, for ever: every later
+    round repeats the first (the same TTFTs). With output lengths spread by 5% the clients finish
+    in different steps, their next prompts arrive apart and wait behind fewer others."""
+    row = sglang_row(isl=4000, osl=64)
+    knobs = {**ZERO_CPU, "frontend_latency_s": TRACE_FRONTEND_S}
+
+    def rounds(r: ServingRow) -> tuple[np.ndarray, np.ndarray]:
+        requests = simulate_document(r.document(6, knobs)).requests
+        ttft = (requests["first_token_s"] - requests["arrival_s"]).to_numpy().reshape(6, 4)
+        return ttft, requests["arrival_s"].to_numpy().reshape(6, 4)
+
+    locked_ttft, locked_arrivals = rounds(row)
+    assert np.ptp(locked_arrivals[1:], axis=1).max() < 1e-9  # each later round sent at one instant
+    for later in locked_ttft[1:]:
+        np.testing.assert_allclose(np.sort(later), np.sort(locked_ttft[1]), rtol=1e-9)
+    spread_ttft, spread_arrivals = rounds(replace(row, length_spread=0.05))
+    assert np.ptp(spread_arrivals[2:], axis=1).min() > 0.0
+    assert spread_ttft[2:].mean() < 0.8 * locked_ttft[2:].mean()
+
+
+def test_fit_serving_names_its_length_spread(serving_file: Path, tmp_path: Path) -> None:
+    """``--length-spread 0.02`` reaches the profiles' provenance (a bad spread: tests/test_cli.py)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from servesim.cli.app import build_app
+
+    app, out = build_app("calibrate"), tmp_path / "engines"
+    done = CliRunner().invoke(app, ["calibrate", "fit-serving", str(serving_file), "--out-dir", str(out),
+                                    "--length-spread", "0.02"])
+    assert done.exit_code == 0, done.output
+    provenance = yaml.safe_load((out / "trtllm.yaml").read_text())["cpu_costs"]["default"]["provenance"]
+    assert "output lengths uniform within +/-2.0% of its OSL (--length-spread)" in provenance

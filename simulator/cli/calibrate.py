@@ -123,17 +123,31 @@ def validate_serving_command(
                                         "serving_skipped.csv and serving.html")] = None,
     workers: Annotated[int, Opt(help="Processes that replay rows")] = 1,
     measured: Annotated[int, Opt(help="Measured requests per client (after one warm-up request)")] = 3,
+    length_spread: Annotated[float, Opt(help="Replay output lengths uniform within +/- this fraction of "
+                                               "each row's OSL (default 0: exactly the OSL; 0.02 breaks "
+                                               "the replay's lock-step, see README Calibration)")] = 0.0,
 ) -> None:
     """Replay every measured deployment the simulator can express; predicted vs measured TTFT and
     TPOT per engine and GPU, and every other row counted by reason."""
     from servesim.calibration.serving_validate import validate_serving
 
-    _, summary, skipped = validate_serving(path, out, workers=workers, measured=measured)
+    _check_spread(length_spread)
+    _, summary, skipped = validate_serving(path, out, workers=workers, measured=measured,
+                                           length_spread=length_spread)
     _print(summary, f"{path.name}: absolute % error of mean TTFT and TPOT, engines as shipped")
     _print_skipped(skipped)
     if out:
         _console.print(f"wrote {out}/serving_rows.csv, serving_summary.csv, serving_skipped.csv, "
                        "serving.html")
+
+
+def _check_spread(length_spread: float) -> None:
+    """A spread outside [0, 0.5) is one line, not a replay of impossible lengths."""
+    from servesim.errors import ServesimError
+
+    if not 0.0 <= length_spread < 0.5:
+        raise ServesimError("--length-spread", f"{length_spread} is not a fraction in [0, 0.5)",
+                            "use e.g. 0.02, or 0 for exactly each row's OSL")
 
 
 def _print_skipped(skipped: pd.DataFrame) -> None:
@@ -152,13 +166,17 @@ def fit_serving_command(
     measured: Annotated[int, Opt(help="Measured requests per client (after one warm-up request)")] = 3,
     source: Annotated[str | None, Opt(help="How the profiles' provenance names the file (default: its "
                                            "name), e.g. with the commit it was taken from")] = None,
+    length_spread: Annotated[float, Opt(help="Replay output lengths uniform within +/- this fraction of "
+                                               "each row's OSL (default 0: exactly the OSL; 0.02 breaks "
+                                               "the replay's lock-step, see README Calibration)")] = 0.0,
 ) -> None:
     """Fit each engine's CPU time per step to the measured deployments; report the
     leave-one-model-out error and write the engines' runtime profiles."""
     from servesim.calibration.serving_validate import fit_serving, write_engine_fits, write_outputs
     from servesim.resources import configs_dir
 
-    result = fit_serving(path, workers=workers, measured=measured)
+    _check_spread(length_spread)
+    result = fit_serving(path, workers=workers, measured=measured, length_spread=length_spread)
     for engine, c in result.coefficients.items():
         _console.print(f"{engine}: overlapped {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us "
                        f"per sequence; serial {c.serial_fixed_s * 1e6:.0f} us per step + "
