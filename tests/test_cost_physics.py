@@ -224,6 +224,20 @@ def test_mla_decode_reads_the_latent_cache() -> None:
     assert nbytes == 61 * ((4 * 1024 + 4) * latent + qo)
 
 
+def test_mla_down_projections_run_as_one_gemm() -> None:
+    """vLLM's and SGLang's ``fused_qkv_a_proj`` (TensorRT-LLM's fused A projection): ``q_a``
+    (7,168 -> 1,536) and ``kv_a`` (7,168 -> 576) read one input in one GEMM, so a decode step's
+    projections are three GEMMs per layer, the fused one, ``q_b`` (1,536 -> 16 local heads x 192)
+    and ``kv_b`` (512 -> 16 x 256); bf16 bytes: each GEMM's weights, its input and its output
+    (the hidden state is read once, not twice)."""
+    cost = CostModel(load_model("deepseek-v3"), load_hardware("h200-sxm-141gb").ideal(), tp=8,
+                     runtime=KERNELS)
+    step = cost.step(BatchShape.decode(4, 1023))
+    shapes = [(7168, 1536 + 576), (1536, 16 * 192), (512, 16 * 256)]
+    assert op(step, "qkv_proj") == (61 * sum(2 * 4 * k * n for k, n in shapes),
+                                    61 * sum(2 * (k * n + 4 * k + 4 * n) for k, n in shapes))
+
+
 def test_moe_decode_reads_only_the_routed_experts() -> None:
     mixtral = load_model("mixtral-8x7b")
     ideal = load_hardware("h100-sxm-80gb").ideal()

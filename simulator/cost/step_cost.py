@@ -18,7 +18,9 @@ vLLM-style engines run TP all-reduces between the layer's kernels, not under the
 Sharding (Megatron-style, as vLLM does it): QKV/gate/up are split by output columns, O/down by
 input rows; KV heads are split across GPUs (replicated when there are fewer KV heads than GPUs);
 the vocabulary is split for the embedding and the LM head; norms, MLA's down-projections
-(``q_a``, ``kv_a``) and the MoE router are replicated. Routed experts are TP-sharded (every GPU
+(``q_a``, ``kv_a``) and the MoE router are replicated. MLA's two down-projections read the same
+input and run as one GEMM (vLLM's and SGLang's ``fused_qkv_a_proj``, TensorRT-LLM's fused A
+projection: one launch, one input read, one activation quantisation). Routed experts are TP-sharded (every GPU
 holds a 1/tp slice of every expert), vLLM's default without expert parallelism. Widths that TP
 does not divide are padded up (vLLM pads the vocabulary).
 
@@ -276,7 +278,9 @@ class CostModel:
             window=m.sliding_window)
 
     def _attention_projection_shapes(self) -> list[tuple[int, int]]:
-        """(K, N) of each attention input projection on one GPU."""
+        """(K, N) of each attention input projection on one GPU (MLA: ``q_a`` and ``kv_a`` fused
+        into one, see the module docstring; a model without ``q_lora_rank`` projects its queries
+        straight from the hidden state, beside ``kv_a``)."""
         m, tp, h = self.model, self.tp, self.model.hidden_size
         heads = m.num_heads // tp
         if m.mla is None:
@@ -284,10 +288,11 @@ class CostModel:
             return [(h, (heads + 2 * kv_heads) * m.head_dim)]
         a = m.mla
         q_width = heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
-        shapes = ([(h, a.q_lora_rank), (a.q_lora_rank, q_width)] if a.q_lora_rank
-                  else [(h, q_width)])
-        shapes += [(h, a.cache_width), (a.kv_lora_rank, self._mla_kv_up_width)]
-        return shapes
+        if a.q_lora_rank:
+            shapes = [(h, a.q_lora_rank + a.cache_width), (a.q_lora_rank, q_width)]
+        else:
+            shapes = [(h, q_width), (h, a.cache_width)]
+        return [*shapes, (a.kv_lora_rank, self._mla_kv_up_width)]
 
     @property
     def _mla_kv_up_width(self) -> int:
