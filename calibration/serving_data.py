@@ -110,7 +110,7 @@ class ServingRow:
     generates exactly ``osl`` tokens, as the benchmark asked). A deterministic replay of fixed
     lengths can hold its clients in exact lock-step for ever (a prefill-first scheduler finishes a
     whole round in one step); a spread of a few per cent breaks that, as an experiment on what the
-    measurements say about phase (README, Calibration: "Lock-step")."""
+    measurements say about phase (README, Calibration: "Lock-step, an open question")."""
 
     def deployment(self) -> dict[str, Any]:
         """The ``deployment`` section: one worker's parallelism, or the two groups of a
