@@ -107,6 +107,24 @@ def _flag(config: dict[str, Any], key: str, where: str, default: bool) -> bool:
     return value
 
 
+QK_NORM_TYPES = {"per_head": False, "per_layer": True}
+"""``qk_norm_type`` (MiniMax-M2's config.json) -> whether the norm spans all heads."""
+
+
+def _qk_norm(config: dict[str, Any], model_type: str, where: str) -> tuple[bool, bool]:
+    """(has a QK-norm with weights, spans all heads): the families that always have one per head
+    (Qwen3, Gemma 3), or a config that names its ``qk_norm_type`` (MiniMax-M2) and sets
+    ``use_qk_norm``. Llama 4's ``use_qk_norm`` is a weightless L2 norm per head, not priced."""
+    if "qk_norm_type" not in config:
+        return model_type in QK_NORM_FAMILIES, False
+    used = _flag(config, "use_qk_norm", where, True)
+    kind = config["qk_norm_type"]
+    if kind not in QK_NORM_TYPES:
+        raise ServesimError(f"{where}: qk_norm_type", f"unknown QK-norm type {kind!r}",
+                            "use per_head (one norm per head) or per_layer (one over all heads)")
+    return used, used and QK_NORM_TYPES[kind]
+
+
 def _extension(config: dict[str, Any], where: str) -> dict[str, Any]:
     """servesim's own block in a config.json (``_servesim: {gated_mlp, source}``)."""
     extra = config.get("_servesim")
@@ -257,6 +275,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
                             "give how many consecutive layers share one KV cache (2 halves it)")
     gpt_oss = model_type == "gpt_oss"
     attention_bias = _flag(config, "attention_bias", where, model_type == "qwen2")
+    qk_norm, qk_norm_across_heads = _qk_norm(config, model_type, where)
     return ModelSpec(
         name=name, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, intermediate_size=dense_intermediate, vocab_size=vocab,
@@ -267,7 +286,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         source=str(extra.get("source", "")), layer_types=kinds,
         attention_chunk_size=chunk, kv_sharing=sharing,
         attention_output_bias=gpt_oss and attention_bias,
-        attention_sinks=gpt_oss, qk_norm=model_type in QK_NORM_FAMILIES,
+        attention_sinks=gpt_oss, qk_norm=qk_norm, qk_norm_across_heads=qk_norm_across_heads,
         norms_per_layer=4 if model_type in SANDWICH_NORM_FAMILIES else 2, expert_bias=gpt_oss,
         mtp_layers=_optional_int(config, "num_nextn_predict_layers", where) or 0,
     )

@@ -93,6 +93,12 @@ class ModelSpec:
     """One learned sink logit per head and layer (gpt-oss): parameters, no measurable cost."""
     qk_norm: bool = False
     """RMSNorm over each query and key head (Qwen3, Gemma 3): ``2 x head_dim`` weights per layer."""
+    qk_norm_across_heads: bool = False
+    """The QK-norm spans all heads at once (MiniMax-M2's ``qk_norm_type: per_layer``: one RMS over
+    each token's whole query, one over its whole key, a weight per element). Under tensor
+    parallelism each GPU holds only its heads, so every layer all-reduces the two sums of squares
+    before it can normalise (vLLM and SGLang run one fused all-reduce per layer for both; vLLM
+    PR 31493, SGLang PR 14416): a latency-bound collective the cost model prices per layer."""
     norms_per_layer: int = 2
     """Gemma 3 normalises before and after both attention and MLP: 4."""
     expert_bias: bool = False
@@ -194,8 +200,17 @@ class ModelSpec:
         qkv_width = (nh + 2 * self.num_kv_heads) * self.head_dim
         bias = qkv_width if self.attention_bias else 0
         extras = (h if self.attention_output_bias else 0) + (nh if self.attention_sinks else 0) \
-            + (2 * self.head_dim if self.qk_norm else 0)
+            + self._qk_norm_params()
         return h * qkv_width + bias + nh * self.head_dim * h + extras
+
+    def _qk_norm_params(self) -> int:
+        """The QK-norm's weights per layer: one head's width each for queries and keys, or every
+        head's element when the norm spans all heads."""
+        if not self.qk_norm:
+            return 0
+        if self.qk_norm_across_heads:
+            return (self.num_heads + self.num_kv_heads) * self.head_dim
+        return 2 * self.head_dim
 
     def _mlp_params(self, intermediate: int) -> int:
         matrices = 3 if self.gated_mlp else 2

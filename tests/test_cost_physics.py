@@ -19,7 +19,8 @@ from servesim import (
     load_hardware,
 )
 from servesim.cost import causal_pairs, ring_allgather_s, ring_allreduce_s
-from servesim.engines import RuntimeCosts
+from servesim.cost.communication import allgather_s, allreduce_s
+from servesim.engines import RuntimeCosts, make_engine
 from servesim.model_config import load_model, model_from_hf_config
 
 KERNELS = RuntimeCosts.none()
@@ -262,6 +263,21 @@ def test_tensor_parallel_communication_by_hand(llama3_8b: ModelSpec) -> None:
     gather = ring_allgather_s(tokens * 128_256 * 2, tp, link)
     assert step.breakdown["communication"] == pytest.approx((2 * 32 + 1) * one + gather)
     assert CostModel(llama3_8b, h100).step(BatchShape.decode(tokens, 100)).breakdown["communication"] == 0
+
+
+def test_a_qk_norm_over_all_heads_all_reduces_its_statistics_every_layer() -> None:
+    """MiniMax-M2 at TP 2: each layer's QK-norm spans heads on both GPUs, so besides the two
+    residual all-reduces per layer (and the embedding's) it all-reduces each token's two fp32 sums
+    of squares, once per layer (vLLM's fused q and k reduction); one GPU reduces nothing."""
+    b200 = load_hardware("b200")
+    model, tokens = load_model("minimax-m2.5"), 4
+    runtime = make_engine("vllm", {}).runtime(b200.name)
+    step = CostModel(model, b200, tp=2, runtime=runtime).step(BatchShape.decode(tokens, 1500))
+    residual = allreduce_s(tokens * 3072 * 2, 2, runtime, b200)
+    norms = allreduce_s(tokens * 2 * 4, 2, runtime, b200)
+    gather = allgather_s(tokens * 200_064 * 2, 2, runtime, b200)
+    assert step.breakdown["communication"] == pytest.approx((2 * 62 + 1) * residual + 62 * norms + gather)
+    assert 62 * norms > 0.1e-3  # latency-bound: a tenth of a millisecond or more per step
 
 
 def test_tensor_parallel_shards_weight_reads(textbook_a100: HardwareProfile) -> None:

@@ -129,6 +129,30 @@ def test_unknown_layer_types_are_one_line() -> None:
         model_from_hf_config(config, "x", "m")
 
 
+def test_a_qk_norm_over_all_heads_has_a_weight_per_element_and_unknown_types_are_one_line() -> None:
+    """MiniMax-M2's ``qk_norm_type: per_layer`` normalises each token's whole query and key: a
+    weight for every element of the 48 query and 8 key heads of 128, in each of 62 layers."""
+    minimax = load_model("minimax-m2.5")
+    assert minimax.qk_norm and minimax.qk_norm_across_heads
+    plain = model_from_hf_config({**minimax_config(), "use_qk_norm": False}, "no-norm")
+    assert not plain.qk_norm and minimax.param_count - plain.param_count == 62 * (48 + 8) * 128
+    per_head = model_from_hf_config({**minimax_config(), "qk_norm_type": "per_head"}, "per-head")
+    assert per_head.qk_norm and not per_head.qk_norm_across_heads
+    assert minimax.param_count - per_head.param_count == 62 * ((48 + 8) * 128 - 2 * 128)
+    with pytest.raises(ServesimError, match=r"^m: qk_norm_type: unknown QK-norm type 'per_token'; use "):
+        model_from_hf_config({**minimax_config(), "qk_norm_type": "per_token"}, "x", "m")
+
+
+def minimax_config() -> dict:
+    import json
+
+    from servesim.resources import configs_dir
+
+    config = json.loads((configs_dir() / "models" / "minimax-m2.5.json").read_text())
+    config.pop("_servesim")
+    return config
+
+
 # ---------------------------------------------------------------------- attention kinds cost what they read
 def test_chunked_attention_pairs_by_hand() -> None:
     # chunk 4: positions 0..9 see 1,2,3,4, 1,2,3,4, 1,2 keys: 10 + 10 + 3 = 23

@@ -51,8 +51,10 @@ class EngineRuntime:
         self.runtime = runtime
         self.layers = model.num_layers
         self._kernels = kernels_per_step(model, len(attention_gemms))
-        self._collectives = (2 * model.num_layers + 2) if tp > 1 else 0
-        """Two residual all-reduces per layer, the embedding's and the logits gather."""
+        per_layer = 3 if model.qk_norm_across_heads else 2
+        self._collectives = (per_layer * model.num_layers + 2) if tp > 1 else 0
+        """Two residual all-reduces per layer (three with a QK-norm over all heads), the
+        embedding's and the logits gather."""
         eager_call = hardware.collectives.eager_call_s if hardware.collectives is not None else 0.0
         self._eager_collectives_s = self._collectives * eager_call
 

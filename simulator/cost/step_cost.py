@@ -71,6 +71,8 @@ BREAKDOWN_KEYS = ("embedding", "qkv_proj", "attn_prefill", "attn_decode", "o_pro
 IO_BYTES = 2.0
 """Bytes per element of the residual stream, GEMM outputs, elementwise kernels and TP collectives:
 16-bit whatever the GEMM precision (FP8 GEMMs quantise their input on the fly and write bf16)."""
+FP32_BYTES = 4.0
+"""A QK-norm's sums of squares travel in fp32 (:meth:`CostModel._communication_s`)."""
 
 
 BOUNDS = ("compute", "memory", "communication", "overhead")
@@ -648,7 +650,9 @@ class CostModel:
 
     def _communication_s(self, tokens: float, logits: float) -> float:
         """TP collectives: two all-reduces of the residual stream per layer, one after the
-        vocabulary-parallel embedding, and the all-gather of the logits."""
+        vocabulary-parallel embedding, and the all-gather of the logits; with a QK-norm over all
+        heads (:attr:`ModelSpec.qk_norm_across_heads`), one more per layer of each token's two
+        fp32 sums of squares."""
         if self._experts is not None and not self.shares_experts and self._sparse:
             # expert parallelism inside one TP group: no dispatch (every GPU holds every token),
             # the MoE output's all-reduce combines the experts' partial sums as before
@@ -660,12 +664,17 @@ class CostModel:
         link, m, stage = self.hardware.interconnect, self.model, self.stage
         residual = tokens * m.hidden_size * IO_BYTES
         reduces = 2 * self._layers + (1 if stage.first else 0)
+        norm_reduces = self._layers if m.qk_norm_across_heads else 0
+        norm_stats = tokens * 2 * FP32_BYTES
         if self.runtime.allreduce == "ring" and domains_spanned(self.tp, self.hardware) is None:
             gather = ring_allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, link) if stage.last else 0.0
-            return reduces * ring_allreduce_s(residual, self.tp, link) + gather + extra
+            norms = norm_reduces * ring_allreduce_s(norm_stats, self.tp, link) if norm_reduces else 0.0
+            return reduces * ring_allreduce_s(residual, self.tp, link) + norms + gather + extra
         gather = allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, self.runtime, self.hardware) \
             if stage.last else 0.0
-        return reduces * allreduce_s(residual, self.tp, self.runtime, self.hardware) + gather + extra
+        norms = (norm_reduces * allreduce_s(norm_stats, self.tp, self.runtime, self.hardware)
+                 if norm_reduces else 0.0)
+        return reduces * allreduce_s(residual, self.tp, self.runtime, self.hardware) + norms + gather + extra
 
     def _assemble(self, ops: list[OpCost], comm_s: float, total: float,
                   step_overhead: float | None = None) -> StepCost:
