@@ -435,7 +435,8 @@ class ServingFit:
     skipped: pd.DataFrame
     rows_used: dict[str, int]
     length_spread: float = 0.0
-    """The output-length spread the rows were replayed with (:attr:`ServingRow.length_spread`)."""
+    """The output-length spread the rows were replayed with (:attr:`ServingRow.length_spread`),
+    read from the traced rows, so every caller of :func:`fit_traced` gets it in the provenance."""
 
 
 def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: int = MEASURED,
@@ -446,10 +447,8 @@ def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: in
     the leave-one-model-out error of that fit."""
     data = read_with_spread(path, length_spread)
     traced = trace_rows([r for r in data.rows if r.engine in engines], warmup, measured, workers)
-    result = fit_traced(data, traced, workers, warmup, measured, engines, params, metrics,
-                        front_end=front_end)
-    result.length_spread = length_spread
-    return result
+    return fit_traced(data, traced, workers, warmup, measured, engines, params, metrics,
+                      front_end=front_end)
 
 
 def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, warmup: int = WARMUP,
@@ -492,7 +491,8 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
     rows = prediction_rows([t for t in traced if t.row.row in lomo], lomo, warmup, "leave-one-model-out",
                            simulated)
     return ServingFit(fitted, rows, summarise(rows, data.total - data.duplicates),
-                      skipped_table(data, traced), used)
+                      skipped_table(data, traced), used,
+                      length_spread=max((t.row.length_spread for t in traced), default=0.0))
 
 
 def runtime_profile_yaml(engine: str, c: Coefficients, provenance: str) -> str:

@@ -662,19 +662,21 @@ class CostModel:
         if self.tp == 1:
             return extra
         link, m, stage = self.hardware.interconnect, self.model, self.stage
-        residual = tokens * m.hidden_size * IO_BYTES
+        ring = self.runtime.allreduce == "ring" and domains_spanned(self.tp, self.hardware) is None
+
+        def all_reduce(nbytes: float) -> float:
+            if ring:
+                return ring_allreduce_s(nbytes, self.tp, link)
+            return allreduce_s(nbytes, self.tp, self.runtime, self.hardware)
+
+        gather = 0.0
+        if stage.last:
+            vocabulary = logits * m.vocab_size * IO_BYTES
+            gather = (ring_allgather_s(vocabulary, self.tp, link) if ring
+                      else allgather_s(vocabulary, self.tp, self.runtime, self.hardware))
         reduces = 2 * self._layers + (1 if stage.first else 0)
-        norm_reduces = self._layers if m.qk_norm_across_heads else 0
-        norm_stats = tokens * 2 * FP32_BYTES
-        if self.runtime.allreduce == "ring" and domains_spanned(self.tp, self.hardware) is None:
-            gather = ring_allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, link) if stage.last else 0.0
-            norms = norm_reduces * ring_allreduce_s(norm_stats, self.tp, link) if norm_reduces else 0.0
-            return reduces * ring_allreduce_s(residual, self.tp, link) + norms + gather + extra
-        gather = allgather_s(logits * m.vocab_size * IO_BYTES, self.tp, self.runtime, self.hardware) \
-            if stage.last else 0.0
-        norms = (norm_reduces * allreduce_s(norm_stats, self.tp, self.runtime, self.hardware)
-                 if norm_reduces else 0.0)
-        return reduces * allreduce_s(residual, self.tp, self.runtime, self.hardware) + norms + gather + extra
+        norms = self._layers * all_reduce(tokens * 2 * FP32_BYTES) if m.qk_norm_across_heads else 0.0
+        return reduces * all_reduce(tokens * m.hidden_size * IO_BYTES) + norms + gather + extra
 
     def _assemble(self, ops: list[OpCost], comm_s: float, total: float,
                   step_overhead: float | None = None) -> StepCost:
