@@ -4,7 +4,12 @@ Each row of such a file (``serving/aiconfigurator_silicon_dev.csv``, see its REA
 deployment of one engine, driven by closed-loop clients at a fixed concurrency (``silicon_
 concurrency=N`` inside ``silicon_data_source``) with fixed input and output lengths, and the
 measured TTFT and TPOT (milliseconds). Rows that repeat another row in every column but ``id``
-and ``silicon_data_source`` are the same measurement imported twice and are dropped first.
+and ``silicon_data_source`` are the same measurement imported twice and are dropped first; so are
+rows that repeat one in every column but those and ``model_path``, where both model names are of one
+architecture (the same catalogue model) and both sources give the same ``measured=`` day: the
+file holds 173 DeepSeek-V3 measurements a second time as DeepSeek-R1's, from another dump, with
+the very same TTFT and TPOT floats (:func:`alias_duplicates`). Each dropped row is listed
+with the reason, like every row that is not replayed.
 
 :func:`read_serving_file` turns every row the simulator can express into an experiment document
 (model, GPU, engine, parallelism, precision, closed-loop workload) and every other row into a
@@ -39,9 +44,12 @@ import numpy as np
 import pandas as pd
 
 from servesim.calibration.aic_flags import aggregated_flags, disaggregated_flags, kv_cache_dtype
+from servesim.dtypes import DType
 from servesim.engines import ENGINES as ENGINE_MODELS
 from servesim.errors import ServesimError
+from servesim.hardware_io import load_hardware
 from servesim.inputs.files import read_text
+from servesim.model_config import load_model
 
 REQUIRED = ("backend", "model_path", "system", "mode", "isl", "osl", "tp_size", "silicon_data_source",
             "silicon_ttft_ms", "silicon_tpot_ms")
@@ -65,6 +73,10 @@ precision columns say which); Kimi-K2.5's language model is Kimi-K2's (an assump
 vision encoder is not modelled, and these text prompts never run it)."""
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
+MEASURED_ON = re.compile(r"measured=([^;]*)")
+DUPLICATE = "repeats an earlier row's measurement (imported twice)"
+ALIAS = "repeats an earlier row's measurement under another name of the same architecture"
+"""The reasons a dropped duplicate is listed with (:func:`read_serving_file`)."""
 
 
 PRECISIONS = {"bf16": {"weights": "bf16", "activations": "bf16"},
@@ -196,13 +208,53 @@ class ServingFile:
     path: Path
     total: int
     duplicates: int
+    """Rows dropped as another row's measurement: imported twice, or under a second name of the
+    same architecture (:func:`alias_duplicates`, counted in ``aliases`` too)."""
     rows: list[ServingRow] = field(default_factory=list)
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)
+    aliases: int = 0
+    """Of ``duplicates``, those filed under another model name of the same architecture."""
 
     def skipped_by_reason(self) -> dict[str, int]:
         if self.skipped.empty:
             return {}
         return {str(k): int(v) for k, v in self.skipped["reason"].value_counts().items()}
+
+
+def alias_duplicates(raw: pd.DataFrame) -> np.ndarray:
+    """Per row of ``raw`` (exact repeats already dropped), whether it repeats an earlier row in
+    every column but ``id``, ``silicon_data_source`` and ``model_path``, with a model of the same
+    architecture (:data:`MODELS`; a model not in the catalogue is only itself) and the same
+    ``measured=`` day in its source (one dump keeps the time of day, the other truncates it to
+    midnight): one measurement filed under two names, kept once (the first)."""
+    key = raw.drop(columns=[*KEY_EXCLUDED, "model_path"])
+    key["architecture"] = raw["model_path"].map(lambda name: MODELS.get(name, name))
+    key["measured_on"] = raw["silicon_data_source"].map(
+        lambda source: (m.group(1).strip()[:10] if (m := MEASURED_ON.search(source)) else source))
+    return key.duplicated(keep="first").to_numpy()
+
+
+def beyond_peak(row: ServingRow) -> str | None:
+    """Why an aggregated row's measurement cannot have done the work its lengths say, or None.
+
+    A closed loop of ``c`` clients completes ``c / (TTFT + (osl - 1) TPOT)`` requests a second
+    (Little's law), each at least ``2 x matmul parameters x (isl + osl)`` FLOPs (attention left
+    out: a lower bound). When that is more than the deployment's GPUs can do at their dense peak
+    in the row's math format, the prompts cannot all have been computed (the benchmark must have
+    reused cached prefixes, which the replay of random prompts does not): the row is not
+    replayed, with this reason. Three TensorRT-LLM Qwen3-32B NVFP4 rows of the serving file (15,000
+    + 500 tokens at 416-448 clients) need 2.9-3.0 times the peak."""
+    if row.prefill is not None:
+        return None
+    spec, hardware = load_model(row.model), load_hardware(HARDWARE[row.gpu])
+    peak = hardware.peak(DType(PRECISIONS[row.precision]["activations"]))
+    per_second = row.concurrency / (row.ttft_s + (row.osl - 1) * row.tpot_s)
+    needed = per_second * 2.0 * spec.matmul_params_per_token * (row.isl + row.osl)
+    share = needed / (row.tp * row.pp * row.dp * peak)
+    if share <= 1.0:
+        return None
+    return ("measured throughput exceeds the GPUs' dense peak compute for its prompt and output tokens "
+            "(cached prefixes reused?)")
 
 
 def _number(value: Any) -> float:
@@ -287,9 +339,16 @@ def read_serving_file(path: Path) -> ServingFile:
                             "give a file in AIConfigurator's silicon CSV format (see serving/README.md)")
     raw.index = np.arange(1, len(raw) + 1)
     key = [c for c in raw.columns if c not in KEY_EXCLUDED]
-    unique = raw[~raw.duplicated(subset=key, keep="first")]
-    out = ServingFile(path, total=len(raw), duplicates=len(raw) - len(unique))
-    skipped = []
+    repeated = raw.duplicated(subset=key, keep="first").to_numpy()
+    exact = raw[~repeated]
+    aliased = alias_duplicates(exact)
+    unique = exact[~aliased]
+    out = ServingFile(path, total=len(raw), duplicates=len(raw) - len(unique),
+                      aliases=len(exact) - len(unique))
+    skipped = [{"row": int(line), "backend": row["backend"], "model": row["model_path"],
+                "system": row["system"], "reason": reason}
+               for rows, reason in ((raw[repeated], DUPLICATE), (exact[aliased], ALIAS))
+               for line, row in rows.iterrows()]
     lines = unique.index.to_numpy(dtype=np.int64)
     for position in range(len(unique)):
         line = int(lines[position])
@@ -302,7 +361,7 @@ def read_serving_file(path: Path) -> ServingFile:
         match = CONCURRENCY.search(str(row["silicon_data_source"]))
         assert match is not None
         disaggregated = str(row["mode"]) == "disagg"
-        out.rows.append(ServingRow(
+        serving = ServingRow(
             row=line, engine=ENGINES[str(row["backend"])], model=MODELS[str(row["model_path"])],
             hf_model=str(row["model_path"]), gpu=str(row["system"]), tp=_degree(row, "tp_size"),
             precision=precision_of(row),
@@ -313,6 +372,12 @@ def read_serving_file(path: Path) -> ServingFile:
             prefill=_group(row, "prefill") if disaggregated else None,
             decode=_group(row, "decode") if disaggregated else None,
             prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
-            decode_batch=_batch(row, "decode_batch_size") if disaggregated else None))
+            decode_batch=_batch(row, "decode_batch_size") if disaggregated else None)
+        beyond = beyond_peak(serving)
+        if beyond is not None:
+            skipped.append({"row": line, "backend": row["backend"], "model": row["model_path"],
+                            "system": row["system"], "reason": beyond})
+            continue
+        out.rows.append(serving)
     out.skipped = pd.DataFrame(skipped, columns=["row", "backend", "model", "system", "reason"])
     return out

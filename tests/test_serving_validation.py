@@ -93,7 +93,8 @@ def test_every_row_is_replayed_or_counted_with_its_reason(serving_file: Path) ->
     assert data.skipped_by_reason() == {
         "disaggregated row without worker counts (AIConfigurator's own reader refuses these too)": 1,
         "fp4 on h100_sxm (no FP4 GEMMs)": 1, "GPU system mi355x has no profile": 1,
-        "model acme/Unknown-1B not in the catalogue": 1, "no client concurrency recorded": 1}
+        "model acme/Unknown-1B not in the catalogue": 1, "no client concurrency recorded": 1,
+        "repeats an earlier row's measurement (imported twice)": 1}
     row = data.rows[0]
     assert (row.model, row.tp, row.concurrency, row.isl, row.osl) == ("llama-3.1-8b", 1, 2, ISL, 12)
     document = row.document(4)
@@ -230,6 +231,51 @@ def test_a_file_in_another_format_is_one_line(tmp_path: Path) -> None:
     path.write_text("a,b\n1,2\n")
     with pytest.raises(ServesimError, match=r"missing column\(s\) backend, model_path"):
         read_serving_file(path)
+
+
+def write_lines(path: Path, lines: list[dict[str, Any]]) -> Path:
+    pd.DataFrame(lines, columns=COLUMNS).to_csv(path, index=False)
+    return path
+
+
+def test_one_measurement_filed_under_two_names_of_one_architecture_counts_once(tmp_path: Path) -> None:
+    """The serving file holds DeepSeek-V3 measurements a second time as DeepSeek-R1's (another
+    dump: the same day, its time of day kept instead of midnight, the same floats). Read once; the
+    same floats measured on two days, or another architecture's row with the same numbers, are kept."""
+    v3 = line("deepseek-ai/DeepSeek-V3", 8, 16, 402.452385154902, 9.5,
+              silicon_data_source="db-dump/2026-04-27; config_id=87; silicon_concurrency=16; "
+                                  "measured=2026-03-25T00:00:00.000Z")
+    r1 = dict(v3, id="r1", model_path="deepseek-ai/DeepSeek-R1",
+              silicon_data_source="source_file=2026-03-25.csv; model=DeepSeek-R1; silicon_concurrency=16; "
+                                  "measured=2026-03-25T16:34:14Z")
+    # the same floats under both names, but measured on two days: kept as two measurements
+    v3_day = dict(v3, id="v3-8", batch_size=8,
+                  silicon_data_source=v3["silicon_data_source"].replace("=16", "=8"))
+    next_day = r1["silicon_data_source"].replace("=16", "=8").replace("03-25T", "03-26T")
+    r1_next_day = dict(v3_day, id="r1-8", model_path="deepseek-ai/DeepSeek-R1", silicon_data_source=next_day)
+    qwen = dict(v3, id="qwen", model_path="Qwen/Qwen3-32B")
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [v3, r1, v3_day, r1_next_day, qwen]))
+    assert (data.total, data.duplicates, data.aliases) == (5, 1, 1)
+    assert data.skipped.to_dict("records") == [
+        {"row": 2, "backend": "trtllm", "model": "deepseek-ai/DeepSeek-R1", "system": "h100_sxm",
+         "reason": "repeats an earlier row's measurement under another name of the same architecture"}]
+    assert [(r.hf_model, r.concurrency) for r in data.rows] == [
+        ("deepseek-ai/DeepSeek-V3", 16), ("deepseek-ai/DeepSeek-V3", 8), ("deepseek-ai/DeepSeek-R1", 8),
+        ("Qwen/Qwen3-32B", 16)]
+
+
+def test_a_row_whose_throughput_exceeds_the_peak_is_listed_not_replayed(tmp_path: Path) -> None:
+    """Little's law: c clients, each request 50 ms to its first token and 100 more tokens at 9.5 ms,
+    complete c requests a second. Llama-3.1-8B multiplies 7,504,658,432 weights per token (32 x
+    (4096 x 6144 + 4096 x 4096 + 3 x 4096 x 14336) + 4096 x 128256), so 1,000 + 101 tokens are
+    at least 2 x 7,504,658,432 x 1,101 = 1.6525e13 FLOPs; one H100's bf16 dense peak (989.4
+    TFLOP/s) does 59.87 of them a second: 59 clients fit under it, 60 (1.002x) do not."""
+    rows = [line("meta-llama/Llama-3.1-8B-Instruct", 1, c, 50.0, 9.5, isl=1000, osl=101) for c in (59, 60)]
+    data = read_serving_file(write_lines(tmp_path / "s.csv", rows))
+    assert [r.concurrency for r in data.rows] == [59]
+    assert data.skipped_by_reason() == {
+        "measured throughput exceeds the GPUs' dense peak compute for its prompt and output tokens "
+        "(cached prefixes reused?)": 1}
 
 
 def test_the_first_round_weighs_one_twentieth_of_the_profiled_mean() -> None:
