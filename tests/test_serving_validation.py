@@ -195,7 +195,7 @@ def test_each_row_replays_the_engine_release_it_measured() -> None:
 
 def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Path) -> None:
     rows, summary, skipped = validate_serving(serving_file, tmp_path, measured=3)
-    assert len(rows) == 5 and len(skipped) == 6
+    assert len(rows) == 5 and len(skipped) == 7  # the duplicate is listed too
     assert list(rows["replay"]) == ["re-timed"] * 4 + ["simulated"]
     # the flags the replay assumed are in the rows: bf16 checkpoints keep a bf16 KV cache, an
     # aggregated TensorRT-LLM row's budget is its clients + ISL + 1500 in 32-token blocks
