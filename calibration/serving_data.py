@@ -345,10 +345,11 @@ def read_serving_file(path: Path) -> ServingFile:
     unique = exact[~aliased]
     out = ServingFile(path, total=len(raw), duplicates=len(raw) - len(unique),
                       aliases=len(exact) - len(unique))
-    skipped = [{"row": int(line), "backend": row["backend"], "model": row["model_path"],
-                "system": row["system"], "reason": reason}
+    skipped = [{"row": line, "backend": backend, "model": model, "system": system, "reason": reason}
                for rows, reason in ((raw[repeated], DUPLICATE), (exact[aliased], ALIAS))
-               for line, row in rows.iterrows()]
+               for line, backend, model, system in zip(rows.index.to_numpy(dtype=np.int64).tolist(),
+                                                       rows["backend"], rows["model_path"], rows["system"],
+                                                       strict=True)]
     lines = unique.index.to_numpy(dtype=np.int64)
     for position in range(len(unique)):
         line = int(lines[position])
