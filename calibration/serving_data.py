@@ -247,7 +247,10 @@ def beyond_peak(row: ServingRow) -> str | None:
     if row.prefill is not None:
         return None
     spec, hardware = load_model(row.model), load_hardware(HARDWARE[row.gpu])
-    peak = hardware.peak(DType(PRECISIONS[row.precision]["activations"]))
+    try:
+        peak = hardware.peak(DType(PRECISIONS[row.precision]["activations"]))
+    except ServesimError:  # no tensor cores for the format: the replay refuses it with its reason
+        return None
     per_second = row.concurrency / (row.ttft_s + (row.osl - 1) * row.tpot_s)
     needed = per_second * 2.0 * spec.matmul_params_per_token * (row.isl + row.osl)
     share = needed / (row.tp * row.pp * row.dp * peak)
