@@ -234,7 +234,8 @@ def alias_duplicates(raw: pd.DataFrame) -> np.ndarray:
     return key.duplicated(keep="first").to_numpy()
 
 
-def beyond_peak(row: ServingRow) -> str | None:
+def beyond_peak(row: ServingRow,
+                capacities: dict[tuple[str, str, str], tuple[int, float] | None] | None = None) -> str | None:
     """Why an aggregated row's measurement cannot have done the work its lengths say, or None.
 
     A closed loop of ``c`` clients completes ``c / (TTFT + (osl - 1) TPOT)`` requests a second
@@ -243,21 +244,57 @@ def beyond_peak(row: ServingRow) -> str | None:
     in the row's math format, the prompts cannot all have been computed (the benchmark must have
     reused cached prefixes, which the replay of random prompts does not): the row is not
     replayed, with this reason. Three TensorRT-LLM Qwen3-32B NVFP4 rows of the serving file (15,000
-    + 500 tokens at 416-448 clients) need 2.9-3.0 times the peak."""
+    + 500 tokens at 416-448 clients) need 2.9-3.0 times the peak. ``capacities`` keeps each
+    (model, GPU, precision)'s matmul parameters and peak for the next row (a file reads thousands)."""
     if row.prefill is not None:
         return None
-    spec, hardware = load_model(row.model), load_hardware(HARDWARE[row.gpu])
-    try:
-        peak = hardware.peak(DType(PRECISIONS[row.precision]["activations"]))
-    except ServesimError:  # no tensor cores for the format: the replay refuses it with its reason
+    key = (row.model, row.gpu, row.precision)
+    if capacities is None or key not in capacities:
+        capacity = _capacity(*key)
+        if capacities is not None:
+            capacities[key] = capacity
+    else:
+        capacity = capacities[key]
+    if capacity is None:  # no tensor cores for the format: the replay refuses it with its reason
         return None
+    params, peak = capacity
     per_second = row.concurrency / (row.ttft_s + (row.osl - 1) * row.tpot_s)
-    needed = per_second * 2.0 * spec.matmul_params_per_token * (row.isl + row.osl)
+    needed = per_second * 2.0 * params * (row.isl + row.osl)
     share = needed / (row.tp * row.pp * row.dp * peak)
     if share <= 1.0:
         return None
     return ("measured throughput exceeds the GPUs' dense peak compute for its prompt and output tokens "
             "(cached prefixes reused?)")
+
+
+def _capacity(model: str, gpu: str, precision: str) -> tuple[int, float] | None:
+    """(matmul parameters per token, dense peak FLOP/s of one GPU in the row's math format), or
+    None when the GPU has no tensor cores for it."""
+    hardware = load_hardware(HARDWARE[gpu])
+    try:
+        peak = hardware.peak(DType(PRECISIONS[precision]["activations"]))
+    except ServesimError:
+        return None
+    return load_model(model).matmul_params_per_token, peak
+
+
+def _serving_row(line: int, row: pd.Series) -> ServingRow:
+    """The experiment of a row :func:`_reason` accepts (line ``line`` of the file)."""
+    match = CONCURRENCY.search(str(row["silicon_data_source"]))
+    assert match is not None
+    disaggregated = str(row["mode"]) == "disagg"
+    return ServingRow(
+        row=line, engine=ENGINES[str(row["backend"])], model=MODELS[str(row["model_path"])],
+        hf_model=str(row["model_path"]), gpu=str(row["system"]), tp=_degree(row, "tp_size"),
+        precision=precision_of(row),
+        isl=int(_number(row["isl"])), osl=int(_number(row["osl"])), concurrency=int(match.group(1)),
+        ttft_s=_number(row["silicon_ttft_ms"]) * 1e-3, tpot_s=_number(row["silicon_tpot_ms"]) * 1e-3,
+        version=str(row.get("backend_version", "")), pp=_degree(row, "pp_size"),
+        dp=_degree(row, "attention_dp_size"), ep=_degree(row, "moe_ep_size"),
+        prefill=_group(row, "prefill") if disaggregated else None,
+        decode=_group(row, "decode") if disaggregated else None,
+        prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
+        decode_batch=_batch(row, "decode_batch_size") if disaggregated else None)
 
 
 def _number(value: Any) -> float:
@@ -353,35 +390,16 @@ def read_serving_file(path: Path) -> ServingFile:
                for line, backend, model, system in zip(rows.index.to_numpy(dtype=np.int64).tolist(),
                                                        rows["backend"], rows["model_path"], rows["system"],
                                                        strict=True)]
+    capacities: dict[tuple[str, str, str], tuple[int, float] | None] = {}
     lines = unique.index.to_numpy(dtype=np.int64)
     for position in range(len(unique)):
         line = int(lines[position])
         row = unique.iloc[position]
-        reason = _reason(row)
-        if reason is not None:
-            skipped.append({"row": line, "backend": row["backend"], "model": row["model_path"],
-                            "system": row["system"], "reason": reason})
+        serving = _serving_row(line, row) if (reason := _reason(row)) is None else None
+        if serving is not None and (reason := beyond_peak(serving, capacities)) is None:
+            out.rows.append(serving)
             continue
-        match = CONCURRENCY.search(str(row["silicon_data_source"]))
-        assert match is not None
-        disaggregated = str(row["mode"]) == "disagg"
-        serving = ServingRow(
-            row=line, engine=ENGINES[str(row["backend"])], model=MODELS[str(row["model_path"])],
-            hf_model=str(row["model_path"]), gpu=str(row["system"]), tp=_degree(row, "tp_size"),
-            precision=precision_of(row),
-            isl=int(_number(row["isl"])), osl=int(_number(row["osl"])), concurrency=int(match.group(1)),
-            ttft_s=_number(row["silicon_ttft_ms"]) * 1e-3, tpot_s=_number(row["silicon_tpot_ms"]) * 1e-3,
-            version=str(row.get("backend_version", "")), pp=_degree(row, "pp_size"),
-            dp=_degree(row, "attention_dp_size"), ep=_degree(row, "moe_ep_size"),
-            prefill=_group(row, "prefill") if disaggregated else None,
-            decode=_group(row, "decode") if disaggregated else None,
-            prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
-            decode_batch=_batch(row, "decode_batch_size") if disaggregated else None)
-        beyond = beyond_peak(serving)
-        if beyond is not None:
-            skipped.append({"row": line, "backend": row["backend"], "model": row["model_path"],
-                            "system": row["system"], "reason": beyond})
-            continue
-        out.rows.append(serving)
+        skipped.append({"row": line, "backend": row["backend"], "model": row["model_path"],
+                        "system": row["system"], "reason": reason})
     out.skipped = pd.DataFrame(skipped, columns=["row", "backend", "model", "system", "reason"])
     return out
