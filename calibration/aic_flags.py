@@ -52,14 +52,26 @@ TTFT median error 42.1% -> 46.7%, TPOT 21.6% -> 20.7%. Their TTFT is under-predi
 prompts; the disaggregated hand-off is not modelled yet, and prefill capacity under load looks
 over-estimated); the flags are kept as the deployments' facts.
 
-One rule is **not** applied: SGLang's (``enable_mixed_chunk: true`` with ``max_prefill_tokens =
-isl + 1500``). With decodes mixed into every prefill batch the replay's closed-loop clients
-desynchronise after the first round and their TTFT falls to the wait for one step, while the
-measured SGLang rows keep the TTFT of a lockstep round (Qwen3-32B, TP 2 on H100, 128 clients,
-1,024 + 512 tokens: 3.67 s measured; replayed without mixing 3.79 s in every round, with mixing
-3.87 s in the first round and 0.70 s in each later one). SGLang rows therefore keep its default
-scheduler (prefill batches alone, chunked at its default ``chunked_prefill_size``). The rules
-may postdate the measurements; the file does not say which generator version deployed them.
+**SGLang's aggregated rule, by date.** AIConfigurator first deployed aggregated SGLang workers
+on 2025-11-05 (ai-dynamo/aiconfigurator PR #93, "support agg mode for SGLang"), and from 2026-01-19
+its rules give them ``--enable-mixed-chunk`` and ``--max-prefill-tokens isl + 1500`` (PR #257,
+"add sglang enable-mix-chunk for generator", merged that day). A row measured on or after that
+day (:data:`SGLANG_MIXED_CHUNK_SINCE`; an undated row takes the earliest ``measured=`` day of the
+file's rows of the same engine version, :func:`~servesim.calibration.serving_data.read_serving_file`)
+is replayed with both: the ``prefill_first`` policy's ``mixed: true`` and the engine knob
+``max_prefill_tokens``. Rows measured before, or of a release the file never dates (SGLang
+0.5.1.post1's Qwen3-32B sweep), keep SGLang's defaults. On the 325 replayable aggregated SGLang rows
+(engines as shipped, before the refit): TTFT median error 34.9% -> 28.5% (p90 215% -> 91%), TPOT
+10.2% -> 8.7%; applied to every row instead, the Qwen3-32B sweep's TTFT error goes 9.0% -> 50.6%,
+as the paragraph below found.
+
+Before the rule's date was known it was applied to no row, for what the Qwen3-32B sweep shows:
+with decodes mixed into every prefill batch the replay's closed-loop clients desynchronise after
+the first round and their TTFT falls to the wait for one step, while those measured rows keep the
+TTFT of a lockstep round (TP 2 on H100, 128 clients, 1,024 + 512 tokens: 3.67 s measured; replayed
+without mixing 3.79 s in every round, with mixing 3.87 s in the first round and 0.70 s in each
+later one). That sweep is of SGLang 0.5.1.post1, released months before the generator deployed
+aggregated SGLang at all, so it keeps SGLang's default scheduler.
 """
 
 from __future__ import annotations
@@ -116,11 +128,17 @@ def step_budget(engine: str, isl: int, max_batch_size: int) -> int:
     return tokens
 
 
+SGLANG_MIXED_CHUNK_SINCE = "2026-01-19"
+"""The day AIConfigurator's rules started giving aggregated SGLang workers ``--enable-mixed-chunk``
+and ``--max-prefill-tokens isl + 1500`` (ai-dynamo/aiconfigurator PR #257, merged 2026-01-19)."""
+
 DEFAULT_PREFILL_SEATS = 1
 DEFAULT_DECODE_SEATS = 128
 """The rules' ``max_batch_size`` of a prefill and a decode worker when the row gives none."""
 BUDGETED_ENGINES = ("vllm", "trtllm")
-"""Engines whose rules set a step budget (SGLang's ``max_prefill_tokens`` is left out, above)."""
+"""Engines whose rules set a step budget as ``max_num_batched_tokens`` (SGLang's is its
+``max_prefill_tokens`` knob, dated above; a disaggregated prefill worker's is left out: with
+one seat its budget only binds above SGLang's chunk)."""
 
 
 def _worker(engine: str, seats: int, budget: int) -> dict[str, Any]:
@@ -146,6 +164,25 @@ def disaggregated_flags(engine: str, isl: int, prefill_batch: int | None, decode
     return groups, _graphs(engine, decode_seats)
 
 
-def aggregated_flags(engine: str, isl: int, batch_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(deployment keys, engine knobs) of an aggregated worker serving ``batch_size`` requests."""
-    return _worker(engine, batch_size, step_budget(engine, isl, batch_size)), _graphs(engine, batch_size)
+def aggregated_flags(engine: str, isl: int, batch_size: int, measured_on: str = ""
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(deployment keys, engine knobs) of an aggregated worker serving ``batch_size`` requests,
+    deployed on ``measured_on`` (an ISO day; empty: unknown, so before any dated rule)."""
+    knobs = _graphs(engine, batch_size)
+    if mixes_chunks(engine, measured_on):
+        knobs["max_prefill_tokens"] = isl + PROMPT_HEADROOM
+    return _worker(engine, batch_size, step_budget(engine, isl, batch_size)), knobs
+
+
+def aggregated_policy(engine: str, measured_on: str = "") -> dict[str, Any] | None:
+    """The ``policy`` section of an aggregated worker deployed on ``measured_on``, where the
+    rules change the engine's default scheduling (None: the engine's default policy)."""
+    if mixes_chunks(engine, measured_on):
+        return {"name": "prefill_first", "mixed": True}
+    return None
+
+
+def mixes_chunks(engine: str, measured_on: str) -> bool:
+    """Whether the generator's rules of ``measured_on`` give an aggregated worker of ``engine``
+    SGLang's ``--enable-mixed-chunk`` (and ``--max-prefill-tokens isl + 1500``)."""
+    return engine == "sglang" and bool(measured_on) and measured_on >= SGLANG_MIXED_CHUNK_SINCE

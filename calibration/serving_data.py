@@ -43,7 +43,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from servesim.calibration.aic_flags import aggregated_flags, disaggregated_flags, kv_cache_dtype
+from servesim.calibration.aic_flags import (
+    aggregated_flags,
+    aggregated_policy,
+    disaggregated_flags,
+    kv_cache_dtype,
+)
 from servesim.dtypes import DType
 from servesim.engines import ENGINES as ENGINE_MODELS
 from servesim.errors import ServesimError
@@ -117,6 +122,10 @@ class ServingRow:
     """Disaggregated: the row's ``prefill_batch_size`` (requests per prefill rank), when recorded."""
     decode_batch: int | None = None
     """Disaggregated: the row's ``decode_batch_size`` (requests per decode rank), when recorded."""
+    measured_on: str = ""
+    """The ISO day the row was measured (its ``measured=``), else the earliest such day of the
+    file's rows of the same engine and version (one release is measured in one campaign), else
+    empty: which of the generator's dated rules deployed it (:mod:`~servesim.calibration.aic_flags`)."""
     length_spread: float = 0.0
     """Half-width of the replay's output lengths as a fraction of ``osl`` (0: every request
     generates exactly ``osl`` tokens, as the benchmark asked). A deterministic replay of fixed
@@ -142,7 +151,12 @@ class ServingRow:
         if self.prefill is not None:
             return disaggregated_flags(self.engine, self.isl, self.prefill_batch, self.decode_batch)
         per_rank = -(-self.concurrency // self.dp)  # rounded up
-        return aggregated_flags(self.engine, self.isl, per_rank)
+        return aggregated_flags(self.engine, self.isl, per_rank, self.measured_on)
+
+    def policy(self) -> dict[str, Any] | None:
+        """The ``policy`` section where the generator's rules change the engine's default
+        scheduling (SGLang's mixed chunks from 2026-01-19), else None."""
+        return None if self.prefill is not None else aggregated_policy(self.engine, self.measured_on)
 
     def engine_version(self) -> str | None:
         """The engine version the replay models: the row's ``backend_version`` as ``major.minor``
@@ -157,9 +171,11 @@ class ServingRow:
     def step_budget(self) -> int | str:
         """The step budget the replay assumes (the prefill group's, disaggregated), or ``engine
         default``."""
-        flags = self.engine_flags()[0]
+        flags, knobs = self.engine_flags()
         worker = flags.get("prefill", {}) if self.prefill is not None else flags
         budget = worker.get("max_num_batched_tokens")
+        if budget is None and "max_prefill_tokens" in knobs:
+            return f"max_prefill_tokens {knobs['max_prefill_tokens']}"
         return budget if budget is not None else "engine default"
 
     def kv_cache(self) -> str:
@@ -188,9 +204,11 @@ class ServingRow:
             knobs = {**knobs, "version": version}
         for key, value in flags.items():
             deployment[key] = {**deployment[key], **value} if isinstance(value, dict) else value
+        policy = self.policy()
         return {
             "name": f"row{self.row}", "model": self.model, "hardware": HARDWARE[self.gpu],
             "engine": {"name": self.engine, **knobs, **(engine_knobs or {})},
+            **({"policy": policy} if policy is not None else {}),
             "deployment": deployment,
             "precision": {**PRECISIONS[self.precision], "kv_cache": self.kv_cache()},
             "workload": {"arrival": {"process": "closed", "concurrency": self.concurrency},
@@ -278,8 +296,9 @@ def _capacity(model: str, gpu: str, precision: str) -> tuple[int, float] | None:
     return load_model(model).matmul_params_per_token, peak
 
 
-def _serving_row(line: int, row: pd.Series) -> ServingRow:
-    """The experiment of a row :func:`_reason` accepts (line ``line`` of the file)."""
+def _serving_row(line: int, row: pd.Series, campaigns: dict[tuple[str, str], str]) -> ServingRow:
+    """The experiment of a row :func:`_reason` accepts (line ``line`` of the file); ``campaigns``:
+    the earliest measured day of each (engine, version), for rows that give none."""
     match = CONCURRENCY.search(str(row["silicon_data_source"]))
     assert match is not None
     disaggregated = str(row["mode"]) == "disagg"
@@ -294,7 +313,30 @@ def _serving_row(line: int, row: pd.Series) -> ServingRow:
         prefill=_group(row, "prefill") if disaggregated else None,
         decode=_group(row, "decode") if disaggregated else None,
         prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
-        decode_batch=_batch(row, "decode_batch_size") if disaggregated else None)
+        decode_batch=_batch(row, "decode_batch_size") if disaggregated else None,
+        measured_on=(measured_day(str(row["silicon_data_source"]))
+                     or campaigns.get((str(row["backend"]), str(row.get("backend_version", ""))), "")))
+
+
+def measured_day(source: str) -> str:
+    """The ISO day of a ``silicon_data_source``'s ``measured=`` (sources write a time of day or
+    midnight), or empty."""
+    match = MEASURED_ON.search(source)
+    day = match.group(1).strip()[:10] if match else ""
+    return day if re.fullmatch(r"\d{4}-\d{2}-\d{2}", day) else ""
+
+
+def campaign_days(raw: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(engine, version) -> the earliest ``measured=`` day of the file's rows of that release (the
+    day an undated row of the release is taken to be measured on)."""
+    days: dict[tuple[str, str], str] = {}
+    versions = raw["backend_version"] if "backend_version" in raw.columns else [""] * len(raw)
+    for backend, version, source in zip(raw["backend"], versions, raw["silicon_data_source"], strict=True):
+        day = measured_day(str(source))
+        key = (str(backend), str(version))
+        if day and version and (key not in days or day < days[key]):
+            days[key] = day
+    return days
 
 
 def _number(value: Any) -> float:
@@ -391,11 +433,12 @@ def read_serving_file(path: Path) -> ServingFile:
                                                        rows["backend"], rows["model_path"], rows["system"],
                                                        strict=True)]
     capacities: dict[tuple[str, str, str], tuple[int, float] | None] = {}
+    campaigns = campaign_days(raw)
     lines = unique.index.to_numpy(dtype=np.int64)
     for position in range(len(unique)):
         line = int(lines[position])
         row = unique.iloc[position]
-        serving = _serving_row(line, row) if (reason := _reason(row)) is None else None
+        serving = _serving_row(line, row, campaigns) if (reason := _reason(row)) is None else None
         if serving is not None and (reason := beyond_peak(serving, capacities)) is None:
             out.rows.append(serving)
             continue

@@ -84,6 +84,17 @@ def test_sglang_defaults_follow_gpu_memory_and_tp() -> None:
     assert reserved_gb(190 * GIB, 1) == 32.0
 
 
+def test_sglang_max_prefill_tokens_caps_the_chunk() -> None:
+    """--max-prefill-tokens (default 16384) and the chunk both bound a prefill batch: the budget is
+    the smaller (H100: chunk 8192; B200: chunk 16384), and it survives an explicit chunk size.
+    (Below SGLang's 4096 default seats, the deployment's max_num_seqs must come down with it.)"""
+    capped = group({"name": "sglang", "max_prefill_tokens": 2500}, max_num_seqs=256)
+    assert capped.limits.max_num_batched_tokens == 2500
+    assert group({"name": "sglang", "max_prefill_tokens": 9692}).limits.max_num_batched_tokens == 8192
+    assert group({"name": "sglang", "max_prefill_tokens": 9692}, "b200").limits.max_num_batched_tokens == 9692
+    assert group("sglang", max_num_batched_tokens=4096).limits.max_num_batched_tokens == 4096
+
+
 def test_trtllm_defaults() -> None:
     trt = group("trtllm")
     assert trt.policy.name == "no_evict"

@@ -482,3 +482,47 @@ def test_fit_serving_names_its_length_spread(serving_file: Path, tmp_path: Path)
     assert done.exit_code == 0, done.output
     provenance = yaml.safe_load((out / "trtllm.yaml").read_text())["cpu_costs"]["default"]["provenance"]
     assert "output lengths uniform within +/-2.0% of its OSL (--length-spread)" in provenance
+
+
+def test_sglang_rows_measured_once_the_generator_mixed_chunks_replay_with_them(tmp_path: Path) -> None:
+    """AIConfigurator's rules give aggregated SGLang workers --enable-mixed-chunk and
+    --max-prefill-tokens isl + 1500 from 2026-01-19 (ai-dynamo/aiconfigurator PR #257): a row
+    measured that day replays prefill_first with decodes mixed in and a step budget of 1,000 +
+    1,500 = 2,500 tokens on a B200 (SGLang's own chunk there is 16,384; with 4 decodes riding
+    along, 2,496 are left for prompts); a row of the day before keeps SGLang's defaults. An
+    undated row takes the earliest day its release was measured in the file (0.5.9: the 19th), a
+    release the file never dates keeps the defaults, and vLLM rows of the same day are untouched."""
+    def sglang(concurrency: int, version: str, day: str) -> dict[str, Any]:
+        source = f"db-dump/2026-04-27; silicon_concurrency={concurrency}" + (f"; measured={day}T00:00:00.000Z"
+                                                                           if day else "")
+        return line("meta-llama/Llama-3.1-8B-Instruct", 1, concurrency, 100.0, 10.0, backend="sglang",
+                     backend_version=version, system="b200_sxm", isl=1000, silicon_data_source=source,
+                     id=f"sglang-{concurrency}")
+
+    lines = [sglang(4, "0.5.9", "2026-01-19"), sglang(5, "0.5.8", "2026-01-18"), sglang(6, "0.5.9", ""),
+             sglang(7, "0.5.1.post1", ""),
+             dict(sglang(8, "0.19.0", "2026-01-19"), backend="vllm", id="vllm-8")]
+    rows = {r.concurrency: r for r in read_serving_file(write_lines(tmp_path / "s.csv", lines)).rows}
+    assert [rows[c].measured_on for c in (4, 5, 6, 7, 8)] == [
+        "2026-01-19", "2026-01-18", "2026-01-19", "", "2026-01-19"]
+    mixing = rows[4].document(2)
+    assert mixing["policy"] == {"name": "prefill_first", "mixed": True}
+    assert mixing["engine"]["max_prefill_tokens"] == 2500
+    assert rows[4].step_budget() == "max_prefill_tokens 2500"
+    group = prepare(validate_document(mixing)).topology.kv_group
+    assert group.limits.max_num_batched_tokens == 2500 and group.policy.options.mixed
+    assert rows[6].document(2)["policy"] == mixing["policy"]
+    for default in (rows[5], rows[7]):
+        document = default.document(2)
+        assert "policy" not in document and "max_prefill_tokens" not in document["engine"]
+        limits = prepare(validate_document(document)).topology.kv_group.limits
+        assert limits.max_num_batched_tokens == 16384  # SGLang's chunk on a GPU of 160 GB or more
+    vllm = rows[8].document(2)
+    assert "policy" not in vllm and vllm["deployment"]["max_num_batched_tokens"] == 8 + 1000 + 1500
+    # decodes ride along the prompts' steps only when mixed
+    steps = simulate_document(mixing).steps
+    prompt_steps = steps[steps["prefill_tokens"] > 0]
+    assert (prompt_steps["num_decodes"] > 0).any()
+    assert (prompt_steps["prefill_tokens"] + prompt_steps["decode_tokens"] <= 2500).all()
+    alone = simulate_document(rows[5].document(2)).steps
+    assert (alone[alone["prefill_tokens"] > 0]["num_decodes"] == 0).all()

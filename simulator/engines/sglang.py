@@ -9,7 +9,10 @@ so KV is counted per token (``block_size`` 1).
 
 Defaults (``server_args.py``, ``_handle_gpu_memory_settings``), by GPU memory:
 ``chunked_prefill_size`` 8192 on 80-160 GB GPUs (A100 80GB, H100, H200), 16384 above (B200);
-``cuda_graph_max_bs`` 256 below TP 4 and 512 from TP 4 on (B200: 512); ``mem_fraction_static``
+``cuda_graph_max_bs`` 256 below TP 4 and 512 from TP 4 on (B200: 512); ``max_prefill_tokens``
+16384, which caps a prefill batch's new tokens as the chunk does (the step budget here is the
+smaller of the two; ``--enable-mixed-chunk`` is the ``prefill_first`` policy's ``mixed: true``,
+whose decodes take their tokens from that budget too); ``mem_fraction_static``
 ``(memory - reserved) / memory`` with ``reserved = 9.5 + tp/2`` GB below 90 GB, ``12 + tp/2`` GB
 below 160 GB and 32 GB above: SGLang's share for weights and KV, used here as
 ``gpu_memory_utilization``. ``max_running_requests`` is sized from the KV pool by SGLang (its
@@ -48,6 +51,8 @@ from servesim.engines.base import (
 from servesim.engines.vllm import LAUNCH_S
 
 GB = 2**30  # SGLang reads memory in MiB and compares with multiples of 1024 MiB
+MAX_PREFILL_TOKENS = 16384
+"""SGLang's ``--max-prefill-tokens`` default (``server_args.py``): no default chunk exceeds it."""
 
 
 class SglangKnobs(EngineKnobs):
@@ -58,6 +63,10 @@ class SglangKnobs(EngineKnobs):
     disable_custom_all_reduce: bool = Field(False, description="use NCCL for every all-reduce")
     launch_s: float | None = Field(None, ge=0, allow_inf_nan=False,
                                    description="host time per kernel launch outside a graph")
+    max_prefill_tokens: PositiveInt | None = Field(
+        None, description="--max-prefill-tokens: new prompt tokens per prefill batch, at most "
+                          f"(default {MAX_PREFILL_TOKENS}); the step budget is the smaller of it and "
+                          "chunked_prefill_size")
 
 
 def sglang_capture_sizes(max_bs: int) -> tuple[int, ...]:
@@ -97,7 +106,11 @@ class Sglang(Engine):
     }
 
     def scheduler_defaults(self, hardware_name: str, hbm_bytes: float, tp: int) -> SchedulerDefaults:
-        chunk = 16384 if hbm_bytes >= 160 * GB else 8192
+        # A prefill batch stops at the first of its two limits (PrefillAdder's rem_chunk_tokens and
+        # rem_input_tokens, both less the decodes a mixed batch carries): one budget here.
+        knobs = self.knobs
+        assert isinstance(knobs, SglangKnobs)
+        chunk = min(16384 if hbm_bytes >= 160 * GB else 8192, knobs.max_prefill_tokens or MAX_PREFILL_TOKENS)
         fraction = round((hbm_bytes - reserved_gb(hbm_bytes, tp) * GB) / hbm_bytes, 3)
         return SchedulerDefaults(policy="prefill_first", max_num_seqs=4096, block_size=1,
                                  gpu_memory_utilization=fraction, watermark=0.0, enable_prefix_caching=True,
