@@ -38,8 +38,9 @@ class ChunkedPrefill(Policy):
         replica = self.replica
         preempted = 0
         while True:
-            ids, new, need, proposed = self._plan_running()
-            shortfall = int(need.sum()) - replica.pool.free
+            ids, new, need, proposed, decoding = self._plan_running()
+            needed = int(need.sum())
+            shortfall = needed - replica.pool.free
             if shortfall <= 0:
                 break
             # Preempt from the tail until the plan could fit, then plan again (the freed budget
@@ -47,17 +48,22 @@ class ChunkedPrefill(Policy):
             planned = np.zeros(replica.running.size, dtype=np.int64)
             planned[np.isin(replica.running, ids, assume_unique=True)] = need
             preempted += replica.preempt_tail_until(shortfall, planned)
-        replica.pool.grow_many(ids, need, int(need.sum()))
+        replica.pool.grow_many(ids, need, needed)
         # As vLLM v1: a step that had to preempt admits nobody new.
         if not preempted:
-            budget = replica.limits.max_num_batched_tokens - int(new.sum())
+            scheduled = int(ids.size) if decoding is not None else int(new.sum())  # new is all ones then
+            budget = replica.limits.max_num_batched_tokens - scheduled
             admitted, chunks = self._admit_waiting(now, budget)
             if admitted.size:
                 ids = np.concatenate((ids, admitted))
                 new = np.concatenate((new, chunks))
+                decoding = None
         if ids.size == 0:
             return None
         r = replica.requests
+        if decoding is not None:  # every running request decodes one token, nobody was admitted
+            return self._decodes_past_first(ids, decoding, preempted) \
+                or Batch.of(ids, new, decoding, decoding + 1, preempted)
         computed = r.computed[ids]
         total = r.prompt[ids] + r.generated[ids]
         speculation = None
@@ -74,18 +80,32 @@ class ChunkedPrefill(Policy):
             return Batch.decodes(ids, computed, preempted)
         return Batch.of(ids, new, computed, total, preempted, speculation)
 
-    def _plan_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """(ids, new tokens, extra blocks, proposals) of the running requests that get tokens this
-        step, in running order: every decode one token (plus the proposals it verifies, when
-        speculating), then the prompts in order while budget remains."""
+    def _decodes_past_first(self, ids: np.ndarray, computed: np.ndarray, preempted: int) -> Batch | None:
+        """``Batch.decodes`` of ``ids`` (every one decoding one token over ``computed`` cached
+        tokens) when each is past its first token, else None (a request whose prompt ends this step
+        samples its first token: a prefill in the token-budget view, priced by ``Batch.of``)."""
+        if not (self.replica.requests.generated[ids] > 0).all():
+            return None
+        return Batch.decodes(ids, computed, preempted)
+
+    def _plan_running(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                                     np.ndarray | None]:
+        """(ids, new tokens, extra blocks, proposals, contexts) of the running requests that get
+        tokens this step, in running order: every decode one token (plus the proposals it
+        verifies, when speculating), then the prompts in order while budget remains. ``contexts``
+        (their computed tokens) only when every running request decodes one token without
+        proposals (most steps: ``schedule`` then skips rereading the request columns)."""
         replica = self.replica
         running = replica.running
         if running.size == 0:
-            return running, running, running, None
+            return running, running, running, None, None
         r, pool = replica.requests, replica.pool
         computed = r.computed[running]
         remaining = r.prompt[running] + r.generated[running] - computed
         decoding = remaining == 1
+        if replica.speculation is None and decoding.all():  # every request decodes one token (most steps)
+            need = blocks_for(computed, pool.block_size, plus=1) - pool.held[running]
+            return running, np.ones(running.size, dtype=np.int64), np.maximum(need, 0), None, computed
         budget = replica.limits.max_num_batched_tokens - int(np.count_nonzero(decoding))
         proposed = None
         if replica.speculation is not None and decoding.any():
@@ -96,7 +116,7 @@ class ChunkedPrefill(Policy):
             budget -= int(proposed.sum())
         if proposed is None and decoding.all():  # every request decodes one token (most steps)
             need = blocks_for(computed, pool.block_size, plus=1) - pool.held[running]
-            return running, np.ones(running.size, dtype=np.int64), np.maximum(need, 0), None
+            return running, np.ones(running.size, dtype=np.int64), np.maximum(need, 0), None, None
         prompt_left = np.where(decoding, 0, remaining)
         before = np.cumsum(prompt_left) - prompt_left
         # np.clip's arithmetic (the bounds are ordered: 0 <= prompt_left), without its overhead
@@ -109,7 +129,7 @@ class ChunkedPrefill(Policy):
             if proposals is not None:
                 proposals = proposals[scheduled]
         need = blocks_for(computed + new, pool.block_size) - pool.held[running]
-        return running, new, np.maximum(need, 0), proposals
+        return running, new, np.maximum(need, 0), proposals, None
 
     def _admit_waiting(self, now: float, budget: int) -> tuple[np.ndarray, np.ndarray]:
         """Admit waiting requests FCFS with their first chunk (with prefix caching it starts after

@@ -128,11 +128,12 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     if not through_arrival and fit < 1.0:
         return None, None  # the next arrival most likely falls inside the first step
     bs = pool.block_size
-    if not (pool.held[ids] == blocks_for(context, bs, plus=1)).all():
+    whole, part = np.divmod(context, bs)  # blocks_for(context, bs, plus=1) is whole + 1
+    if not (pool.held[ids] - whole == 1).all():
         return None, None  # a request holds more than its slots: the policies' growth rules differ
     # Block-boundary crossings: request i grows at steps f_i, f_i + bs, ... (f_i in [1, bs]); the
     # (free + 1)-th crossing is the first step that would preempt.
-    offsets = np.sort(bs - context % bs)
+    offsets = np.sort(bs - part)
     q, rest = divmod(pool.free, n)
     limit = min(finishing, int(offsets[rest]) + q * bs)
     if limit < MIN_RUN_STEPS:
@@ -189,10 +190,17 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
                      finished_at_end=steps == finishing), first_row
 
 
+_STEPS = np.arange(4096, dtype=np.int64)
+"""0, 1, 2, ...: a slice of it is the step numbers of a short run, without an ``arange`` call."""
+
+
 def grown_in(offsets: np.ndarray, block_size: int, steps: int) -> np.ndarray:
     """Blocks the requests take in steps ``1 .. j`` of a run, for each ``j < steps``: request ``i``
     grows at steps ``f_i, f_i + block_size, ...`` (``offsets``: the sorted ``f_i``, each in
     ``[1, block_size]``)."""
+    if steps <= block_size and steps <= _STEPS.size:
+        # No request grows twice: js // block_size is 0 and js % block_size is js.
+        return np.searchsorted(offsets, _STEPS[:steps], side="right")
     js = np.arange(steps, dtype=np.int64)
     return offsets.size * (js // block_size) + np.searchsorted(offsets, js % block_size, side="right")
 

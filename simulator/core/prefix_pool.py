@@ -156,8 +156,11 @@ class PrefixBlockPool(BlockPool):
         self._take(total)
         before = self.held[requests]
         self.held[requests] = before + blocks
-        keyed = self.index.keyed_blocks[requests]
-        growing_keyed = (before < keyed) & (blocks > 0)
+        below = before < self.index.keyed_blocks[requests]
+        if not below.any():  # decodes: every request is past its hashed prompt (one check less)
+            self._sync()
+            return
+        growing_keyed = below & (blocks > 0)
         if growing_keyed.any():  # only prompt chunks; a decode grows past the hashed prompt
             for r, b, n in zip(requests[growing_keyed].tolist(), before[growing_keyed].tolist(),
                                blocks[growing_keyed].tolist(), strict=True):

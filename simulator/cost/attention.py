@@ -44,6 +44,7 @@ up-projection itself is a GEMM priced with the projections.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,14 +214,14 @@ def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: Att
     one in the steps where its context passes a multiple of ``tile``); windows and chunks count
     every (request, step) pair, a block of steps at a time."""
     n = int(context.size)
-    js = np.arange(first_step, first_step + steps, dtype=np.int64)
     if shape.window is None and shape.chunk is None:
-        if tile == 1:
-            return (int(context.sum()) + n * js).astype(np.float64) + float(n)
-        if n * steps <= SMALL_GRID:  # a few NumPy calls over every (request, step) pair
+        if n * steps <= SMALL_GRID and tile > 1:  # a few NumPy calls over every (request, step) pair
             # ceil((c + j + 1) / tile) as a floor, summed, then times tile: integers, so exact
             rounded_up = (context + (first_step + tile))[:, None] + np.arange(steps, dtype=np.int64)
             return ((rounded_up // tile).sum(axis=0) * tile).astype(np.float64)
+        js = np.arange(first_step, first_step + steps, dtype=np.int64)
+        if tile == 1:
+            return (int(context.sum()) + n * js).astype(np.float64) + float(n)
         first = context + first_step + 1
         keys0 = int((-(-first // tile) * tile).sum())
         # seen_i(j) = tile * ceil((c_i + j + 1) / tile) grows by tile from step j - 1 to j exactly
@@ -228,6 +229,7 @@ def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: Att
         residues = np.bincount(context % tile, minlength=tile)
         grows = tile * residues[(-js[1:]) % tile]
         return np.concatenate(([keys0], keys0 + np.cumsum(grows))).astype(np.float64)
+    js = np.arange(first_step, first_step + steps, dtype=np.int64)
     keys = np.empty(steps, dtype=np.float64)
     block = max(1, RUN_BLOCK_ELEMENTS // max(n, 1))
     for start in range(0, steps, block):
@@ -245,6 +247,29 @@ def decode_run_keys(context: np.ndarray, first_step: int, steps: int, shape: Att
             seen = -(-seen // tile) * tile
         keys[start:start + part.size] = seen.sum(axis=0).astype(np.float64)
     return keys
+
+
+TILE_KEYS_REQUESTS = 64
+"""Up to this many requests, :func:`tile_run_keys` counts in Python ints (fewer calls than NumPy's)."""
+
+
+def tile_run_keys(context: list[int], first_step: int, steps: int, tile: int) -> list[int]:
+    """:func:`decode_run_keys` of full attention read in whole KV tiles (``tile > 1``) over a run
+    of at most ``tile`` steps, as Python ints (the same integers: ``float`` of each is the key
+    count the step's own call gets). Request ``i`` reads ``ceil((c_i + j + 1) / tile)`` tiles in
+    step ``j``: ``q_i + 1`` from the step where ``c_i + first_step + tile + j`` reaches the next
+    multiple of ``tile`` (``r_i + j >= tile``, with ``q_i, r_i`` its quotient and remainder at
+    ``j = 0``), ``q_i`` before; within ``tile`` steps it passes at most one."""
+    base = first_step + tile
+    whole = 0
+    residues = []
+    for c in context:
+        q, r = divmod(c + base, tile)
+        whole += q
+        residues.append(r)
+    residues.sort()
+    n = len(residues)
+    return [tile * (whole + n - bisect_left(residues, tile - j)) for j in range(steps)]
 
 
 def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,

@@ -19,10 +19,18 @@ efficiency(n)``, ``n * (q + o) * bytes``, ``fixed * layers``); nothing is reasso
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
 
 import numpy as np
 
-from servesim.cost.attention import ATTENTION_IO_BYTES, AttentionShape, decode_run_keys
+from servesim.cost.attention import (
+    ATTENTION_IO_BYTES,
+    TILE_KEYS_REQUESTS,
+    AttentionShape,
+    decode_run_keys,
+    tile_run_keys,
+)
 from servesim.cost.engine_runtime import EngineRuntime
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 
@@ -90,6 +98,9 @@ class DecodeRunPricer:
                                self._n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES,
                                peak_flops * eff.compute.at(self._n), memory_peak, eff.fixed_s * layers))
         self._kinds = tuple(kinds)
+        self._tile_keys = (len(attention) == 1 and self._tile > 1 and attention[0][0].window is None
+                           and attention[0][0].chunk is None)
+        """One full-attention kind read in whole KV tiles: :func:`tile_run_keys` counts short runs."""
         self._budget = budget
         self._memo: dict[object, int] = {}
         """Each priced step's attention key count(s) -> its row of ``_table``."""
@@ -103,6 +114,14 @@ class DecodeRunPricer:
         kind's key count, and with KV tiles (every profile's decode kernel reads whole tiles)
         those counts repeat from run to run: rows already priced are taken from the memo, the
         others priced together and remembered (while the memo budget lasts)."""
+        if self._tile_keys and steps <= self._tile and context.size <= TILE_KEYS_REQUESTS:
+            # One full-attention kind read in whole tiles (the common case): its key counts as
+            # Python ints (equal keys in the memo), an array only if some row must be priced.
+            counted = tile_run_keys(context.tolist(), first_step, steps, self._tile)
+            found = list(map(self._memo.get, counted, repeat(-1, steps)))
+            if -1 not in found:
+                return self._table[found]
+            return self._price_missing([np.array(counted, dtype=np.float64)], counted, found, steps)
         keys = [decode_run_keys(context, first_step, steps, kind.shape, self._tile) for kind in self._kinds]
         if not keys:
             return self._price(keys, steps)
@@ -112,6 +131,12 @@ class DecodeRunPricer:
         found = [get(key, -1) for key in lookup]
         if -1 not in found:
             return self._table[found]
+        return self._price_missing(keys, lookup, found, steps)
+
+    def _price_missing(self, keys: list[np.ndarray], lookup: list[Any], found: list[int],
+                       steps: int) -> np.ndarray:
+        """:meth:`records` when the memo lacks some rows (``found[j]`` -1): price those, take the
+        others from the table, and remember the new ones."""
         missing = [j for j, row in enumerate(found) if row < 0]
         if len(missing) == steps:
             priced = rows = self._price(keys, steps)
