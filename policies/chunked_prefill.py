@@ -49,8 +49,8 @@ class ChunkedPrefill(Policy):
             planned[np.isin(replica.running, ids, assume_unique=True)] = need
             preempted += replica.preempt_tail_until(shortfall, planned)
         replica.pool.grow_many(ids, need, needed)
-        # As vLLM v1: a step that had to preempt admits nobody new.
-        if not preempted:
+        # As vLLM v1: a step that had to preempt admits nobody new (and an empty queue, nobody).
+        if not preempted and replica.waiting:
             scheduled = int(ids.size) if decoding is not None else int(new.sum())  # new is all ones then
             budget = replica.limits.max_num_batched_tokens - scheduled
             admitted, chunks = self._admit_waiting(now, budget)

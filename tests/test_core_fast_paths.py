@@ -1,8 +1,9 @@
 """The core's Python fast paths give what the general paths give, exactly.
 
-``BatchShape.from_requests`` classifies a few requests in Python (``_from_few_requests``) and the
-prefix pool remembers its lookups until the cache changes: both must be invisible in every
-result, so each is compared here with the general computation it replaces.
+``BatchShape.from_requests`` classifies a few requests in Python (``_from_few_requests``), the
+prefix pool remembers its lookups until the cache changes, and a step of one request is credited
+with scalars (``RequestState._complete_one``): each must be invisible in every result, so each is
+compared here with the general computation it replaces.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from servesim.config import validate_document
 from servesim.core.prefix_index import PrefixIndex
 from servesim.core.prefix_pool import PrefixBlockPool
 from servesim.core.replica_state import ReplicaState
+from servesim.core.state import RequestState
 from servesim.cost.batch import SMALL_BATCH, BatchShape
 from servesim.errors import ServesimError
 from servesim.pipeline import prepare, simulate
@@ -116,4 +118,34 @@ def test_one_admission_is_admitted_as_several_are(monkeypatch: pytest.MonkeyPatc
     assert int(general.request_state.preemptions.sum()) > 0
     if prefix:
         assert int(general.request_state.cached_tokens.sum()) > 0
+    assert_same(general, fast)
+
+
+@pytest.mark.parametrize("policy", ["continuous", "chunked_prefill"])
+def test_a_step_of_one_request_is_credited_as_several_are(monkeypatch: pytest.MonkeyPatch,
+                                                          policy: str) -> None:
+    """``RequestState._complete_one`` against the general ``_complete_many`` on whole runs: one
+    prompt's prefill or chunk, one-token outputs that finish there, recomputes after preemption
+    (a tight KV pool) that emit a token after a gap: every request's times, tokens, largest gap
+    and ITL pairs and every step are the same."""
+    document = experiment(seed=5, policy={"name": policy}, engine="vllm",
+                          deployment={"num_gpu_blocks": 80, "block_size": 16})
+    document["workload"]["arrival"]["rate"] = 40.0
+    plan = prepare(validate_document(document))
+    one = RequestState._complete_one
+    calls = {"gaps": 0, "steps": 0}
+
+    def counted(self: RequestState, ids: np.ndarray, new_tokens: int, now: float) -> np.ndarray:
+        calls["steps"] += 1
+        calls["gaps"] += int(not np.isnan(self.last_token[ids[0]]))
+        return one(self, ids, new_tokens, now)
+
+    monkeypatch.setattr(RequestState, "_complete_one", counted)
+    fast = simulate(plan, fast_forward=False)
+    assert calls["steps"] > 0
+    assert calls["gaps"] > 0 or policy == "chunked_prefill"  # its recomputes share steps with others
+    monkeypatch.setattr(RequestState, "_complete_one", lambda self, ids, new_tokens, now:
+                        self._complete_many(ids, np.array([new_tokens], dtype=np.int64), now, None))
+    general = simulate(plan, fast_forward=False)
+    assert int(general.request_state.preemptions.sum()) > 0
     assert_same(general, fast)

@@ -74,6 +74,30 @@ def test_run_records_are_the_per_step_records(deployment: tuple[str, str, int, s
     np.testing.assert_array_equal(again, per_step(cost, context, later, steps))
 
 
+@pytest.mark.parametrize("deployment", DEPLOYMENTS,
+                         ids=[f"{d[0]}-{d[1]}-tp{d[2]}-{d[3]}" for d in DEPLOYMENTS])
+@pytest.mark.parametrize("knobs", [{}, {"enforce_eager": True}, {"serial_overhead_s": 2e-4}],
+                         ids=["graphs", "eager", "serial"])
+def test_a_row_priced_alone_is_the_vectorised_row(deployment: tuple[str, str, int, str],
+                                                  knobs: dict[str, object]) -> None:
+    """``DecodeRunPricer._price_one`` (a few rows missing from the memo, in Python floats) gives
+    the row ``_price`` gives, bit for bit, on random key counts of every kind of deployment."""
+    model, hardware, tp, engine = deployment
+    cost = cost_model(model, hardware, tp, engine, **(knobs if engine == "vllm" else {}))
+    rng = np.random.default_rng(7)
+    for n in (1, 3, 24, 200):
+        context = rng.integers(1, 20_000, n)
+        assert cost.decode_run_records(context, 1) is not None
+        pricer = cost._run_pricers[n]
+        kinds = len(cost._attention_groups)
+        keys = [rng.integers(n, 60 * 20_000, 50).astype(np.float64) for _ in range(kinds)]
+        vectorised = pricer._price(keys, 50)
+        alone = np.array([pricer._price_one(tuple(k[j] for k in keys)) for j in range(50)])
+        np.testing.assert_array_equal(alone, vectorised)
+        ints = np.array([pricer._price_one(tuple(int(k[j]) for k in keys)) for j in range(50)])
+        np.testing.assert_array_equal(ints, vectorised)  # a memo key may be an int (tile_run_keys)
+
+
 def test_run_pricing_remembers_each_key_count_once() -> None:
     """With KV tiles of 64 (A100) key counts repeat: the pricer keeps one row per distinct count,
     serves repeats from it (the same rows as pricing afresh), and past its budget remembers

@@ -37,6 +37,10 @@ from servesim.hardware import HardwareProfile, OperatorEfficiency
 RECORD_FIELDS = 12
 """``len(StepRecord._fields)``: one column per field (proposal and verify seconds stay 0)."""
 
+SCALAR_ROWS = 4
+"""Up to this many rows missing from the memo, a run prices them one by one in Python floats
+(:meth:`DecodeRunPricer._price_one`; NumPy's ~40 calls cost more on so few)."""
+
 MEMO_ROWS = 1 << 18
 """Rows a cost model's run pricers remember in all (96 bytes each, plus the dict entry: about
 50 MB at most); past it, steps are still priced exactly, just not remembered."""
@@ -138,10 +142,17 @@ class DecodeRunPricer:
         """:meth:`records` when the memo lacks some rows (``found[j]`` -1): price those, take the
         others from the table, and remember the new ones."""
         missing = [j for j, row in enumerate(found) if row < 0]
-        if len(missing) == steps:
+        if len(missing) <= SCALAR_ROWS:  # a row or two: Python floats, without NumPy's per-call cost
+            single = len(self._kinds) == 1
+            priced = np.array([self._price_one((lookup[j],) if single else lookup[j]) for j in missing],
+                              dtype=np.float64)
+            rows = priced if len(missing) == steps else None
+        elif len(missing) == steps:
             priced = rows = self._price(keys, steps)
         else:
             priced = self._price([k[missing] for k in keys], len(missing))
+            rows = None
+        if rows is None:
             rows = np.empty((steps, RECORD_FIELDS))
             hit = [j for j, row in enumerate(found) if row >= 0]
             rows[hit] = self._table[[found[j] for j in hit]]
@@ -165,6 +176,55 @@ class DecodeRunPricer:
         self._table[used:used + len(fresh)] = priced[[i for _, i in fresh]]
         for offset, (key, _) in enumerate(fresh):
             self._memo[key] = used + offset
+
+    def _price_one(self, keys: tuple[float, ...]) -> list[float]:
+        """:meth:`_price` of one step whose attention kinds read ``keys`` keys, in Python floats:
+        the same IEEE operations on the same values in the same order (``max`` for
+        ``np.maximum``, ``index(max)`` for ``argmax``; the key counts made floats first, as the
+        array's are), so the very row."""
+        total, compute, memory, overhead, work, moved, gemm_s, elementwise_s, comm_s = self._part
+        n, kv_bytes = self._n, self._kv_bytes
+        decode = 0.0
+        for kind, count in zip(self._kinds, keys, strict=True):
+            kind_keys = float(count)
+            shape, layers = kind.shape, kind.layers
+            # decode_attention_of
+            op_flops = kind_keys * shape.decode_flops_per_key
+            op_bytes = (kind_keys + n) * shape.cache_elements_per_token * kv_bytes + kind.io_bytes
+            op_compute = op_flops / kind.compute_peak
+            if kind.memory_peak is None:
+                op_memory = op_bytes / (self._bandwidth * kind.eff.memory.at(op_bytes))
+            else:
+                op_memory = op_bytes / kind.memory_peak
+            op_compute = op_compute * layers
+            op_memory = op_memory * layers
+            time_s = max(op_compute, op_memory) + kind.fixed_s
+            # CostModel._record's sums, in its order
+            total = total + time_s
+            if op_compute >= op_memory:
+                compute = compute + op_compute
+            else:
+                memory = memory + op_memory
+            overhead = overhead + kind.fixed_s
+            work = work + op_flops * layers
+            moved = moved + op_bytes * layers
+            decode = decode + time_s
+        kernels = total
+        step_overhead = self._step_overhead_s
+        overhead_sum = overhead
+        engine = self._engine
+        if engine is not None:  # EngineRuntime.time
+            runtime, launch, cpu, serial = engine
+            gpu = max(kernels, launch)
+            timed = max(gpu, cpu) if runtime.runtime.overlap else gpu + cpu
+            if serial is not None:
+                timed = timed + serial
+            step_overhead = timed - kernels
+            kernels = timed
+            overhead_sum = overhead + step_overhead
+        sums = [compute, memory, comm_s, overhead_sum]
+        return [kernels, float(sums.index(max(sums))), work, moved, gemm_s, 0.0, decode, elementwise_s,
+                comm_s, step_overhead, 0.0, 0.0]
 
     def _price(self, keys: list[np.ndarray], steps: int) -> np.ndarray:
         """The records of steps whose attention kinds read ``keys`` keys (one array per kind)."""
