@@ -44,8 +44,10 @@ up-projection itself is a GEMM priced with the projections.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -134,8 +136,19 @@ def prefill_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwa
                       peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
     if batch.num_prefills == 0:
         return OpCost("attn_prefill", 0.0, 0.0, 0.0, 0.0, 0.0)
+    if batch.num_prefills == 1 and shape.chunk is None:
+        return one_chunk_attention(int(batch.prefill_tokens[0]), int(batch.prefill_context[0]), shape,
+                                   hardware, peak_flops, kv_bytes, layers)
+    return chunks_attention(batch.prefill_tokens, batch.prefill_context, shape, hardware, peak_flops,
+                            kv_bytes, layers)
+
+
+def chunks_attention(new: np.ndarray, context: np.ndarray, shape: AttentionShape,
+                     hardware: HardwareProfile, peak_flops: float, kv_bytes: float,
+                     layers: int) -> OpCost:
+    """The prefill kernel over chunks of ``new`` tokens (int64, each >= 1) over ``context``
+    earlier ones, in NumPy (the general path of :func:`prefill_attention`)."""
     eff = hardware.efficiency.attention_prefill
-    new, context = batch.prefill_tokens, batch.prefill_context
     pairs = attended_pairs(new, context, shape)
     flops = pairs * shape.prefill_flops_per_pair
     total_new = float(new.sum())
@@ -155,6 +168,39 @@ def prefill_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwa
               + total_new * shape.cache_elements_per_token * kv_bytes)
     memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, total_new))
     return OpCost("attn_prefill", float(flops.sum()) * layers, nbytes * layers, compute_s * layers,
+                  memory_s * layers, eff.fixed_s * layers)
+
+
+def one_chunk_attention(new: int, context: int, shape: AttentionShape, hardware: HardwareProfile,
+                        peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
+    """:func:`prefill_attention` of one chunk of ``new`` tokens over ``context`` (full or sliding
+    attention), in Python floats: a mixed step mostly holds one chunk, and NumPy's calls on
+    one-element arrays cost more than the arithmetic. The same IEEE operations on the same values
+    in the same order (``sqrt`` is correctly rounded on both sides; a one-element sum is its
+    element), except the compute curve, which is read through NumPy's ``log`` and ``interp`` on a
+    one-element array exactly as the array path reads it (``math.log`` may differ in the last
+    bit)."""
+    eff = hardware.efficiency.attention_prefill
+    q, c = float(new), float(context)
+    window = shape.window
+    if window is None:
+        pairs = q * c + q * (q + 1) / 2
+        keys = float(context + new)
+    else:  # causal_pairs' clip and prefill_keys_read's minimum
+        below = min(max(window - c, 0.0), q)
+        pairs = below * c + below * (below + 1) / 2 + (q - below) * window
+        keys = float(min(context + new, window - 1 + new))
+    flops = pairs * shape.prefill_flops_per_pair
+    efficiency = float(cast(np.ndarray, eff.compute(np.array([math.sqrt(2.0 * pairs)])))[0])
+    factor = eff.shape_factor(keys * shape.heads, shape.q_head_dim)
+    if factor != 1.0:
+        efficiency = efficiency * factor
+    compute_s = flops / (peak_flops * efficiency)
+    nbytes = (q * shape.heads * (shape.q_head_dim + shape.v_head_dim) * ATTENTION_IO_BYTES
+              + keys * shape.prefill_kv_elements_per_token * kv_bytes
+              + q * shape.cache_elements_per_token * kv_bytes)
+    memory_s = nbytes / (hardware.memory.bandwidth_Bps * memory_efficiency(eff, nbytes, q))
+    return OpCost("attn_prefill", flops * layers, nbytes * layers, compute_s * layers,
                   memory_s * layers, eff.fixed_s * layers)
 
 

@@ -130,6 +130,74 @@ IDLE_RECORD = StepRecord(0.0, BOUNDS.index("overhead"), 0.0, 0.0, 0.0, 0.0, 0.0,
 
 
 @dataclass(frozen=True, slots=True)
+class _OpColumns:
+    """What each of :class:`_TokenPart`'s sums adds up, operator by operator in order: a part
+    assembled from its token half and its logits half (:meth:`CostModel._token_part`) then sums
+    the very same sequences as one built from all its operators at once, so the same floats
+    whatever ``sum`` does (Python 3.12 compensates)."""
+
+    ops: tuple[OpCost, ...]
+    times: tuple[float, ...]
+    compute: tuple[float, ...]
+    """``roofline_s`` of the compute-bound operators."""
+    memory: tuple[float, ...]
+    """``roofline_s`` of the memory-bound operators."""
+    side: tuple[float, ...]
+    fixed: tuple[float, ...]
+    flops: tuple[float, ...]
+    nbytes: tuple[float, ...]
+    gemm: tuple[float, ...]
+    """``time_s`` of the operators of the ``gemm`` class."""
+    elementwise: tuple[float, ...]
+    """``time_s`` of the operators of the ``elementwise`` class."""
+
+    @classmethod
+    def of(cls, ops: tuple[OpCost, ...]) -> _OpColumns:
+        """The columns of ``ops``, in their order."""
+        return cls(ops, tuple(op.time_s for op in ops),
+                   tuple(op.roofline_s for op in ops if op.bound == "compute"),
+                   tuple(op.roofline_s for op in ops if op.bound == "memory"),
+                   tuple(op.side_s for op in ops), tuple(op.fixed_s for op in ops),
+                   tuple(op.flops for op in ops), tuple(op.bytes for op in ops),
+                   tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "gemm"),
+                   tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "elementwise"))
+
+    def then(self, other: _OpColumns) -> _OpColumns:
+        """These operators followed by ``other``'s (each column concatenated)."""
+        if not other.ops:
+            return self
+        return _OpColumns(self.ops + other.ops, self.times + other.times,
+                          self.compute + other.compute, self.memory + other.memory,
+                          self.side + other.side, self.fixed + other.fixed, self.flops + other.flops,
+                          self.nbytes + other.nbytes, self.gemm + other.gemm,
+                          self.elementwise + other.elementwise)
+
+
+NO_OPS = _OpColumns.of(())
+
+
+@dataclass(frozen=True, slots=True)
+class _BodyPart:
+    """The operators and collectives that depend on the step's new tokens alone (all but the LM
+    head and the logits' all-gather), memoised per token count: mixed prefill + decode steps
+    repeat a token count with many logits counts."""
+
+    columns: _OpColumns
+    lead_s: float | None
+    """The all-reduces (and QK-norm sums) of :meth:`CostModel._communication_s`; None without TP."""
+    extra_s: float
+    """Expert parallelism's all-reduce of the MoE output (0.0 without)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _HeadPart:
+    """The LM head and the logits' all-gather, memoised per logits count."""
+
+    columns: _OpColumns
+    gather_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class _TokenPart:
     """The memoised operators that depend only on (new tokens, logits rows), with their sums."""
 
@@ -143,6 +211,20 @@ class _TokenPart:
     hbm_bytes: float
     gemm_s: float
     elementwise_s: float
+
+    @classmethod
+    def of(cls, columns: _OpColumns, comm_s: float, step_s: float) -> _TokenPart:
+        """The part of these operators, collectives and per-step constant, summed as ever."""
+        return cls(columns.ops, comm_s, sum(columns.times) + comm_s + step_s,
+                   compute_s=sum(columns.compute),
+                   memory_s=sum(columns.memory) + sum(columns.side),
+                   overhead_s=sum(columns.fixed) + step_s,
+                   flops=sum(columns.flops), hbm_bytes=sum(columns.nbytes),
+                   gemm_s=sum(columns.gemm), elementwise_s=sum(columns.elementwise))
+
+
+TOKEN_MEMO_ENTRIES = 1 << 16
+"""At most this many token parts (and as many token halves and logits halves) per cost model."""
 
 
 @dataclass(frozen=True)
@@ -218,6 +300,8 @@ class CostModel:
         self._attn_gemms = self._attention_projection_shapes()
         self._experts = self._expert_layer()
         self._token_cache: dict[tuple[int, int], _TokenPart] = {}
+        self._body_cache: dict[int, _BodyPart] = {}
+        self._head_cache: dict[int, _HeadPart] = {}
         self._prefill_records: dict[PrefillKey, StepRecord] = {}
         """:meth:`step_record` of small prefill-only batches, by their chunks (a pure function)."""
         self._moe_cache: dict[int, tuple[tuple[OpCost, ...], float]] = {}
@@ -445,25 +529,39 @@ class CostModel:
 
     def _token_part(self, tokens: int, logits: int) -> _TokenPart:
         """Everything but attention, which depends only on the step's new tokens and logits rows:
-        memoised, so a simulation pays for each distinct (tokens, logits) pair once."""
+        memoised, so a simulation pays for each distinct (tokens, logits) pair once, and a new
+        pair only sums its token half and logits half (each memoised on its own)."""
         key = (tokens, logits)
         cached = self._token_cache.get(key)
         if cached is None:
-            ops = tuple(self._token_ops(float(tokens), float(logits)))
-            comm_s = self._communication_s(float(tokens), float(logits))
-            step_s = self._step_overhead_s
-            total = sum(op.time_s for op in ops) + comm_s + step_s
-            cached = _TokenPart(ops, comm_s, total,
-                                compute_s=sum(op.roofline_s for op in ops if op.bound == "compute"),
-                                memory_s=sum(op.roofline_s for op in ops if op.bound == "memory")
-                                + sum(op.side_s for op in ops),
-                                overhead_s=sum(op.fixed_s for op in ops) + step_s,
-                                flops=sum(op.flops for op in ops), hbm_bytes=sum(op.bytes for op in ops),
-                                gemm_s=sum(op.time_s for op in ops if OP_CLASS_OF[op.name] == "gemm"),
-                                elementwise_s=sum(op.time_s for op in ops
-                                                  if OP_CLASS_OF[op.name] == "elementwise"))
-            if len(self._token_cache) < 1 << 16:
+            body, head = self._body_part(tokens), self._head_part(logits)
+            lead = body.lead_s
+            # _communication_s's expression: (all-reduces + norms) + gather + extra, in that order
+            comm_s = body.extra_s if lead is None else lead + head.gather_s + body.extra_s
+            cached = _TokenPart.of(body.columns.then(head.columns), comm_s, self._step_overhead_s)
+            if len(self._token_cache) < TOKEN_MEMO_ENTRIES:
                 self._token_cache[key] = cached
+        return cached
+
+    def _body_part(self, tokens: int) -> _BodyPart:
+        """The token half of :meth:`_token_part` (memoised per token count)."""
+        cached = self._body_cache.get(tokens)
+        if cached is None:
+            lead, extra = self._communication_body(float(tokens))
+            cached = _BodyPart(_OpColumns.of(tuple(self._body_ops(float(tokens)))), lead, extra)
+            if len(self._body_cache) < TOKEN_MEMO_ENTRIES:
+                self._body_cache[tokens] = cached
+        return cached
+
+    def _head_part(self, logits: int) -> _HeadPart:
+        """The logits half of :meth:`_token_part` (memoised per logits count)."""
+        cached = self._head_cache.get(logits)
+        if cached is None:
+            head = self._head_op(float(logits))
+            cached = _HeadPart(NO_OPS if head is None else _OpColumns.of((head,)),
+                               self._gather_s(float(logits)))
+            if len(self._head_cache) < TOKEN_MEMO_ENTRIES:
+                self._head_cache[logits] = cached
         return cached
 
     def step_record(self, batch: BatchShape) -> StepRecord:
@@ -569,6 +667,12 @@ class CostModel:
                                self._kv_bytes, self._step_overhead_s, host, self._run_memo)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
+        """Every operator of :meth:`_token_part`, in order: the token half, then the LM head."""
+        head = self._head_op(logits)
+        return self._body_ops(tokens) if head is None else [*self._body_ops(tokens), head]
+
+    def _body_ops(self, tokens: float) -> list[OpCost]:
+        """The operators that depend on the new tokens alone, in order (all but the LM head)."""
         m, tp, stage = self.model, self.tp, self.stage
         h, layers = m.hidden_size, self._layers
         heads = m.num_heads // tp
@@ -623,9 +727,15 @@ class CostModel:
                                          tokens, 6, sparse))
         if stage.last:
             ops.append(self._elementwise("elementwise", 2 * tokens * h, tokens, 1, 1))
-            ops.append(self._gemm("lm_head", logits, h, ceil_div(m.vocab_size, tp), 1,
-                                  sixteen_bit=True))
         return ops
+
+    def _head_op(self, logits: float) -> OpCost | None:
+        """The LM head over the rows that sample (None on a stage without it): the last operator."""
+        if not self.stage.last:
+            return None
+        m = self.model
+        return self._gemm("lm_head", logits, m.hidden_size, ceil_div(m.vocab_size, self.tp), 1,
+                          sixteen_bit=True)
 
     # ------------------------------------------------------------------ expert parallelism
     @property
@@ -652,7 +762,16 @@ class CostModel:
         """TP collectives: two all-reduces of the residual stream per layer, one after the
         vocabulary-parallel embedding, and the all-gather of the logits; with a QK-norm over all
         heads (:attr:`ModelSpec.qk_norm_across_heads`), one more per layer of each token's two
-        fp32 sums of squares."""
+        fp32 sums of squares. The token half and the logits half are computed apart
+        (:meth:`_communication_body`, :meth:`_gather_s`) and joined in this one order."""
+        lead, extra = self._communication_body(tokens)
+        if lead is None:
+            return extra
+        return lead + self._gather_s(logits) + extra
+
+    def _communication_body(self, tokens: float) -> tuple[float | None, float]:
+        """(the all-reduces plus the QK-norm sums, or None without TP; expert parallelism's
+        all-reduce of the MoE output inside one TP group, else 0.0): what depends on the tokens."""
         if self._experts is not None and not self.shares_experts and self._sparse:
             # expert parallelism inside one TP group: no dispatch (every GPU holds every token),
             # the MoE output's all-reduce combines the experts' partial sums as before
@@ -660,23 +779,32 @@ class CostModel:
         else:
             extra = 0.0
         if self.tp == 1:
-            return extra
-        link, m, stage = self.hardware.interconnect, self.model, self.stage
-        ring = self.runtime.allreduce == "ring" and domains_spanned(self.tp, self.hardware) is None
-
-        def all_reduce(nbytes: float) -> float:
-            if ring:
-                return ring_allreduce_s(nbytes, self.tp, link)
-            return allreduce_s(nbytes, self.tp, self.runtime, self.hardware)
-
-        gather = 0.0
-        if stage.last:
-            vocabulary = logits * m.vocab_size * IO_BYTES
-            gather = (ring_allgather_s(vocabulary, self.tp, link) if ring
-                      else allgather_s(vocabulary, self.tp, self.runtime, self.hardware))
+            return None, extra
+        m, stage = self.model, self.stage
         reduces = 2 * self._layers + (1 if stage.first else 0)
-        norms = self._layers * all_reduce(tokens * 2 * FP32_BYTES) if m.qk_norm_across_heads else 0.0
-        return reduces * all_reduce(tokens * m.hidden_size * IO_BYTES) + norms + gather + extra
+        norms = self._layers * self._all_reduce(tokens * 2 * FP32_BYTES) if m.qk_norm_across_heads else 0.0
+        return reduces * self._all_reduce(tokens * m.hidden_size * IO_BYTES) + norms, extra
+
+    @property
+    def _ring(self) -> bool:
+        """Whether collectives take the interconnect's ring model (the runtime says so and the
+        group stays inside one fast domain)."""
+        return self.runtime.allreduce == "ring" and domains_spanned(self.tp, self.hardware) is None
+
+    def _all_reduce(self, nbytes: float) -> float:
+        """One all-reduce of ``nbytes`` over the TP group."""
+        if self._ring:
+            return ring_allreduce_s(nbytes, self.tp, self.hardware.interconnect)
+        return allreduce_s(nbytes, self.tp, self.runtime, self.hardware)
+
+    def _gather_s(self, logits: float) -> float:
+        """The all-gather of the vocabulary-parallel logits (0.0 without TP or the LM head)."""
+        if self.tp == 1 or not self.stage.last:
+            return 0.0
+        vocabulary = logits * self.model.vocab_size * IO_BYTES
+        if self._ring:
+            return ring_allgather_s(vocabulary, self.tp, self.hardware.interconnect)
+        return allgather_s(vocabulary, self.tp, self.runtime, self.hardware)
 
     def _assemble(self, ops: list[OpCost], comm_s: float, total: float,
                   step_overhead: float | None = None) -> StepCost:
