@@ -8,6 +8,8 @@ compared here with the general computation it replaces.
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -56,6 +58,37 @@ def test_a_few_requests_are_classified_as_the_general_path_does(requests: list[t
     for name in FIELDS:
         assert getattr(fast, name) == getattr(reference, name), name
         assert type(getattr(fast, name)) is type(getattr(reference, name)), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 3000), st.integers(0, 2)),
+                min_size=SMALL_BATCH + 1, max_size=120), st.randoms(use_true_random=False))
+def test_many_requests_are_classified_as_the_general_path_does(requests: list[tuple[int, int, int]],
+                                                               rng: random.Random) -> None:
+    """``_from_many_requests`` (a mixed step's running requests): mostly decodes, some chunks,
+    whole prompts and recomputes, in any order; the same arrays and sums as the NumPy rule."""
+    requests = [(c, 1, 1) if rng.random() < 0.6 else (c, n, extra) for c, n, extra in requests]
+    computed = np.array([c for c, _, _ in requests], dtype=np.int64)
+    new = np.array([n for _, n, _ in requests], dtype=np.int64)
+    total = computed + new + np.array([extra for _, _, extra in requests], dtype=np.int64) - 1
+    total = np.maximum(total, computed + new)
+    fast = BatchShape.from_requests(new, computed, total)
+    reference = general_shape(new, computed, total)
+    for name in ARRAYS:
+        a, b = getattr(fast, name), getattr(reference, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    for name in FIELDS:
+        assert getattr(fast, name) == getattr(reference, name), name
+        assert type(getattr(fast, name)) is type(getattr(reference, name)), name
+
+
+@pytest.mark.parametrize(("new", "computed", "total"),
+                         [([0] * 20, [0] * 20, [5] * 20), ([1] * 19 + [6], [3] * 19 + [0], [4] * 19 + [5])])
+def test_many_bad_requests_are_refused_as_before(new: list[int], computed: list[int],
+                                                 total: list[int]) -> None:
+    with pytest.raises(ServesimError, match="new_tokens"):
+        BatchShape.from_requests(np.array(new), np.array(computed), np.array(total))
 
 
 def test_a_decode_among_a_few_requests_by_hand() -> None:

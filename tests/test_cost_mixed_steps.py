@@ -19,7 +19,13 @@ import pytest
 from test_cost_runs import DEPLOYMENTS, cost_model
 
 from servesim import BatchShape, CostModel, load_hardware, load_model
-from servesim.cost.attention import chunks_attention, one_chunk_attention, prefill_attention
+from servesim.cost.attention import (
+    chunks_attention,
+    decode_attention,
+    decode_attention_of,
+    one_chunk_attention,
+    prefill_attention,
+)
 from servesim.cost.step_cost import OP_CLASS_OF
 from servesim.dtypes import Precision
 from servesim.engines import RuntimeCosts
@@ -116,3 +122,47 @@ def test_a_mixed_step_with_one_chunk_takes_the_one_chunk_path() -> None:
     batch = BatchShape.build(prefill_tokens=[1500], prefill_context=[3000], decode_context=[40, 900],
                              prefill_emits=[False])
     assert prefill_attention(batch, *args) == chunks_attention(np.array([1500]), np.array([3000]), *args)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_remembered_chunk_kernels_are_the_kernels_priced_afresh(name: str) -> None:
+    """Mixed steps whose one chunk repeats (the memo) or not, with decodes or without: the batch's
+    operators are those ``prefill_attention`` and ``decode_attention`` give it directly."""
+    cost = named_cost_model(name)
+    rng = np.random.default_rng(3)
+    # chunks sharing their token count or their context with others
+    chunks = [(new, context) for new in (1, 64, 2000) for context in (0, 512, 9000)]
+    for _ in range(60):
+        new, context = chunks[int(rng.integers(len(chunks)))]
+        decodes = rng.integers(1, 30_000, int(rng.integers(0, 40))).tolist()
+        batch = BatchShape.build(prefill_tokens=[new], prefill_context=[context],
+                                 decode_context=decodes, prefill_emits=[bool(rng.integers(2))])
+        direct = []
+        for shape, layers in cost._attention_groups:
+            args = (shape, cost.hardware, cost.bf16_peak, cost._kv_bytes, layers)
+            direct.append(prefill_attention(batch, *args))
+            if decodes:
+                direct.append(decode_attention(batch, *args))
+        assert cost._batch_ops(batch)[:len(direct)] == direct, (name, new, context)
+
+
+@pytest.mark.parametrize("tile", [1, 16, 64, 256])
+def test_whole_tiles_are_counted_as_the_general_branch_counts_them(tile: int) -> None:
+    """Full attention over KV tiles: ``c // tile + 1`` tiles per request, the general branch's
+    ``ceil((c + 1) / tile)``, on contexts on and around tile boundaries."""
+    cost = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    hardware = cost.hardware
+    decode = hardware.efficiency.attention_decode.model_copy(update={"key_tile": tile})
+    hardware = hardware.model_copy(update={"efficiency": hardware.efficiency.model_copy(
+        update={"attention_decode": decode})})
+    (shape, layers), = cost._attention_groups
+    rng = np.random.default_rng(9)
+    for _ in range(50):
+        context = rng.integers(0, 5000, int(rng.integers(1, 50)))
+        context[: context.size // 2] = (context[: context.size // 2] // tile) * tile - rng.integers(0, 2)
+        context = np.maximum(context, 0)
+        seen = context + 1
+        keys = float((-(-seen // tile) * tile).sum())
+        args = (hardware, cost.bf16_peak, cost._kv_bytes, layers)
+        assert decode_attention(BatchShape.decodes_only(context), shape, *args) == \
+            decode_attention_of(float(context.size), keys, shape, *args)

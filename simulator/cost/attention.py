@@ -216,6 +216,10 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
         keys = float((batch.decode_context % shape.chunk).sum()) + n
     elif shape.window is None and shape.chunk is None and tile == 1:
         keys = batch.decode_context_sum + n
+    elif shape.window is None and shape.chunk is None:
+        # each request reads ceil((c + 1) / tile) = c // tile + 1 whole tiles (c >= 0): the
+        # general branch's integer sum, in two NumPy calls
+        keys = float(tile * (int((batch.decode_context // tile).sum()) + batch.num_decodes))
     else:
         context = batch.decode_context if shape.chunk is None else batch.decode_context % shape.chunk
         seen = context + 1

@@ -134,8 +134,10 @@ class BatchShape:
         new = np.asarray(new_tokens, dtype=_INT)
         computed = np.asarray(computed_tokens, dtype=_INT)
         total = np.asarray(total_tokens, dtype=_INT)
-        if proposed is None and new.size <= SMALL_BATCH and new.ndim == computed.ndim == total.ndim == 1:
-            return cls._from_few_requests(new.tolist(), computed.tolist(), total.tolist())
+        if proposed is None and new.ndim == computed.ndim == total.ndim == 1:
+            if new.size <= SMALL_BATCH:
+                return cls._from_few_requests(new.tolist(), computed.tolist(), total.tolist())
+            return cls._from_many_requests(new, computed, total)
         if new.size and new.min() < 1:
             raise ServesimError("new_tokens", "a scheduled request computes at least one token",
                                 "do not schedule requests with no new tokens")
@@ -150,6 +152,37 @@ class BatchShape:
                                 "give proposals to requests past their first token")
         return cls(new[prefill], computed[prefill], computed[prefill] + new[prefill] == total[prefill],
                    computed[is_decode], None if proposed is None else new[is_decode])
+
+    @classmethod
+    def _from_many_requests(cls, new: np.ndarray, computed: np.ndarray, total: np.ndarray) -> BatchShape:
+        """:meth:`from_requests` without proposals, in fewer NumPy calls (a mixed step of chunked
+        prefill classifies every running request): each request's uncomputed tokens
+        ``total - computed`` once, the same checks and classification in those terms (exact int64
+        identities), and the sums taken here instead of validating again in ``__post_init__`` (a
+        chunk has at least one token, checked above). The same arrays and sums, so the same shape."""
+        if new.size and new.min() < 1:
+            raise ServesimError("new_tokens", "a scheduled request computes at least one token",
+                                "do not schedule requests with no new tokens")
+        left = total - computed
+        if (new > left).any():
+            raise ServesimError("new_tokens", "computed + new exceeds the request's tokens",
+                                "schedule at most total - computed new tokens (plus proposals)")
+        is_decode = (new == 1) & (left == 1) & (computed > 0)
+        prefill = ~is_decode
+        prefill_tokens = new[prefill]
+        emits = left[prefill] == prefill_tokens
+        decode_context = computed[is_decode]
+        prefills, decodes = int(prefill_tokens.size), int(decode_context.size)
+        prefill_sum = int(prefill_tokens.sum()) if prefills else 0
+        shape = object.__new__(cls)
+        shape.__dict__.update(
+            prefill_tokens=prefill_tokens, prefill_context=computed[prefill], prefill_emits=emits,
+            decode_context=decode_context, decode_tokens=None, num_prefills=prefills,
+            num_decodes=decodes, num_prefill_tokens=prefill_sum, num_decode_tokens=decodes,
+            num_new_tokens=prefill_sum + decodes,
+            decode_context_sum=float(decode_context.sum()) if decodes else 0.0,
+            num_logits=decodes + (int(np.count_nonzero(emits)) if prefills else 0))
+        return shape
 
     @classmethod
     def _from_few_requests(cls, new: list[int], computed: list[int], total: list[int]) -> BatchShape:
