@@ -19,6 +19,7 @@ import pytest
 from test_cost_runs import DEPLOYMENTS, cost_model
 
 from servesim import BatchShape, CostModel, load_hardware, load_model
+from servesim.cost import step_cost
 from servesim.cost.attention import (
     chunks_attention,
     decode_attention,
@@ -166,3 +167,21 @@ def test_whole_tiles_are_counted_as_the_general_branch_counts_them(tile: int) ->
         args = (hardware, cost.bf16_peak, cost._kv_bytes, layers)
         assert decode_attention(BatchShape.decodes_only(context), shape, *args) == \
             decode_attention_of(float(context.size), keys, shape, *args)
+
+
+def test_the_memos_stay_bounded_and_price_past_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past their bounds the halves, parts and chunk kernels are priced afresh, the same floats."""
+    monkeypatch.setattr(step_cost, "BODY_MEMO_ENTRIES", 5)
+    monkeypatch.setattr(step_cost, "TOKEN_MEMO_ENTRIES", 7)
+    monkeypatch.setattr(step_cost, "CHUNK_MEMO_ENTRIES", 3)
+    cost = cost_model("codellama-34b", "a100-sxm-80gb", 2, "vllm")
+    for tokens in range(100, 140):
+        part = cost._token_part(tokens, tokens % 9)
+        assert tuple(getattr(part, f.name) for f in fields(part)) == \
+            reference_part(cost, tokens, tokens % 9)
+        batch = BatchShape.build(prefill_tokens=[tokens], prefill_context=[tokens * 3], decode_context=[50])
+        (shape, layers), = cost._attention_groups
+        args = (shape, cost.hardware, cost.bf16_peak, cost._kv_bytes, layers)
+        assert cost._batch_ops(batch)[0] == prefill_attention(batch, *args)
+    assert (len(cost._body_cache), len(cost._head_cache), len(cost._token_cache),
+            len(cost._chunk_ops)) == (5, 7, 7, 3)

@@ -224,9 +224,15 @@ class _TokenPart:
 
 
 TOKEN_MEMO_ENTRIES = 1 << 16
-"""At most this many token parts (and as many token halves and logits halves) per cost model."""
+"""At most this many token parts (about 0.5 kB each: their operators are the halves') and logits
+halves per cost model."""
+BODY_MEMO_ENTRIES = 1 << 14
+"""At most this many token halves per cost model (about 3 kB each, so under 50 MB: a step's token
+count rarely exceeds the engine's step budget, but a policy that does not chunk may see as many
+as its prompts have lengths)."""
 CHUNK_MEMO_ENTRIES = 1 << 16
-"""At most this many one-chunk prefill kernels (per attention kind) per cost model (a few MB)."""
+"""At most this many one-chunk prefill kernels (a tuple per chunk, one per attention kind, about
+0.4 kB) per cost model."""
 
 
 @dataclass(frozen=True)
@@ -568,7 +574,7 @@ class CostModel:
         if cached is None:
             lead, extra = self._communication_body(float(tokens))
             cached = _BodyPart(_OpColumns.of(tuple(self._body_ops(float(tokens)))), lead, extra)
-            if len(self._body_cache) < TOKEN_MEMO_ENTRIES:
+            if len(self._body_cache) < BODY_MEMO_ENTRIES:
                 self._body_cache[tokens] = cached
         return cached
 
