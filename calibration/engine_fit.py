@@ -224,44 +224,12 @@ def fit_front_end(measurements: Sequence[Measurement], start: Coefficients) -> C
     return fit(light, ("frontend_s",), start=start, metrics=("ttft",))
 
 
-def fit_least_host(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s", "per_seq_s"),
-                   metrics: Sequence[str] = METRICS) -> Coefficients:
-    """:func:`fit`, then the least fixed host time per step whose loss stays within one standard
-    error of the best (the one-standard-error rule), the other coefficients refitted with it.
-
-    Why: with an overlapped host the fixed time shows only where it exceeds the GPU's step, so
-    measurements of large models leave it free up to their step time, and the best loss often
-    sits on a value that no measurement needs (TensorRT-LLM fitted without Llama-3.1-8B: 5.5 ms,
-    a 6 ms floor under Llama's 2.7-3.3 ms steps at TP 4-8). Among the coefficients the data
-    cannot tell apart (losses within one standard error of the mean per-measurement loss), the
-    least host time is the one that claims no more than the data show. The fixed time is tried
-    at the grid's values below the best, smallest first."""
-    best = fit(measurements, params, metrics=metrics)
-    if "fixed_s" not in params or best.fixed_s <= 0 or len(measurements) < 2:
-        return best
-    per_measurement = np.array([loss([m], best, metrics) for m in measurements])
-    bound = per_measurement.mean() + per_measurement.std(ddof=1) / np.sqrt(per_measurement.size)
-    others = tuple(name for name in params if name != "fixed_s")
-    for value in GRIDS["fixed_s"]:
-        if value >= best.fixed_s:
-            break
-        trial = _with(best, "fixed_s", value)
-        if others:
-            trial = fit(measurements, others, start=trial, rounds=2, metrics=metrics)
-        if loss(measurements, trial, metrics) <= bound:
-            return trial
-    return best
-
-
 def leave_one_model_out(measurements: Sequence[Measurement], params: Sequence[str] = ("fixed_s", "per_seq_s"),
-                        metrics: Sequence[str] = METRICS, least_host: bool = False
-                        ) -> dict[str, Coefficients]:
-    """For each group (model), the coefficients fitted on every other group's measurements
-    (``least_host``: by :func:`fit_least_host`)."""
+                        metrics: Sequence[str] = METRICS) -> dict[str, Coefficients]:
+    """For each group (model), the coefficients fitted on every other group's measurements."""
     groups = sorted({m.group for m in measurements})
-    fitter = fit_least_host if least_host else fit
     out = {}
     for group in groups:
         others = [m for m in measurements if m.group != group]
-        out[group] = fitter(others, params, metrics=metrics) if others else Coefficients()
+        out[group] = fit(others, params, metrics=metrics) if others else Coefficients()
     return out

@@ -49,7 +49,7 @@ from servesim.atomic_io import atomic_write_text
 from servesim.calibration.engine_fit import (
     FRONT_END_MAX_CONCURRENCY,
     Measurement,
-    fit_least_host,
+    fit,
     leave_one_model_out,
     weighted_mean,
 )
@@ -467,8 +467,8 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
         if not mine:
             continue
         measurements = [t.measurement(warmup) for t in mine]
-        fitted[engine] = fit_least_host(measurements, params, metrics=metrics)
-        per_model = leave_one_model_out(measurements, params, metrics, least_host=True)
+        fitted[engine] = fit(measurements, params, metrics=metrics)
+        per_model = leave_one_model_out(measurements, params, metrics)
         if front_end:
             # the latency moves the schedule where requests join a busy replica: fitted to what
             # simulation says there (front_end_curves), not to the re-timed approximation; the
