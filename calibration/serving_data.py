@@ -247,8 +247,7 @@ def alias_duplicates(raw: pd.DataFrame) -> np.ndarray:
     midnight): one measurement filed under two names, kept once (the first)."""
     key = raw.drop(columns=[*KEY_EXCLUDED, "model_path"])
     key["architecture"] = raw["model_path"].map(lambda name: MODELS.get(name, name))
-    key["measured_on"] = raw["silicon_data_source"].map(
-        lambda source: (m.group(1).strip()[:10] if (m := MEASURED_ON.search(source)) else source))
+    key["measured_on"] = raw["silicon_data_source"].map(lambda source: measured_day(source) or source)
     return key.duplicated(keep="first").to_numpy()
 
 

@@ -103,9 +103,6 @@ class ChunkedPrefill(Policy):
         computed = r.computed[running]
         remaining = r.prompt[running] + r.generated[running] - computed
         decoding = remaining == 1
-        if replica.speculation is None and decoding.all():  # every request decodes one token (most steps)
-            need = blocks_for(computed, pool.block_size, plus=1) - pool.held[running]
-            return running, np.ones(running.size, dtype=np.int64), np.maximum(need, 0), None, computed
         budget = replica.limits.max_num_batched_tokens - int(np.count_nonzero(decoding))
         proposed = None
         if replica.speculation is not None and decoding.any():
@@ -116,7 +113,7 @@ class ChunkedPrefill(Policy):
             budget -= int(proposed.sum())
         if proposed is None and decoding.all():  # every request decodes one token (most steps)
             need = blocks_for(computed, pool.block_size, plus=1) - pool.held[running]
-            return running, np.ones(running.size, dtype=np.int64), np.maximum(need, 0), None, None
+            return running, np.ones(running.size, dtype=np.int64), np.maximum(need, 0), None, computed
         prompt_left = np.where(decoding, 0, remaining)
         before = np.cumsum(prompt_left) - prompt_left
         # np.clip's arithmetic (the bounds are ordered: 0 <= prompt_left), without its overhead

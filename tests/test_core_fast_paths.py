@@ -40,15 +40,8 @@ FIELDS = ("num_prefills", "num_decodes", "num_prefill_tokens", "num_decode_token
 ARRAYS = ("prefill_tokens", "prefill_context", "prefill_emits", "decode_context")
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 3000), st.integers(0, 2)),
-                min_size=0, max_size=SMALL_BATCH))
-def test_a_few_requests_are_classified_as_the_general_path_does(requests: list[tuple[int, int, int]]) -> None:
-    """Decodes (one token after the prompt), whole prompts, chunks and recomputes: the same arrays
-    (values and dtypes) and the same sums as the NumPy path."""
-    computed = np.array([c for c, _, _ in requests], dtype=np.int64)
-    new = np.array([n for _, n, _ in requests], dtype=np.int64)
-    total = computed + new + np.array([extra for _, _, extra in requests], dtype=np.int64)
+def assert_classified_as_the_general_path(new: np.ndarray, computed: np.ndarray, total: np.ndarray) -> None:
+    """``from_requests`` gives the NumPy rule's arrays (values and dtypes) and sums (values and types)."""
     fast = BatchShape.from_requests(new, computed, total)
     reference = general_shape(new, computed, total)
     for name in ARRAYS:
@@ -58,6 +51,18 @@ def test_a_few_requests_are_classified_as_the_general_path_does(requests: list[t
     for name in FIELDS:
         assert getattr(fast, name) == getattr(reference, name), name
         assert type(getattr(fast, name)) is type(getattr(reference, name)), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 3000), st.integers(0, 2)),
+                min_size=0, max_size=SMALL_BATCH))
+def test_a_few_requests_are_classified_as_the_general_path_does(requests: list[tuple[int, int, int]]) -> None:
+    """Decodes (one token after the prompt), whole prompts, chunks and recomputes: the same arrays
+    (values and dtypes) and the same sums as the NumPy path."""
+    computed = np.array([c for c, _, _ in requests], dtype=np.int64)
+    new = np.array([n for _, n, _ in requests], dtype=np.int64)
+    total = computed + new + np.array([extra for _, _, extra in requests], dtype=np.int64)
+    assert_classified_as_the_general_path(new, computed, total)
 
 
 @settings(max_examples=300, deadline=None)
@@ -72,15 +77,7 @@ def test_many_requests_are_classified_as_the_general_path_does(requests: list[tu
     new = np.array([n for _, n, _ in requests], dtype=np.int64)
     total = computed + new + np.array([extra for _, _, extra in requests], dtype=np.int64) - 1
     total = np.maximum(total, computed + new)
-    fast = BatchShape.from_requests(new, computed, total)
-    reference = general_shape(new, computed, total)
-    for name in ARRAYS:
-        a, b = getattr(fast, name), getattr(reference, name)
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        np.testing.assert_array_equal(a, b, err_msg=name)
-    for name in FIELDS:
-        assert getattr(fast, name) == getattr(reference, name), name
-        assert type(getattr(fast, name)) is type(getattr(reference, name)), name
+    assert_classified_as_the_general_path(new, computed, total)
 
 
 @pytest.mark.parametrize(("new", "computed", "total"),

@@ -38,6 +38,15 @@ def _as_tokens(values: Sequence[int] | np.ndarray, field: str) -> np.ndarray:
     return array
 
 
+def _no_new_tokens() -> ServesimError:
+    return ServesimError("new_tokens", "a scheduled request computes at least one token",
+                         "do not schedule requests with no new tokens")
+
+
+def _past_the_total() -> ServesimError:
+    return ServesimError("new_tokens", "computed + new exceeds the request's tokens",
+                         "schedule at most total - computed new tokens (plus proposals)")
+
 @dataclass(frozen=True)
 class BatchShape:
     """One iteration: prefill chunks and decoding requests.
@@ -139,12 +148,10 @@ class BatchShape:
                 return cls._from_few_requests(new.tolist(), computed.tolist(), total.tolist())
             return cls._from_many_requests(new, computed, total)
         if new.size and new.min() < 1:
-            raise ServesimError("new_tokens", "a scheduled request computes at least one token",
-                                "do not schedule requests with no new tokens")
+            raise _no_new_tokens()
         own = new if proposed is None else new - proposed
         if np.any(computed + own > total) or (proposed is not None and own.size and own.min() < 1):
-            raise ServesimError("new_tokens", "computed + new exceeds the request's tokens",
-                                "schedule at most total - computed new tokens (plus proposals)")
+            raise _past_the_total()
         is_decode = (own == 1) & (computed + 1 == total) & (computed > 0)
         prefill = ~is_decode
         if proposed is not None and np.any(proposed[prefill]):
@@ -161,28 +168,20 @@ class BatchShape:
         identities), and the sums taken here instead of validating again in ``__post_init__`` (a
         chunk has at least one token, checked above). The same arrays and sums, so the same shape."""
         if new.size and new.min() < 1:
-            raise ServesimError("new_tokens", "a scheduled request computes at least one token",
-                                "do not schedule requests with no new tokens")
+            raise _no_new_tokens()
         left = total - computed
         if (new > left).any():
-            raise ServesimError("new_tokens", "computed + new exceeds the request's tokens",
-                                "schedule at most total - computed new tokens (plus proposals)")
+            raise _past_the_total()
         is_decode = (new == 1) & (left == 1) & (computed > 0)
         prefill = ~is_decode
         prefill_tokens = new[prefill]
         emits = left[prefill] == prefill_tokens
         decode_context = computed[is_decode]
         prefills, decodes = int(prefill_tokens.size), int(decode_context.size)
-        prefill_sum = int(prefill_tokens.sum()) if prefills else 0
-        shape = object.__new__(cls)
-        shape.__dict__.update(
-            prefill_tokens=prefill_tokens, prefill_context=computed[prefill], prefill_emits=emits,
-            decode_context=decode_context, decode_tokens=None, num_prefills=prefills,
-            num_decodes=decodes, num_prefill_tokens=prefill_sum, num_decode_tokens=decodes,
-            num_new_tokens=prefill_sum + decodes,
-            decode_context_sum=float(decode_context.sum()) if decodes else 0.0,
-            num_logits=decodes + (int(np.count_nonzero(emits)) if prefills else 0))
-        return shape
+        return cls._assembled(prefill_tokens, computed[prefill], emits, decode_context,
+                              int(prefill_tokens.sum()) if prefills else 0,
+                              float(decode_context.sum()) if decodes else 0.0,
+                              int(np.count_nonzero(emits)) if prefills else 0)
 
     @classmethod
     def _from_few_requests(cls, new: list[int], computed: list[int], total: list[int]) -> BatchShape:
@@ -191,33 +190,40 @@ class BatchShape:
         same checks, the same arrays (int64, bool) and the same sums (Python's int sums are
         exact, as NumPy's int64 ones are here), so the same shape."""
         if new and min(new) < 1:
-            raise ServesimError("new_tokens", "a scheduled request computes at least one token",
-                                "do not schedule requests with no new tokens")
+            raise _no_new_tokens()
         prefill_tokens: list[int] = []
         prefill_context: list[int] = []
         prefill_emits: list[bool] = []
         decode_context: list[int] = []
         for n, c, t in zip(new, computed, total, strict=True):
             if c + n > t:
-                raise ServesimError("new_tokens", "computed + new exceeds the request's tokens",
-                                    "schedule at most total - computed new tokens (plus proposals)")
+                raise _past_the_total()
             if n == 1 and c + 1 == t and c > 0:
                 decode_context.append(c)
             else:
                 prefill_tokens.append(n)
                 prefill_context.append(c)
                 prefill_emits.append(c + n == t)
+        return cls._assembled(np.array(prefill_tokens, dtype=_INT), np.array(prefill_context, dtype=_INT),
+                              np.array(prefill_emits, dtype=bool), np.array(decode_context, dtype=_INT),
+                              sum(prefill_tokens), float(sum(decode_context)) if decode_context else 0.0,
+                              sum(prefill_emits))
+
+    @classmethod
+    def _assembled(cls, prefill_tokens: np.ndarray, prefill_context: np.ndarray, prefill_emits: np.ndarray,
+                   decode_context: np.ndarray, prefill_sum: int, decode_context_sum: float,
+                   emitting: int) -> BatchShape:
+        """A shape without proposals from arrays already checked and their sums already taken (the
+        few- and many-request paths of :meth:`from_requests`): ``__post_init__``'s validation and
+        sums skipped, the same fields set."""
+        decodes = int(decode_context.size)
         shape = object.__new__(cls)
-        prefill_sum, decodes = sum(prefill_tokens), len(decode_context)
         shape.__dict__.update(
-            prefill_tokens=np.array(prefill_tokens, dtype=_INT),
-            prefill_context=np.array(prefill_context, dtype=_INT),
-            prefill_emits=np.array(prefill_emits, dtype=bool),
-            decode_context=np.array(decode_context, dtype=_INT),
-            decode_tokens=None, num_prefills=len(prefill_tokens), num_decodes=decodes,
-            num_prefill_tokens=prefill_sum, num_decode_tokens=decodes, num_new_tokens=prefill_sum + decodes,
-            decode_context_sum=float(sum(decode_context)) if decodes else 0.0,
-            num_logits=decodes + sum(prefill_emits))
+            prefill_tokens=prefill_tokens, prefill_context=prefill_context, prefill_emits=prefill_emits,
+            decode_context=decode_context, decode_tokens=None, num_prefills=int(prefill_tokens.size),
+            num_decodes=decodes, num_prefill_tokens=prefill_sum, num_decode_tokens=decodes,
+            num_new_tokens=prefill_sum + decodes, decode_context_sum=decode_context_sum,
+            num_logits=decodes + emitting)
         return shape
 
     # ------------------------------------------------------------------ sums the cost model uses
