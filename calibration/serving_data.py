@@ -232,6 +232,9 @@ class ServingFile:
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)
     aliases: int = 0
     """Of ``duplicates``, those filed under another model name of the same architecture."""
+    unique: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """The file's rows (as text) with the duplicates dropped, replayable or not: what
+    :mod:`~servesim.calibration.serving_noise` compares re-measurements in."""
 
     def skipped_by_reason(self) -> dict[str, int]:
         if self.skipped.empty:
@@ -425,7 +428,7 @@ def read_serving_file(path: Path) -> ServingFile:
     aliased = alias_duplicates(exact)
     unique = exact[~aliased]
     out = ServingFile(path, total=len(raw), duplicates=len(raw) - len(unique),
-                      aliases=len(exact) - len(unique))
+                      aliases=len(exact) - len(unique), unique=unique)
     skipped = [{"row": line, "backend": backend, "model": model, "system": system, "reason": reason}
                for rows, reason in ((raw[repeated], DUPLICATE), (exact[aliased], ALIAS))
                for line, backend, model, system in zip(rows.index.to_numpy(dtype=np.int64).tolist(),

@@ -39,7 +39,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +63,7 @@ from servesim.calibration.replay import (
     trace_run,
 )
 from servesim.calibration.serving_data import HARDWARE, ServingFile, ServingRow, read_serving_file
+from servesim.calibration.serving_noise import replayed_noise
 from servesim.config import validate_document
 from servesim.engines import make_engine
 from servesim.errors import ServesimError
@@ -389,11 +390,13 @@ def chart(rows: pd.DataFrame, title: str, path: Path) -> None:
 
 
 def write_outputs(out: Path, rows: pd.DataFrame, summary: pd.DataFrame, skipped: pd.DataFrame,
-                  title: str) -> None:
+                  title: str, noise: pd.DataFrame | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "serving_rows.csv", rows.to_csv(index=False))
     atomic_write_text(out / "serving_summary.csv", summary.to_csv(index=False))
     atomic_write_text(out / "serving_skipped.csv", skipped.to_csv(index=False))
+    if noise is not None:
+        atomic_write_text(out / "serving_noise.csv", noise.to_csv(index=False))
     if len(rows):
         chart(rows, title, out / "serving.html")
 
@@ -409,9 +412,10 @@ def read_with_spread(path: Path, length_spread: float) -> ServingFile:
 
 def validate_serving(path: Path, out: Path | None = None, workers: int = 1, warmup: int = WARMUP,
                      measured: int = MEASURED, length_spread: float = 0.0,
-                     ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Predicted vs measured for every expressible row of ``path``, with the engines as shipped:
-    (rows, summary, skipped rows with reasons)."""
+    (rows, summary, skipped rows with reasons, and how well the replayed rows' re-measurements
+    predict each other: :func:`~servesim.calibration.serving_noise.replayed_noise`)."""
     data = read_with_spread(path, length_spread)
     traced = trace_rows(data.rows, warmup, measured, workers)
     coefficients = {t.row.row: shipped_coefficients(t.row.engine, HARDWARE[t.row.gpu]) for t in traced}
@@ -420,9 +424,10 @@ def validate_serving(path: Path, out: Path | None = None, workers: int = 1, warm
     unique = data.total - data.duplicates
     summary = summarise(rows, unique)
     skipped = skipped_table(data, traced)
+    noise = replayed_noise(data.unique, rows)
     if out is not None:
-        write_outputs(Path(out), rows, summary, skipped, f"{Path(path).name}: servesim vs measured")
-    return rows, summary, skipped
+        write_outputs(Path(out), rows, summary, skipped, f"{Path(path).name}: servesim vs measured", noise)
+    return rows, summary, skipped, noise
 
 
 @dataclass
@@ -437,6 +442,9 @@ class ServingFit:
     length_spread: float = 0.0
     """The output-length spread the rows were replayed with (:attr:`ServingRow.length_spread`),
     read from the traced rows, so every caller of :func:`fit_traced` gets it in the provenance."""
+    noise: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """How well the predicted rows' re-measurements predict each other
+    (:func:`~servesim.calibration.serving_noise.replayed_noise`): the floor under ``lomo_summary``."""
 
 
 def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: int = MEASURED,
@@ -492,7 +500,8 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
                            simulated)
     return ServingFit(fitted, rows, summarise(rows, data.total - data.duplicates),
                       skipped_table(data, traced), used,
-                      length_spread=max((t.row.length_spread for t in traced), default=0.0))
+                      length_spread=max((t.row.length_spread for t in traced), default=0.0),
+                      noise=replayed_noise(data.unique, rows))
 
 
 def runtime_profile_yaml(engine: str, c: Coefficients, provenance: str) -> str:

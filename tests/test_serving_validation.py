@@ -194,8 +194,9 @@ def test_each_row_replays_the_engine_release_it_measured() -> None:
 
 
 def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Path) -> None:
-    rows, summary, skipped = validate_serving(serving_file, tmp_path, measured=3)
+    rows, summary, skipped, noise = validate_serving(serving_file, tmp_path, measured=3)
     assert len(rows) == 5 and len(skipped) == 7  # the duplicate is listed too
+    assert noise.empty  # no replayed configuration is measured twice (the duplicate is dropped)
     assert list(rows["replay"]) == ["re-timed"] * 4 + ["simulated"]
     # the flags the replay assumed are in the rows: bf16 checkpoints keep a bf16 KV cache, an
     # aggregated TensorRT-LLM row's budget is its clients + ISL + 1500 in 32-token blocks
@@ -206,7 +207,8 @@ def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Pa
     # the disaggregated row's prefill group: one prompt of ISL + 1500 tokens (in 32-token blocks)
     assert list(rows.loc[rows["replay"] == "simulated", "step_budget"]) == [-(-(ISL + 1500) // 32) * 32]
     assert skipped["reason"].str.startswith("the simulator refuses the deployment").sum() == 1
-    for name in ("serving_rows.csv", "serving_summary.csv", "serving_skipped.csv", "serving.html"):
+    for name in ("serving_rows.csv", "serving_summary.csv", "serving_skipped.csv", "serving_noise.csv",
+                 "serving.html"):
         assert (tmp_path / name).is_file()
     overall = summary.set_index(["engine", "gpu"]).loc[("all", "all")]
     assert overall["rows"] == 5 and overall["share_of_file_%"] == pytest.approx(5 / 11 * 100)

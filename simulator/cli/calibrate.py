@@ -132,13 +132,24 @@ def validate_serving_command(
     from servesim.calibration.serving_validate import validate_serving
 
     _check_spread(length_spread)
-    _, summary, skipped = validate_serving(path, out, workers=workers, measured=measured,
-                                           length_spread=length_spread)
+    _, summary, skipped, noise = validate_serving(path, out, workers=workers, measured=measured,
+                                                  length_spread=length_spread)
     _print(summary, f"{path.name}: absolute % error of mean TTFT and TPOT, engines as shipped")
+    _print_noise(noise)
     _print_skipped(skipped)
     if out:
-        _console.print(f"wrote {out}/serving_rows.csv, serving_summary.csv, serving_skipped.csv, "
-                       "serving.html")
+        _console.print(f"wrote {out}/serving_rows.csv, serving_summary.csv, serving_noise.csv, "
+                       "serving_skipped.csv, serving.html")
+
+
+def _print_noise(noise: pd.DataFrame) -> None:
+    """The floor under the errors above: re-measurements of one configuration as each other's
+    prediction (:mod:`servesim.calibration.serving_noise`)."""
+    if noise.empty:
+        _console.print("no replayed configuration is measured twice: no noise floor to show")
+        return
+    _print(noise, "re-measured configurations: absolute % error of the mean of the other measurements "
+           "as each one's prediction (the floor under any replay's error on these rows)")
 
 
 def _check_spread(length_spread: float) -> None:
@@ -183,11 +194,12 @@ def fit_serving_command(
                        f"{c.serial_per_seq_s * 1e6:.2f} us per sequence; front end "
                        f"{c.frontend_s * 1e3:.3g} ms per request ({result.rows_used[engine]} rows)")
     _print(result.lomo_summary, "leave-one-model-out: absolute % error of mean TTFT and TPOT")
+    _print_noise(result.noise)
     _print_skipped(result.skipped)
     written = write_engine_fits(result, source or path.name, out_dir or configs_dir() / "engines")
     if report:
         write_outputs(report, result.lomo_rows, result.lomo_summary, result.skipped,
-                      f"{path.name}: leave-one-model-out predictions")
+                      f"{path.name}: leave-one-model-out predictions", result.noise)
     _console.print("wrote " + ", ".join(str(p) for p in written))
 
 
