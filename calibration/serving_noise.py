@@ -44,6 +44,8 @@ def leave_one_out_errors(unique: pd.DataFrame) -> pd.DataFrame:
     """One row per measurement of a re-measured configuration: its engine, the configuration's
     number of measurements, and the absolute % error of the mean of the others as its TTFT and
     TPOT prediction. Rows without a positive TTFT and TPOT take no part."""
+    if unique.empty:
+        return pd.DataFrame(columns=["group", "engine", "ttft_ape_%", "tpot_ape_%", "measurements"])
     ttft = pd.to_numeric(unique["silicon_ttft_ms"], errors="coerce").to_numpy(float)
     tpot = pd.to_numeric(unique["silicon_tpot_ms"], errors="coerce").to_numpy(float)
     usable = np.isfinite(ttft) & np.isfinite(tpot) & (ttft > 0) & (tpot > 0)
@@ -86,9 +88,10 @@ def noise_summary(unique: pd.DataFrame) -> pd.DataFrame:
 
 def replayed_noise(unique: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
     """:func:`noise_summary` of the rows a replay predicted (``predicted["row"]``, the file's line
-    numbers, which index ``unique``): the configurations the file records fully enough to replay.
+    numbers, which index ``unique``; a file read without its rows kept gives an empty floor): the
+    configurations the file records fully enough to replay.
     Rows it does not (most disaggregated rows name no worker counts) can share every recorded
     column and still be different deployments, so they would count as noise what is not."""
-    if predicted.empty:
-        return noise_summary(unique.iloc[0:0])
-    return noise_summary(unique.loc[predicted["row"].to_numpy()])
+    if unique.empty:
+        return noise_summary(unique)
+    return noise_summary(unique.loc[unique.index.intersection(predicted["row"].to_numpy())])

@@ -65,6 +65,7 @@ def test_only_the_replayed_rows_count_and_an_empty_file_has_no_floor() -> None:
     assert replayed_noise(unique, pd.DataFrame({"row": [1, 3]})).empty
     assert replayed_noise(unique, pd.DataFrame({"row": [1, 2]}))["measurements"].tolist() == [2, 2]
     assert replayed_noise(unique, pd.DataFrame(columns=["row"])).empty
+    assert replayed_noise(pd.DataFrame(), pd.DataFrame({"row": [1, 2]})).empty  # rows not kept
 
 
 @pytest.mark.skipif(not SERVING.is_file(), reason="../shared/data/serving is not here")
