@@ -1,4 +1,5 @@
-"""Reading a user's own benchmark run: ``vllm bench serve`` and SGLang ``bench_serving`` results.
+"""Reading a user's own benchmark run: ``vllm bench serve`` and SGLang ``bench_serving`` results
+(and aiperf's artifact directory, :mod:`~servesim.calibration.aiperf_result`).
 
 ``vllm bench serve --save-result --save-detailed`` writes one JSON object
 (``vllm/benchmarks/serve.py``): the run's settings (``request_rate``, a number or ``"inf"``;
@@ -88,8 +89,14 @@ def _rate(value: Any, path: Path) -> float:
 
 
 def read_benchmark(path: Path) -> BenchmarkRun:
-    """The run in ``path`` (a vLLM JSON or SGLang JSON-lines result, detected from its keys)."""
+    """The run in ``path`` (a vLLM JSON or SGLang JSON-lines result, detected from its keys, or an
+    aiperf artifact directory or ``profile_export.jsonl``)."""
+    # imported here: aiperf's reader builds on BenchmarkRun, defined above
+    from servesim.calibration.aiperf_result import is_aiperf, read_aiperf
+
     path = Path(path)
+    if is_aiperf(path):
+        return read_aiperf(path)
     document, tool = _document(path)
     missing = [key for key in PER_REQUEST if key not in document]
     if missing:

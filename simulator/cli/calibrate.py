@@ -205,8 +205,9 @@ def fit_serving_command(
 
 @calibrate_app.command("from-benchmark")
 def from_benchmark_command(
-    result: Annotated[Path, typer.Argument(help="vllm bench serve --save-result --save-detailed JSON, or "
-                                                "sglang.bench_serving --output-details JSON lines")],
+    result: Annotated[Path, typer.Argument(help="vllm bench serve --save-result --save-detailed JSON, "
+                                                "sglang.bench_serving --output-details JSON lines, or "
+                                                "aiperf's artifact directory")],
     config: Annotated[Path, Opt("--config", help="Experiment YAML of the deployment that served the run "
                                                  "(its workload is replaced by the run's requests)")],
     set_: Annotated[list[str] | None, Opt("--set", help="KEY=VALUE overrides of the experiment")] = None,
