@@ -106,7 +106,8 @@ def load_settings(summary: Path) -> tuple[int | None, float]:
     config = document.get("input_config") if isinstance(document, dict) else None
     if not isinstance(config, dict):
         raise ServesimError(f"{summary}: input_config", "is missing", FIX)
-    loadgen = config.get("loadgen") if isinstance(config.get("loadgen"), dict) else {}
+    section = config.get("loadgen")
+    loadgen: dict[str, Any] = section if isinstance(section, dict) else {}
     command = str(config.get("cli_command") or "")
     concurrency = loadgen.get("concurrency")
     if concurrency is None and (value := _flag(command, "--concurrency")) is not None:
@@ -169,9 +170,9 @@ def read_aiperf(path: Path) -> BenchmarkRun:
                             "give the export of a run that worked")
     good = table[ok]
     start_s = good[:, 0] - good[:, 0].min() if np.isfinite(good[:, 0]).all() else None
-    tpot = np.where(good[:, 2] > 1, good[:, 4], np.nan)
+    gaps = np.where(good[:, 2] > 1, good[:, 4], np.nan)
     return BenchmarkRun(
         source=str(path), tool="aiperf", prompt_tokens=good[:, 1].astype(np.int64),
-        output_tokens=good[:, 2].astype(np.int64), ttft_s=good[:, 3], tpot_s=tpot,
+        output_tokens=good[:, 2].astype(np.int64), ttft_s=good[:, 3], tpot_s=gaps,
         max_concurrency=concurrency, request_rate=request_rate, burstiness=1.0, start_s=start_s,
         failed=int((~ok).sum()), model="")

@@ -94,4 +94,4 @@ def replayed_noise(unique: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFram
     column and still be different deployments, so they would count as noise what is not."""
     if unique.empty:
         return noise_summary(unique)
-    return noise_summary(unique.loc[unique.index.intersection(predicted["row"].to_numpy())])
+    return noise_summary(unique.loc[unique.index.intersection(pd.Index(predicted["row"].to_numpy()))])
