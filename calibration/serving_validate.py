@@ -322,7 +322,8 @@ def prediction_rows(traced: list[TracedRow], coefficients: dict[int, Coefficient
                   if r.prefill is not None and r.decode is not None
                   else f"tp{r.tp} pp{r.pp} dp{r.dp} ep{r.ep}")
         budget = r.step_budget()  # what the replay assumed
-        lines.append({"row": r.row, "engine": r.engine, "gpu": r.gpu, "model": r.hf_model, "tp": r.tp,
+        lines.append({"row": r.row, "engine": r.engine, "version": r.version, "measured_on": r.measured_on,
+                      "gpu": r.gpu, "model": r.hf_model, "tp": r.tp,
                       "layout": layout, "precision": r.precision,
                       "kv_cache": r.kv_cache(),
                       "step_budget": budget,
@@ -378,6 +379,7 @@ def chart(rows: pd.DataFrame, title: str, path: Path) -> None:
                 name=str(engine), legendgroup=str(engine), showlegend=col == 1,
                 marker={"color": colours.get(str(engine), "gray"), "size": 6, "opacity": 0.7},
                 text=[f"row {r.row}: {r.model} {r.gpu} tp{r.tp} {r.isl}/{r.osl} c{r.concurrency}"
+                      f" ({engine} {r.version or '?'}{', ' + r.measured_on if r.measured_on else ''})"
                       for r in group.itertuples()]), row=1, col=col)
         values = rows[[f"measured_{metric}_ms", f"predicted_{metric}_ms"]].to_numpy()
         lo, hi = float(np.nanmin(values)), float(np.nanmax(values))

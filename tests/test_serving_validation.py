@@ -201,6 +201,8 @@ def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Pa
     # the flags the replay assumed are in the rows: bf16 checkpoints keep a bf16 KV cache, an
     # aggregated TensorRT-LLM row's budget is its clients + ISL + 1500 in 32-token blocks
     assert set(rows["kv_cache"]) == {"bf16"}
+    # each row names the release and day it was measured with, for reading the errors by campaign
+    assert list(rows.columns[1:4]) == ["engine", "version", "measured_on"]
     aggregated = rows[rows["replay"] == "re-timed"]
     expected = [-(-(c + ISL + 1500) // 32) * 32 for c in aggregated["concurrency"]]
     assert list(aggregated["step_budget"]) == expected
