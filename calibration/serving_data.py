@@ -51,6 +51,8 @@ from servesim.calibration.aic_flags import (
 )
 from servesim.dtypes import DType
 from servesim.engines import ENGINES as ENGINE_MODELS
+from servesim.engines.sglang import GB as GIB
+from servesim.engines.sglang import legacy_reserved_gb, mem_fraction_static
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.inputs.files import read_text
@@ -79,6 +81,7 @@ vision encoder is not modelled, and these text prompts never run it)."""
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
 MEASURED_ON = re.compile(r"measured=([^;]*)")
+RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 DUPLICATE = "repeats an earlier row's measurement (imported twice)"
 ALIAS = "repeats an earlier row's measurement under another name of the same architecture"
 """The reasons a dropped duplicate is listed with (:func:`read_serving_file`)."""
@@ -135,13 +138,23 @@ class ServingRow:
 
     def deployment(self) -> dict[str, Any]:
         """The ``deployment`` section: one worker's parallelism, or the two groups of a
-        disaggregated row."""
+        disaggregated row (with the memory fraction of an SGLang release before 0.5.3)."""
         if self.prefill is None or self.decode is None:
-            return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep}
+            return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
+                    **self._legacy_memory(self.tp * self.dp)}
         groups = {}
         for role, (workers, tp, dp, ep) in (("prefill", self.prefill), ("decode", self.decode)):
-            groups[role] = {"replicas": workers, "tp": tp, "dp": dp, "ep": ep}
+            groups[role] = {"replicas": workers, "tp": tp, "dp": dp, "ep": ep, **self._legacy_memory(tp * dp)}
         return {"kind": "disaggregated", **groups}
+
+    def _legacy_memory(self, tp_size: int) -> dict[str, float]:
+        """``gpu_memory_utilization`` of an SGLang release before 0.5.3, whose default
+        ``mem_fraction_static`` came from the older rule (:func:`~servesim.engines.sglang.
+        legacy_reserved_gb`; the engine models the rule of 0.5.3 on), else nothing."""
+        if self.engine != "sglang" or not before_release(self.version, (0, 5, 3)):
+            return {}
+        hbm = load_hardware(HARDWARE[self.gpu]).memory.capacity_bytes
+        return {"gpu_memory_utilization": mem_fraction_static(hbm, legacy_reserved_gb(hbm, tp_size) * GIB)}
 
     def engine_flags(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(deployment keys, engine knobs) the replay assumes where the file is silent: the flags
@@ -252,6 +265,13 @@ def alias_duplicates(raw: pd.DataFrame) -> np.ndarray:
     key["architecture"] = raw["model_path"].map(lambda name: MODELS.get(name, name))
     key["measured_on"] = raw["silicon_data_source"].map(lambda source: measured_day(source) or source)
     return key.duplicated(keep="first").to_numpy()
+
+
+def before_release(version: str, release: tuple[int, int, int]) -> bool:
+    """Whether ``version`` (``0.5.1.post1``, ``0.5.10.post1``) is a release before ``release``;
+    False for one that names none (a nightly build, an empty field)."""
+    match = RELEASE.match(version)
+    return match is not None and tuple(int(part) for part in match.groups()) < release
 
 
 def beyond_peak(row: ServingRow,

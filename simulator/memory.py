@@ -1,10 +1,21 @@
 """Per-GPU memory budget of a deployment, and the KV-cache pool that falls out of it.
 
-Sized the way vLLM sizes it: of the GPU's HBM, a fraction ``gpu_memory_utilization`` may be
-used; from that come off the runtime's reserve (CUDA context, NCCL buffers), the weights (this
-GPU's shard) and the peak activation workspace of the largest step the scheduler may run
-(``max_num_batched_tokens`` tokens, ``max_num_seqs`` rows of fp32 logits). What is left holds KV
-blocks of ``block_size`` tokens.
+Each engine reads its memory fraction (``gpu_memory_utilization`` here) its own way
+(:data:`BUDGET_RULES`, chosen by the engine's ``memory_budget``):
+
+- ``whole_gpu`` (vLLM's ``--gpu-memory-utilization``): of the GPU's HBM, that fraction may be
+  used; from it come off the runtime's reserve (CUDA context, NCCL buffers), the weights (this
+  GPU's shard) and the peak activation workspace of the largest step the scheduler may run
+  (``max_num_batched_tokens`` tokens, ``max_num_seqs`` rows of fp32 logits);
+- ``weights_and_kv`` (SGLang's ``--mem-fraction-static``): the fraction holds the weights and the
+  KV pool only; activations and CUDA graphs live in the rest of the GPU, so only the runtime's
+  reserve and the weights come off it (``profile_max_num_token``: the memory free after loading,
+  less the total times one minus the fraction);
+- ``free_after_load`` (TensorRT-LLM's ``kv_cache_config.free_gpu_memory_fraction``): the KV pool
+  takes that fraction of what is free once the reserve, the weights and the activation workspace
+  are allocated.
+
+What is left holds KV blocks of ``block_size`` tokens.
 
 The activation estimate is the largest set of tensors alive at once in one layer: the hidden
 state and the residual, plus the widest of the QKV output and the MLP's up-projection output
@@ -27,6 +38,8 @@ ACTIVATION_BYTES = 2.0
 """Intermediate activations are 16-bit even under FP8 GEMMs (outputs are written in bf16)."""
 LOGIT_BYTES = 4.0
 """The sampler works on fp32 logits."""
+BUDGET_RULES = ("whole_gpu", "weights_and_kv", "free_after_load")
+"""How an engine's memory fraction becomes its KV pool (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -39,15 +52,32 @@ class MemoryPlan:
     weight_bytes: float
     activation_bytes: float
     kv_bytes_per_token: float
+    budget_rule: str = "whole_gpu"
+    """How ``gpu_memory_utilization`` is read (:data:`BUDGET_RULES`)."""
 
     @property
     def budget_bytes(self) -> float:
+        """The memory the weights, the workspace the rule counts and the KV pool share."""
+        if self.budget_rule == "free_after_load":
+            return self.capacity_bytes
         return self.capacity_bytes * self.gpu_memory_utilization
 
     @property
     def kv_cache_bytes(self) -> float:
         """What remains for the KV cache (negative when the model does not fit)."""
-        return self.budget_bytes - self.reserved_bytes - self.weight_bytes - self.activation_bytes
+        if self.budget_rule == "weights_and_kv":
+            return self.budget_bytes - self.reserved_bytes - self.weight_bytes
+        left = self.budget_bytes - self.reserved_bytes - self.weight_bytes - self.activation_bytes
+        if self.budget_rule == "free_after_load":
+            return left * self.gpu_memory_utilization if left > 0 else left
+        return left
+
+    @property
+    def needed_bytes(self) -> float:
+        """What must fit in :attr:`budget_bytes` before any KV block: the reserve, the weights and,
+        where the rule counts it there, the activation workspace."""
+        counted = 0.0 if self.budget_rule == "weights_and_kv" else self.activation_bytes
+        return self.reserved_bytes + self.weight_bytes + counted
 
     @property
     def kv_token_capacity(self) -> int:
@@ -90,7 +120,7 @@ def activation_workspace_bytes(model: ModelSpec, tp: int, max_num_batched_tokens
 
 def _build_plan(model: ModelSpec, hardware: HardwareProfile, tp: int, precision: Precision,
                 gpu_memory_utilization: float, max_num_batched_tokens: int,
-                max_num_seqs: int) -> MemoryPlan:
+                max_num_seqs: int, budget_rule: str = "whole_gpu") -> MemoryPlan:
     return MemoryPlan(
         capacity_bytes=hardware.memory.capacity_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
@@ -99,6 +129,7 @@ def _build_plan(model: ModelSpec, hardware: HardwareProfile, tp: int, precision:
         activation_bytes=activation_workspace_bytes(model, tp, max_num_batched_tokens,
                                                     max_num_seqs),
         kv_bytes_per_token=model.kv_bytes_per_token(precision.kv_cache, tp, precision.group_size),
+        budget_rule=budget_rule,
     )
 
 
@@ -125,19 +156,21 @@ def check_group_size(model: ModelSpec, precision: Precision, tp: int) -> None:
 
 def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
                 precision: Precision | None = None, gpu_memory_utilization: float = 0.9,
-                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> MemoryPlan:
-    """The per-GPU budget; raises when the weights and workspace alone do not fit."""
+                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                budget_rule: str = "whole_gpu") -> MemoryPlan:
+    """The per-GPU budget (``budget_rule``: how the engine reads ``gpu_memory_utilization``,
+    :data:`BUDGET_RULES`); raises when the weights and workspace alone do not fit."""
     precision = precision or Precision()
     model.check_tensor_parallel(tp)
     check_group_size(model, precision, tp)
     if not 0 < gpu_memory_utilization <= 1:
         raise ServesimError("deployment.gpu_memory_utilization",
                             f"must be in (0, 1], got {gpu_memory_utilization}", "use e.g. 0.9")
-    limits = (gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
+    limits = (gpu_memory_utilization, max_num_batched_tokens, max_num_seqs, budget_rule)
     plan = _build_plan(model, hardware, tp, precision, *limits)
     if plan.kv_cache_bytes <= 0:
         gib = 2**30
-        need = (plan.weight_bytes + plan.activation_bytes + plan.reserved_bytes) / gib
+        need = plan.needed_bytes / gib
         fits_tp = smallest_fitting_tp(model, hardware, precision, *limits)
         hint = (f"use deployment.tp: {fits_tp} or more" if fits_tp else "use a larger GPU")
         raise ServesimError(
@@ -151,7 +184,7 @@ def plan_memory(model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
 
 def smallest_fitting_tp(model: ModelSpec, hardware: HardwareProfile, precision: Precision,
                         gpu_memory_utilization: float, max_num_batched_tokens: int,
-                        max_num_seqs: int) -> int | None:
+                        max_num_seqs: int, budget_rule: str = "whole_gpu") -> int | None:
     """The smallest valid power-of-two TP degree (up to 64) that leaves room for a KV cache."""
     for tp in (1, 2, 4, 8, 16, 32, 64):
         try:
@@ -159,7 +192,7 @@ def smallest_fitting_tp(model: ModelSpec, hardware: HardwareProfile, precision: 
         except ServesimError:
             continue
         plan = _build_plan(model, hardware, tp, precision, gpu_memory_utilization,
-                           max_num_batched_tokens, max_num_seqs)
+                           max_num_batched_tokens, max_num_seqs, budget_rule)
         if plan.kv_cache_bytes > 0:
             return tp
     return None

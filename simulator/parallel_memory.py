@@ -97,8 +97,8 @@ def stage_kv_bytes_per_token(model: ModelSpec, p: Parallelism, precision: Precis
 
 
 def plan_stages(model: ModelSpec, hardware: HardwareProfile, p: Parallelism, precision: Precision,
-                gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int
-                ) -> list[StageMemory]:
+                gpu_memory_utilization: float, max_num_batched_tokens: int, max_num_seqs: int,
+                budget_rule: str = "whole_gpu") -> list[StageMemory]:
     out = []
     for stage in stages_of(model, p):
         kv = stage_kv_bytes_per_token(model, p, precision, stage)
@@ -108,24 +108,25 @@ def plan_stages(model: ModelSpec, hardware: HardwareProfile, p: Parallelism, pre
             weight_bytes=stage_weight_bytes(model, p, precision, stage),
             activation_bytes=stage_activation_bytes(model, p, stage, max_num_batched_tokens, max_num_seqs,
                                                     p.expert_imbalance),
-            kv_bytes_per_token=kv if kv > 0 else 1.0)))
+            kv_bytes_per_token=kv if kv > 0 else 1.0, budget_rule=budget_rule)))
     return out
 
 
 def plan_replica_memory(model: ModelSpec, hardware: HardwareProfile, p: Parallelism, precision: Precision,
                         gpu_memory_utilization: float, max_num_batched_tokens: int,
-                        max_num_seqs: int) -> MemoryPlan:
+                        max_num_seqs: int, budget_rule: str = "whole_gpu") -> MemoryPlan:
     """The memory plan of the replica's tightest stage (one TP group holding every layer: exactly
-    :func:`~servesim.memory.plan_memory`)."""
+    :func:`~servesim.memory.plan_memory`; ``budget_rule``: the engine's, :data:`~servesim.memory.
+    BUDGET_RULES`)."""
     if p.is_single_group:
         return plan_memory(model, hardware, p.tp, precision, gpu_memory_utilization,
-                           max_num_batched_tokens, max_num_seqs)
+                           max_num_batched_tokens, max_num_seqs, budget_rule)
     stages = plan_stages(model, hardware, p, precision, gpu_memory_utilization, max_num_batched_tokens,
-                         max_num_seqs)
+                         max_num_seqs, budget_rule)
     for entry in stages:
         plan = entry.plan
         if plan.kv_cache_bytes <= 0:
-            need = (plan.weight_bytes + plan.activation_bytes + plan.reserved_bytes) / GIB
+            need = plan.needed_bytes / GIB
             where = f"stage {entry.stage.index} (layers {entry.stage.start}-{entry.stage.stop - 1})" \
                 if p.pp > 1 else "each GPU"
             raise ServesimError(

@@ -82,14 +82,16 @@ def test_priority_swap_and_unmodelled_policies_become_flags_or_notes() -> None:
 
 
 def test_sglang_names_and_the_static_memory_fraction_by_hand() -> None:
-    """--mem-fraction-static = (weights + KV pool) / HBM of the simulated memory plan, so SGLang's
-    KV pool comes out the size that was simulated."""
+    """--mem-fraction-static = (runtime reserve + weights + KV pool) / HBM of the simulated memory
+    plan, so SGLang's KV pool (free memory after loading, less the total times one minus the
+    fraction) comes out the size that was simulated."""
     config = validate_document(experiment(max_num_seqs=64))
     topology = resolve_topology(config)
     memory = topology.groups[0].memory
     server = launch_plans(topology, "prefix_affinity", config.model)["sglang"]
     argv = flags(server.servers[0].argv)
-    expected = int(1000 * (memory.weight_bytes + memory.kv_cache_bytes) / memory.capacity_bytes) / 1000
+    expected = int(1000 * (memory.reserved_bytes + memory.weight_bytes + memory.kv_cache_bytes)
+                   / memory.capacity_bytes) / 1000
     assert 0.8 < expected < 0.9
     assert argv["--mem-fraction-static"] == f"{expected:g}"
     assert argv["--tp-size"] == "2" and argv["--max-running-requests"] == "64"

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from servesim.engines import make_engine
-from servesim.engines.sglang import reserved_gb, sglang_capture_sizes
+from servesim.engines.sglang import legacy_reserved_gb, sglang_capture_sizes
 from servesim.engines.trtllm import trtllm_capture_sizes
 from servesim.errors import ServesimError
 from servesim.topology.resolve import resolve_topology
@@ -68,20 +68,62 @@ def test_vllm_schedules_asynchronously_from_release_0_14() -> None:
 
 
 def test_sglang_defaults_follow_gpu_memory_and_tp() -> None:
-    """H100 (80 GB): 8192-token chunks, decode graphs to 256 below TP 4 and 512 from TP 4, and
-    mem_fraction_static (memory - (9.5 + tp/2) GB) / memory; B200 (>= 160 GB): 16384 and 512."""
+    """H100 (80 GB): 8192-token chunks, decode graphs to 256 below TP 4 and 512 from TP 4; B200
+    (>= 160 GB): 16384 and 512."""
     h100 = group("sglang")
     hbm = h100.hardware.memory.capacity_bytes
     assert h100.policy.name == "prefill_first" and h100.limits.block_size == 1
     assert h100.limits.max_num_batched_tokens == 8192
-    assert h100.memory.gpu_memory_utilization == round((hbm - 10 * GIB) / hbm, 3)
     assert h100.runtime.cuda_graph_sizes[-1] == 256 and not h100.runtime.graph_mixed
     assert sglang_capture_sizes(512)[:7] == (1, 2, 4, 8, 12, 16, 24)
     assert sglang_capture_sizes(512)[-3:] == (480, 496, 512)
     assert make_engine("sglang", {}).runtime("h100", tp=4, hbm_bytes=hbm).cuda_graph_sizes[-1] == 512
     b200 = group("sglang", "b200")
     assert b200.limits.max_num_batched_tokens == 16384 and b200.runtime.cuda_graph_sizes[-1] == 512
-    assert reserved_gb(190 * GIB, 1) == 32.0
+    assert legacy_reserved_gb(190 * GIB, 1) == 32.0
+
+
+def test_sglang_mem_fraction_static_is_its_own_heuristic() -> None:
+    """SGLang 0.5.3 on (PR #10975): reserved MiB = 512 + 1.5 x max(chunk, 2048) + 2 x graph seats
+    + 1024 x tp_size / 8 (+ 3 x seats x dp, and 1.5 x seats x dp above 300 seats, under DP
+    attention), at least 10 GiB above 60 GiB, + 2 GiB for an EAGLE/MTP proposer; the fraction
+    is (memory - reserved) / memory to three places. By hand, memory in MiB (H100 81,559; H200
+    143,771; B200 183,359):
+    H100 tp 1: 512 + 12,288 + 512 + 128 = 13,440 -> 0.835; tp 4: + 1,024 graph seats, 512 -> 0.824;
+    a 2,048-token chunk: 4,224, raised to the 10 GiB floor -> 0.874;
+    B200 tp 1: 512 + 24,576 + 1,024 + 128 = 26,240 -> 0.857;
+    B200 tp 1 x dp 8 (tp_size 8): 512 + 24,576 + 1,024 + 1,024 + 12,288 + 6,144 = 45,568 -> 0.751;
+    H200 tp 8 with EAGLE: 512 + 12,288 + 1,024 + 1,024 + 2,048 = 16,896 -> 0.882."""
+    def fraction(hardware: str = "h100-sxm-80gb", **deployment: Any) -> float:
+        return group("sglang", hardware, **deployment).memory.gpu_memory_utilization
+
+    assert fraction() == 0.835
+    assert fraction(tp=4) == 0.824
+    assert fraction(max_num_batched_tokens=2048, max_num_seqs=256) == 0.874
+    assert fraction("b200") == 0.857
+    engine = make_engine("sglang", {})
+    b200 = 183_359 * 2**20
+    assert engine.memory_fraction(b200, tp=1, pp=1, dp=8, chunk=16384, speculative=None) == 0.751
+    h200 = 143_771 * 2**20
+    assert engine.memory_fraction(h200, tp=8, pp=1, dp=1, chunk=8192, speculative="eagle") == 0.882
+    assert group("sglang", gpu_memory_utilization=0.8).memory.gpu_memory_utilization == 0.8  # as set
+
+
+def test_each_engine_reads_its_memory_fraction_its_own_way() -> None:
+    """vLLM: the fraction of the whole GPU holds the reserve, the weights, the activation
+    workspace and the KV pool; SGLang: the weights and the KV pool (activations live outside it);
+    TensorRT-LLM: the KV pool takes the fraction of what is free after the reserve, the weights
+    and the workspace."""
+    for engine, rule in (("vllm", "whole_gpu"), ("sglang", "weights_and_kv"), ("trtllm", "free_after_load")):
+        m = group(engine).memory
+        assert m.budget_rule == rule
+        cap, u, rest = m.capacity_bytes, m.gpu_memory_utilization, m.reserved_bytes + m.weight_bytes
+        expected = {"whole_gpu": cap * u - rest - m.activation_bytes,
+                    "weights_and_kv": cap * u - rest,
+                    "free_after_load": u * (cap - rest - m.activation_bytes)}[rule]
+        assert m.kv_cache_bytes == pytest.approx(expected, rel=1e-12)
+        assert m.activation_bytes > 0
+    assert group("trtllm").memory.gpu_memory_utilization == 0.9
 
 
 def test_sglang_max_prefill_tokens_caps_the_chunk() -> None:

@@ -364,6 +364,9 @@ class Engine(ABC):
     engine that says nothing runs step by step."""
     speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults()
     """Its defaults for speculative decoding (``speculative:`` in the experiment)."""
+    memory_budget: ClassVar[str] = "whole_gpu"
+    """How it reads its memory fraction (``deployment.gpu_memory_utilization``): one of
+    :data:`servesim.memory.BUDGET_RULES` (vLLM's: of the whole GPU, activations included)."""
 
     def __init__(self, knobs: EngineKnobs) -> None:
         self.knobs = knobs
@@ -409,6 +412,14 @@ class Engine(ABC):
         """The engine arguments a deployment inherits on this GPU at this TP degree (engines
         whose defaults depend on the GPU override this)."""
         return self.defaults
+
+    def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int,
+                        speculative: str | None) -> float | None:
+        """The memory fraction the engine picks itself for this deployment when the experiment
+        sets none (``deployment.gpu_memory_utilization``), or None: its scheduler defaults'.
+        ``chunk``: the step budget resolved for the deployment; ``speculative``: the speculative
+        method, if any. (SGLang derives ``mem_fraction_static`` from all of these.)"""
+        return None
 
     def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,
                 hbm_bytes: float | None = None) -> RuntimeCosts:

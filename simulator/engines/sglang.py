@@ -12,11 +12,19 @@ Defaults (``server_args.py``, ``_handle_gpu_memory_settings``), by GPU memory:
 ``cuda_graph_max_bs`` 256 below TP 4 and 512 from TP 4 on (B200: 512); ``max_prefill_tokens``
 16384, which caps a prefill batch's new tokens as the chunk does (the step budget here is the
 smaller of the two; ``--enable-mixed-chunk`` is the ``prefill_first`` policy's ``mixed: true``,
-whose decodes take their tokens from that budget too); ``mem_fraction_static``
-``(memory - reserved) / memory`` with ``reserved = 9.5 + tp/2`` GB below 90 GB, ``12 + tp/2`` GB
-below 160 GB and 32 GB above: SGLang's share for weights and KV, used here as
-``gpu_memory_utilization``. ``max_running_requests`` is sized from the KV pool by SGLang (its
-request table holds at most 4096); the seat limit here is 4096 and the KV pool binds first.
+whose decodes take their tokens from that budget too). ``mem_fraction_static`` is SGLang's share
+of the GPU for the weights and the KV pool (activations and CUDA graphs live in the rest: the
+memory plan's ``weights_and_kv`` rule), used here as ``gpu_memory_utilization``; unless the
+deployment sets it, it is SGLang's own heuristic since 0.5.3 (sgl-project/sglang PR #10975,
+merged 2025-09-27; :func:`mem_fraction_static`): ``(memory - reserved) / memory`` with, in MiB,
+``reserved = 512 + 1.5 x max(chunk, 2048) + 2 x cuda_graph_max_bs + 1024 x tp x pp / 8``, plus
+``3 x cuda_graph_max_bs x dp`` under data-parallel attention (and ``1.5 x`` that again above 300
+graph seats), at least 10 GiB on GPUs above 60 GiB, plus 2 GiB for an EAGLE or MTP proposer and
+6 GiB for a separate draft model; SGLang's ``tp_size`` is every GPU of the replica (``tp x dp``
+here). Releases before 0.5.3 reserved ``9.5 + tp/2`` GB below 90 GB, ``12 + tp/2`` GB below 160 GB
+and 32 GB above (:func:`legacy_reserved_gb`; the serving replay deploys those releases so).
+``max_running_requests`` is sized from the KV pool by SGLang (its request table holds at most
+4096); the seat limit here is 4096 and the KV pool binds first.
 
 Runtime:
 
@@ -51,6 +59,7 @@ from servesim.engines.base import (
 from servesim.engines.vllm import LAUNCH_S
 
 GB = 2**30  # SGLang reads memory in MiB and compares with multiples of 1024 MiB
+MIB = 2**20
 MAX_PREFILL_TOKENS = 16384
 """SGLang's ``--max-prefill-tokens`` default (``server_args.py``): no default chunk exceeds it."""
 
@@ -76,13 +85,47 @@ def sglang_capture_sizes(max_bs: int) -> tuple[int, ...]:
     return tuple(v for v in sizes if v <= max_bs)
 
 
-def reserved_gb(hbm_bytes: float, tp: int) -> float:
-    """SGLang's memory kept out of ``mem_fraction_static`` (activations, CUDA graphs), in GB."""
+def legacy_reserved_gb(hbm_bytes: float, tp: int) -> float:
+    """SGLang's memory kept out of ``mem_fraction_static`` before 0.5.3 (PR #7054's rule), in GB."""
     if hbm_bytes < 90 * GB:
         return 9.5 + tp / 2
     if hbm_bytes < 160 * GB:
         return 12 + tp / 2
     return 32.0
+
+
+def default_chunk(hbm_bytes: float) -> int:
+    """``chunked_prefill_size`` by GPU memory: 8192 below 160 GB (A100 80GB, H100, H200), 16384 above."""
+    return 16384 if hbm_bytes >= 160 * GB else 8192
+
+
+def default_graph_max_bs(hbm_bytes: float, tp_size: int) -> int:
+    """``cuda_graph_max_bs`` by GPU memory and SGLang's ``tp_size``: 256 below TP 4, 512 from TP 4
+    and on GPUs of 160 GB or more."""
+    return 512 if hbm_bytes >= 160 * GB or tp_size >= 4 else 256
+
+
+def reserved_mib(hbm_bytes: float, *, tp_size: int, pp: int, dp: int, chunk: int, graph_max_bs: int,
+                 speculative: str | None) -> float:
+    """SGLang's memory kept out of ``mem_fraction_static`` since 0.5.3, in MiB (see the module
+    docstring; ``_handle_gpu_memory_settings``); ``dp`` > 1 is data-parallel attention."""
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_max_bs * 2 + tp_size * pp / 8 * 1024
+    if dp > 1:
+        reserved += graph_max_bs * dp * 3
+        if graph_max_bs > 300:
+            reserved += graph_max_bs * dp * 1.5
+    if hbm_bytes > 60 * GB:
+        reserved = max(reserved, 10 * 1024)
+    if speculative == "draft_model":
+        reserved += 6 * 1024
+    elif speculative not in (None, "ngram"):
+        reserved += 2 * 1024
+    return reserved
+
+
+def mem_fraction_static(hbm_bytes: float, reserved_bytes: float) -> float:
+    """SGLang's rounding of ``(memory - reserved) / memory`` to three places."""
+    return round((hbm_bytes - reserved_bytes) / hbm_bytes, 3)
 
 
 @register_engine
@@ -102,19 +145,35 @@ class Sglang(Engine):
     cpu_costs: ClassVar[dict[str, CpuCosts]] = {"": UNFITTED_CPU}
     provenance: ClassVar[dict[str, str]] = {
         "defaults": "SGLang server_args._handle_gpu_memory_settings (chunked_prefill_size, "
-                    "cuda_graph_max_bs) and mem_fraction_static's reserved memory by GPU size",
+                    "cuda_graph_max_bs, and mem_fraction_static from the reserved memory, since 0.5.3)",
     }
+    memory_budget = "weights_and_kv"
+    """``mem_fraction_static`` holds the weights and the KV pool only."""
 
     def scheduler_defaults(self, hardware_name: str, hbm_bytes: float, tp: int) -> SchedulerDefaults:
         # A prefill batch stops at the first of its two limits (PrefillAdder's rem_chunk_tokens and
         # rem_input_tokens, both less the decodes a mixed batch carries): one budget here.
         knobs = self.knobs
         assert isinstance(knobs, SglangKnobs)
-        chunk = min(16384 if hbm_bytes >= 160 * GB else 8192, knobs.max_prefill_tokens or MAX_PREFILL_TOKENS)
-        fraction = round((hbm_bytes - reserved_gb(hbm_bytes, tp) * GB) / hbm_bytes, 3)
+        chunk = min(default_chunk(hbm_bytes), knobs.max_prefill_tokens or MAX_PREFILL_TOKENS)
         return SchedulerDefaults(policy="prefill_first", max_num_seqs=4096, block_size=1,
-                                 gpu_memory_utilization=fraction, watermark=0.0, enable_prefix_caching=True,
+                                 gpu_memory_utilization=self.defaults.gpu_memory_utilization, watermark=0.0,
+                                 enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=chunk, min_max_num_batched_tokens=chunk)
+
+    def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int,
+                        speculative: str | None) -> float | None:
+        # the chunk SGLang's formula reads is chunked_prefill_size, which the deployment's budget
+        # is unless --max-prefill-tokens cut it below the default chunk
+        knobs = self.knobs
+        assert isinstance(knobs, SglangKnobs)
+        tp_size = tp * dp
+        graph_max_bs = (max(knobs.cuda_graph_bs) if knobs.cuda_graph_bs else
+                        knobs.cuda_graph_max_bs or default_graph_max_bs(hbm_bytes, tp_size))
+        chunk_size = chunk if knobs.max_prefill_tokens is None else max(chunk, default_chunk(hbm_bytes))
+        reserved = reserved_mib(hbm_bytes, tp_size=tp_size, pp=pp, dp=dp, chunk=chunk_size,
+                                graph_max_bs=graph_max_bs, speculative=speculative)
+        return mem_fraction_static(hbm_bytes, reserved * MIB)
 
     def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,
                 hbm_bytes: float | None = None) -> RuntimeCosts:

@@ -5,9 +5,9 @@ one iteration, under the ``GUARANTEED_NO_EVICT`` capacity policy (a request star
 KV cache can hold all it will need): the ``no_evict`` policy. Defaults (``LlmArgs`` /
 ``BuildConfig``): ``max_batch_size`` 2048 (``max_num_seqs`` here), ``max_num_tokens`` 8192 (the
 step budget), chunked prefill off, ``tokens_per_block`` 32, KV block reuse (prefix caching) on.
-Its KV cache takes ``free_gpu_memory_fraction`` 0.9 of the memory left after the weights; the
-memory plan here takes ``gpu_memory_utilization`` of the whole GPU, so 0.9 is a close stand-in
-(it differs by a tenth of the weights' size).
+Its KV cache takes ``kv_cache_config.free_gpu_memory_fraction`` (default 0.9) of the memory
+free once the weights and the activation workspace are allocated: ``deployment.
+gpu_memory_utilization`` is read that way (``memory_budget = "free_after_load"``).
 
 Runtime:
 
@@ -78,6 +78,8 @@ class Trtllm(Engine):
     Knobs = TrtllmKnobs
     fast_forward = True
     """Its runtime (graphs, host time, all-reduce) is priced by the cost model from the batch alone."""
+    memory_budget = "free_after_load"
+    """``free_gpu_memory_fraction``: a share of the memory free after loading (KvCacheConfig)."""
     defaults = SchedulerDefaults(policy="no_evict", max_num_seqs=2048, block_size=32,
                                  gpu_memory_utilization=0.9, watermark=0.0, enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)
@@ -87,7 +89,8 @@ class Trtllm(Engine):
     cpu_costs: ClassVar[dict[str, CpuCosts]] = {"": UNFITTED_CPU}
     provenance: ClassVar[dict[str, str]] = {
         "defaults": "TensorRT-LLM LlmArgs/BuildConfig: max_batch_size 2048, max_num_tokens 8192, "
-                    "tokens_per_block 32, GUARANTEED_NO_EVICT, CudaGraphConfig max_batch_size 128",
+                    "tokens_per_block 32, GUARANTEED_NO_EVICT, CudaGraphConfig max_batch_size 128, "
+                    "KvCacheConfig free_gpu_memory_fraction 0.9 of the memory free after loading",
     }
 
     def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,

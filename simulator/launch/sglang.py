@@ -38,9 +38,11 @@ DTYPE_FLAG = {DType.BF16: "bfloat16", DType.FP16: "float16"}
 
 
 def mem_fraction_static(group: ReplicaGroup) -> float:
-    """(weights + KV pool) / HBM of the simulated memory plan, rounded down to 0.001."""
+    """(runtime reserve + weights + KV pool) / HBM of the simulated memory plan, rounded down to
+    0.001: SGLang's KV pool is the memory free after loading (the reserve and the weights gone)
+    less the total times one minus the fraction, so this fraction gives it the simulated size."""
     m = group.memory
-    return int(1000 * (m.weight_bytes + m.kv_cache_bytes) / m.capacity_bytes) / 1000
+    return int(1000 * (m.reserved_bytes + m.weight_bytes + m.kv_cache_bytes) / m.capacity_bytes) / 1000
 
 
 def _group_argv(group: ReplicaGroup) -> tuple[list[str], list[str]]:

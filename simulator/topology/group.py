@@ -199,14 +199,18 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
     if max_num_seqs > budget:
         raise ServesimError("deployment.max_num_seqs", f"{max_num_seqs} exceeds the step's token "
                             f"budget {budget}", "lower max_num_seqs or raise max_num_batched_tokens")
-    utilization = keys.gpu_memory_utilization or defaults.gpu_memory_utilization
+    utilization = keys.gpu_memory_utilization or engine.memory_fraction(
+        hardware.memory.capacity_bytes, tp=keys.tp, pp=keys.pp, dp=keys.dp, chunk=budget,
+        speculative=speculative.method if speculation is not None and speculative is not None else None,
+    ) or defaults.gpu_memory_utilization
     parallelism = parallelism_of(keys, model)
     check_parallelism(model, hardware, parallelism)
     if speculation is not None and parallelism.pp * parallelism.dp > 1:
         raise ServesimError("speculative", "is not modelled with pipeline stages or data-parallel "
                             "attention ranks (deployment.pp or deployment.dp above 1)",
                             "remove speculative, or use pp: 1 and dp: 1")
-    memory = plan_replica_memory(model, hardware, parallelism, precision, utilization, budget, max_num_seqs)
+    memory = plan_replica_memory(model, hardware, parallelism, precision, utilization, budget, max_num_seqs,
+                                 engine.memory_budget)
     if speculation is not None:
         memory = speculation.memory(memory, max_num_seqs, budget, model.vocab_size)
     block_size = keys.block_size or defaults.block_size
