@@ -81,6 +81,27 @@ def test_peaks_by_hand() -> None:
     assert max_output_tokens_per_s(requests, steps) == 16.0
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_most_in_flight_is_the_running_sum_of_sorted_events(seed: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peak read off the sorted arrivals and finishes (a few at a time) is the maximum of the
+    running sum of +1 per arrival and -1 per finish in time order, finishes first at an instant
+    (ties are frequent here: times are whole numbers)."""
+    import servesim.metrics.benchmark_names as names
+
+    monkeypatch.setattr(names, "BUCKET_CHUNK", 5)
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(1, 40))
+    arrival = rng.integers(0, 20, size=count).astype(float)
+    finish = arrival + rng.integers(0, 6, size=count)
+    requests = pd.DataFrame({"status": ["completed"] * count + ["rejected"], "arrival_s": [*arrival, 0.0],
+                             "finish_s": [*finish, np.nan]})
+    times = np.concatenate([arrival, finish])
+    deltas = np.concatenate([np.ones(count), -np.ones(count)])
+    expected = int(np.cumsum(deltas[np.lexsort((deltas, times))]).max())
+    assert max_concurrent_requests(requests) == expected
+
+
 def test_cli_flag_sets_the_percentiles_and_default_runs_keep_their_names(tmp_path: Path) -> None:
     done = cli("run", "quickstart", "--set", "workload.num_requests=50", "--metric-percentiles", "25,75",
                "--out", str(tmp_path), "--no-report", "--quiet")

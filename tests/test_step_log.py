@@ -102,19 +102,17 @@ def random_runs(seed: int, count: int) -> tuple[StepLog, list[tuple[float, np.nd
 
 def test_runs_expand_to_every_step_exactly() -> None:
     """A run-length record gives back each step's record, blocks, start (the same floats as the
-    run's clock, summed in Python) and batch fields; per step it keeps only the varying columns."""
+    run's clock, summed in Python) and batch fields; per step it keeps two int32."""
     log, runs = random_runs(7, 60)
     total = sum(len(records) for _, records, _ in runs)
     assert len(log) == total
-    log._runs._compact()  # the staged rows reduced to run-length form
-    expected_bytes = log._runs.nbytes()
-    varying = sum((records[1:] != records[0]).any(axis=0).sum() * (len(records) - 1)
-                  for _, records, _ in runs)
-    # per run: 5 int32, the first start and record (13 floats), 12 flags; per step: int32 blocks
-    assert expected_bytes == len(runs) * (5 * 4 + 13 * 8 + RECORD_WIDTH) + total * 4 + int(varying) * 8
+    log._runs._compact()  # the staged rows interned in the record table
+    # per run: 5 int32 and the first start; per step: int32 blocks and record index
+    assert log._runs.nbytes() == len(runs) * (5 * 4 + 8) + total * (4 + 4)
+    every = np.concatenate([records for _, records, _ in runs])
+    assert len(log._table) == len(np.unique(every, axis=0))  # each distinct record once
     columns = log.columns()
     assert all(columns[name].dtype == ROW[name] for name in columns)
-    every = np.concatenate([records for _, records, _ in runs])
     for index, name in enumerate(RECORD_COLUMNS):
         expected = every[:, index].astype(ROW[name])
         assert columns[name].tobytes() == np.ascontiguousarray(expected).tobytes(), name
@@ -133,13 +131,101 @@ def test_runs_expand_to_every_step_exactly() -> None:
 
 
 def test_runs_compacted_in_staged_blocks_expand_alike(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs compacted a few at a time (a stage of 50 floats) give the same columns as all at once."""
+    """Runs interned a few at a time (a stage of 50 floats) give the same columns as all at once."""
     whole = random_runs(9, 300)[0].columns()
     monkeypatch.setattr(step_runs, "STAGE_FLOATS", 50)
     log = random_runs(9, 300)[0]
-    assert len(log._runs._first) > 0 and len(log._runs._staged) < 50 + 40 * RECORD_WIDTH
+    assert len(log._runs._record) > 0 and len(log._runs._staged) < 50 + 40 * RECORD_WIDTH
     for name, values in log.columns().items():
         assert np.ascontiguousarray(values).tobytes() == np.ascontiguousarray(whole[name]).tobytes(), name
+
+
+def test_record_table_keeps_each_record_once_bit_for_bit() -> None:
+    """Records are matched by their bits: the same row again (in this block or a later one) gets
+    its first index, while -0.0 and 0.0, or two NaNs of different payloads, stay apart."""
+    table = step_runs.RecordTable(3)
+    quiet, other_nan = np.float64("nan"), np.frombuffer(np.uint64(0x7FF8000000000001).tobytes())[0]
+    block = np.array([[1.0, 2.0, 3.0], [0.0, 1.0, quiet], [1.0, 2.0, 3.0], [-0.0, 1.0, quiet],
+                      [0.0, 1.0, other_nan]])
+    index = table.intern(block)
+    assert index.dtype == np.int32 and index.tolist()[:3] == [index[0], index[1], index[0]]
+    assert len(set(index.tolist())) == 4 == len(table)
+    again = table.intern(np.array([[0.0, 1.0, quiet], [5.0, 5.0, 5.0], [-0.0, 1.0, quiet]]))
+    assert again.tolist() == [index[1], 4, index[3]] and len(table) == 5
+    read = np.stack([table.column(c, np.concatenate([index, again])) for c in range(3)], axis=1)
+    written = np.concatenate([block, [[0.0, 1.0, quiet], [5.0, 5.0, 5.0], [-0.0, 1.0, quiet]]])
+    assert read.tobytes() == written.tobytes()
+
+
+def test_record_table_never_merges_rows_whose_hashes_collide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every row hashed alike, the table keeps each different row (a hash only finds
+    candidates; the bits decide)."""
+    monkeypatch.setattr(step_runs, "_row_hashes", lambda bits: np.zeros(len(bits), dtype=np.uint64))
+    table = step_runs.RecordTable(2)
+    first = table.intern(np.array([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0]]))  # collide within the block
+    assert len(set(first.tolist())) == 3  # kept as they are: nothing merged
+    second = table.intern(np.array([[5.0, 6.0]]))  # collides with an indexed row of other bits
+    third = table.intern(np.array([[5.0, 6.0], [5.0, 6.0]]))
+    rows = table.rows()
+    assert rows[second].tolist() == [[5.0, 6.0]] and rows[third].tolist() == [[5.0, 6.0]] * 2
+    assert rows[first].tolist() == [[1.0, 2.0], [3.0, 4.0], [1.0, 2.0]]
+
+
+def test_row_chunks_keep_their_records_in_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full chunk keeps each row's record as an index into the log's table (shared with the
+    runs: a run step priced like an appended row points at the same record)."""
+    monkeypatch.setattr(step_log, "_CHUNK", 4)
+    log = StepLog()
+    for index in range(9):
+        log.append(*row(0, float(index), 1.0 + index % 2, 1, 1, 5))
+    assert len(log._chunks) == 2
+    assert all(name not in chunk for chunk in log._chunks for name in RECORD_COLUMNS)
+    assert len(log._table) == 2  # two durations: two records
+    assert log.column("duration_s").tolist() == [1.0 + i % 2 for i in range(9)]
+    assert log.column("bound").dtype == np.int8
+    assert log.end_s() == 9.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_two_ordered_sequences_merge_as_the_stable_sort(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock order of a replica's rows and runs (each in order) is the stable sort's
+    permutation, ties (the same start in both) keeping the rows first; merged in small chunks."""
+    monkeypatch.setattr(step_log, "_MERGE_CHUNK", 7)
+    rng = np.random.default_rng(seed)
+    first = np.sort(rng.integers(0, 30, size=int(rng.integers(1, 60))).astype(float))
+    second = np.sort(rng.integers(0, 30, size=int(rng.integers(1, 60))).astype(float))
+    expected = np.argsort(np.concatenate((first, second)), kind="stable")
+    order = step_log._merge_order(first, second)
+    if order is None:
+        assert (expected == np.arange(expected.size)).all()
+    else:
+        assert order.dtype == np.int32 and order.tolist() == expected.tolist()
+    assert step_log._merge_order(np.array([1.0, 2.0]), np.array([2.0, 3.0])) is None
+
+
+def test_a_replicas_rows_and_runs_merge_into_the_reference_order() -> None:
+    """One replica: rows appended around runs come out in the stable sort's order of starts."""
+    log = StepLog()
+    log.append(*row(0, 0.0, 1.0, 1, 0, 10))
+    log.extend_decode_run(0, [1.0, 1.5], 1, np.array([11, 11]), 0, 0, run_records([0.5, 0.5]))
+    log.append(*row(0, 2.0, 1.0, 1, 1, 12))
+    log.extend_decode_run(0, [3.0, 3.25], 2, np.array([13, 14]), 0, 0, run_records([0.25, 0.25]))
+    log.append(*row(0, 3.5, 1.0, 1, 0, 15))
+    assert log.column("start_s").tolist() == [0.0, 1.0, 1.5, 2.0, 3.0, 3.25, 3.5]
+    assert log.column("kv_blocks_used").tolist() == [10, 11, 11, 12, 13, 14, 15]
+
+
+def test_ends_are_starts_plus_durations_bit_for_bit() -> None:
+    """Each step's end, added piece by piece before the clock order (rows, runs, then settled
+    columns), is the same float as adding the two columns."""
+    log, _ = random_runs(11, 40)
+    for index in range(5):
+        log.append(*row(index % 3, 0.37 * index + 0.05, 0.1 + index / 7, 1, 2, 9))
+    expected = log.column("start_s") + log.column("duration_s")
+    assert log.ends().tobytes() == expected.tobytes()
+    log.columns()
+    assert log.ends().tobytes() == expected.tobytes()
+    assert StepLog().ends().size == 0
 
 
 def test_end_is_the_last_runs_clock() -> None:

@@ -41,3 +41,25 @@ def test_fractional_weights_merge_whole(monkeypatch: pytest.MonkeyPatch) -> None
     _, merged = merge_weighted(values, weights)
     assert merged.tobytes() == whole(values, weights)[1].tobytes()
     assert not stats._whole_numbers(weights) and stats._whole_numbers(np.array([1.0, 7.0]))
+
+
+def test_integer_counts_merge_as_float_counts_and_a_merged_sample_is_read_as_it_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM-named ITL figures merge the pairs with their int counts (no float copy) and read
+    the merged sample's percentiles without merging it again: the same floats either way."""
+    rng = np.random.default_rng(6)
+    values = rng.choice(rng.uniform(0.005, 0.2, 900), size=30_000)
+    counts = rng.integers(1, 256, size=values.size)
+    monkeypatch.setattr(stats, "MERGE_CHUNK", 1000)
+    x, merged = merge_weighted(values, counts)
+    x_float, merged_float = merge_weighted(values, counts.astype(float))
+    assert x.tobytes() == x_float.tobytes() and merged.tobytes() == merged_float.tobytes()
+    q = np.array([0.0, 50.0, 99.0, 100.0])
+    merged_again: list[bool] = []
+    real = stats.merge_weighted
+    monkeypatch.setattr(stats, "merge_weighted",
+                        lambda v, w: merged_again.append(np.shares_memory(v, x)) or real(v, w))
+    expected = weighted_percentile(values, counts.astype(float), q)
+    assert merged_again and not any(merged_again)
+    assert weighted_percentile(x, merged, q).tobytes() == expected.tobytes()
+    assert not any(merged_again)  # the merged sample is read as it is

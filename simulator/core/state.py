@@ -72,7 +72,8 @@ class ItlLog:
 
     def __init__(self) -> None:
         self.values = array("d")
-        self.counts = array("q")
+        self.counts = array("i")
+        """How many requests saw each gap (int32: a batch's requests)."""
         self.at = array("d")
         self.out_of_order = False
         self._settled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -115,31 +116,51 @@ class ItlLog:
         self.at.extend(at)
         self.out_of_order = True
 
+    def nbytes(self) -> int:
+        """Bytes the pairs hold now (append buffers and settled arrays), without settling them."""
+        held = sum(len(buffer) * buffer.itemsize for buffer in (self.values, self.counts, self.at))
+        return held + (sum(column.nbytes for column in self._settled) if self._settled is not None else 0)
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every pair's value and count (read-only), in the order the step-by-step loop writes
-        them (by time: a stable sort when runs wrote theirs late). The pairs move out of the
-        append buffers into these arrays (built once, without an intermediate copy); pairs
-        written later are merged in at the next call, after those at the same time."""
+        """Every pair's value and count (read-only; counts in int32), in the order the
+        step-by-step loop writes them (by time: a stable sort when runs wrote theirs late). The
+        pairs move out of the append buffers into these arrays one column at a time, each buffer
+        dropped once its column is moved (a million-request run's pairs are 3.8 million: the
+        buffers and the sorted arrays are never all held at once); pairs written later are merged
+        in at the next call, after those at the same time."""
         if self._settled is not None and not len(self.values):
             return self._settled[0], self._settled[1]
-        values = np.frombuffer(self.values, dtype=np.float64)
-        counts = np.frombuffer(self.counts, dtype=np.int64)
-        at = np.frombuffer(self.at, dtype=np.float64)
-        if self._settled is not None:
-            values, counts, at = (np.concatenate(pair) for pair in zip(self._settled, (values, counts, at),
-                                                                     strict=True))
-        if self.out_of_order or self._settled is not None:  # step by step the pairs are in time order
-            order = np.argsort(at, kind="stable")
-            settled = values[order], counts[order], at[order]
-        else:
-            settled = values.copy(), counts.copy(), at.copy()
-        del values, counts, at
-        self.values, self.counts, self.at = array("d"), array("q"), array("d")
+        at = self._joined("at")
+        # step by step the pairs are in time order
+        order = np.argsort(at, kind="stable") if self.out_of_order or self._settled is not None else None
+        sorted_at = at.copy() if order is None else at[order]
+        del at
+        self.at = array("d")
+        settled = self._moved("values", order), self._moved("counts", order), sorted_at
         self.out_of_order = False
         for column in settled:
             column.flags.writeable = False
         self._settled = settled
         return settled[0], settled[1]
+
+    def _joined(self, name: str) -> np.ndarray:
+        """One column of every pair written (``values``, ``counts`` or ``at``): the settled pairs'
+        then the append buffer's (read in place when nothing is settled)."""
+        buffer = getattr(self, name)
+        column = np.frombuffer(buffer, dtype=np.dtype(buffer.typecode))
+        if self._settled is None:
+            return column
+        index = ("values", "counts", "at").index(name)
+        return np.concatenate((self._settled[index], column))
+
+    def _moved(self, name: str, order: np.ndarray | None) -> np.ndarray:
+        """:meth:`_joined`'s column in time order (``order``: None when it is already), its
+        append buffer emptied."""
+        column = self._joined(name)
+        moved = column.copy() if order is None else column[order]
+        del column
+        setattr(self, name, array(getattr(self, name).typecode))
+        return moved
 
 
 class RequestState:

@@ -40,7 +40,12 @@ def weighted_percentile(
         return float(result) if result.ndim == 0 else result
     w = np.ones_like(v) if counts is None else np.asarray(counts, dtype=float).ravel()
     keep = np.isfinite(v) & (w > 0)
-    x, merged = merge_weighted(v, w) if keep.all() else merge_weighted(v[keep], w[keep])
+    if not keep.all():
+        x, merged = merge_weighted(v[keep], w[keep])
+    elif _strictly_increasing(v):  # merged already (the vLLM-named ITL figures): merging it again
+        x, merged = v, w            # would give the same arrays, through a sort's copies of them
+    else:
+        x, merged = merge_weighted(v, w)
     if x.size == 0:
         result = np.full(q_arr.shape, np.nan)
     elif method == "inverted_cdf":
@@ -61,7 +66,7 @@ def weighted_percentile(
     return float(result) if result.ndim == 0 else result
 
 
-MERGE_CHUNK = 1 << 20
+MERGE_CHUNK = 1 << 18
 """Values merged at a time by :func:`merge_weighted` (a long run's millions of ITL pairs are not
 sorted in one piece)."""
 
@@ -69,18 +74,34 @@ sorted in one piece)."""
 def merge_weighted(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted distinct values and the total weight of each.
 
-    Chunk by chunk, then the chunks' distinct values merged: a weight that is a count of tokens
-    (a whole number) sums exactly in any order, so this is ``np.unique`` + ``np.bincount`` over
-    the whole sample, without its sort's copies of every value."""
+    Chunk by chunk, each chunk's distinct values merged into those so far: a weight that is a
+    count of tokens (a whole number) sums exactly in any order, so this is ``np.unique`` +
+    ``np.bincount`` over the whole sample, without its sort's copies of every value (the memory
+    is a chunk's and the distinct values', never the sample's)."""
     if values.size == 0:
         return np.empty(0), np.empty(0)
     if values.size <= MERGE_CHUNK or not _whole_numbers(weights):
         x, inverse = np.unique(values, return_inverse=True)
         return x, np.bincount(inverse, weights=weights)
-    parts = [merge_weighted(values[low:low + MERGE_CHUNK], weights[low:low + MERGE_CHUNK])
-             for low in range(0, values.size, MERGE_CHUNK)]
-    x, inverse = np.unique(np.concatenate([part[0] for part in parts]), return_inverse=True)
-    return x, np.bincount(inverse, weights=np.concatenate([part[1] for part in parts]))
+    x, merged = merge_weighted(values[:MERGE_CHUNK], weights[:MERGE_CHUNK])
+    for low in range(MERGE_CHUNK, values.size, MERGE_CHUNK):
+        x, merged = _merge_sorted(x, merged, *merge_weighted(values[low:low + MERGE_CHUNK],
+                                                             weights[low:low + MERGE_CHUNK]))
+    return x, merged
+
+
+def _merge_sorted(x: np.ndarray, weights: np.ndarray, more: np.ndarray, more_weights: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Two sorted distinct samples with their total weights (``np.unique`` + ``np.bincount``
+    results) as one: a value of ``more`` already in ``x`` adds its weight to that value's (exact
+    for whole numbers), the others are inserted in order."""
+    at = np.searchsorted(x, more)
+    found = at < x.size
+    found[found] = x[at[found]] == more[found]
+    weights = weights.copy()
+    weights[at[found]] += more_weights[found]  # (each value at most once: both samples are distinct)
+    new = ~found
+    return np.insert(x, at[new], more[new]), np.insert(weights, at[new], more_weights[new])
 
 
 LEAN_CHUNK = 1 << 18
@@ -177,6 +198,12 @@ def weighted_average(values: np.ndarray, weights: np.ndarray, divisor: np.ndarra
             part /= divisor[low:low + LEAN_CHUNK]
         total += float(np.dot(part, weights[low:low + LEAN_CHUNK]))
     return total / float(weights.sum())
+
+
+def _strictly_increasing(values: np.ndarray) -> bool:
+    """Whether ``values`` are sorted and distinct: :func:`merge_weighted` of such values gives them
+    back with their weights as they are (each weight summed alone)."""
+    return values.size < 2 or bool((values[1:] > values[:-1]).all())
 
 
 def _whole_numbers(weights: np.ndarray) -> bool:

@@ -9,6 +9,8 @@ in :func:`request_latencies`, which the request table, the summary and the capac
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -35,32 +37,45 @@ def status_names(r: RequestState) -> np.ndarray:
     return status
 
 
-def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
+SUMMARY_UNREAD = ("request_id", "priority", "reject_reason", "swaps_out", "swaps_in", "max_itl_s")
+"""The request table's columns that no summary figure reads: the summary's table goes without
+them (see :func:`request_frame`)."""
+
+
+def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None, *,
+                  summary: bool = False) -> pd.DataFrame:
     """One row per request: what it was, what happened to it, and its latencies; ``extra``
-    columns (a topology's own) are appended."""
+    columns (a topology's own) are appended. ``summary``: the table the summary reads, which a
+    run that writes only its summary builds instead (at a million requests the whole table's new
+    columns are some 100 MiB): without :data:`SUMMARY_UNREAD`, and the counters in the int32
+    the run keeps them in (the summary sums and compares them: the same figures)."""
     latency = request_latencies(r)
-    frame = pd.DataFrame({
-        "request_id": np.arange(len(r), dtype=np.int64),
-        "replica": _int64(r.replica),
-        "arrival_s": r.arrival,
-        "prompt_tokens": r.prompt,
-        "output_tokens": r.output,
-        "priority": r.table.priority,
-        "status": status_names(r),
-        "reject_reason": np.asarray(REJECT_REASONS, dtype=object)[r.reject_reason],
-        "first_scheduled_s": r.first_scheduled,
-        "first_token_s": r.first_token,
-        "finish_s": r.finish,
-        "preemptions": _int64(r.preemptions),
-        "swaps_out": _int64(r.swaps_out),
-        "swaps_in": _int64(r.swaps_in),
-        "cached_tokens": _int64(r.cached_tokens),
-        "queueing_s": latency["queueing_s"],
-        "ttft_s": latency["ttft_s"],
-        "tpot_s": latency["tpot_s"],
-        "max_itl_s": r.max_itl,
-        "e2e_s": latency["e2e_s"],
-    }, copy=False)  # the finished run's columns, read in place: a long run's table is not held twice
+    counter: Callable[[np.ndarray], np.ndarray] = np.asarray if summary else _int64
+    columns: dict[str, Callable[[], np.ndarray | None]] = {
+        "request_id": lambda: np.arange(len(r), dtype=np.int64),
+        "replica": lambda: counter(r.replica),
+        "arrival_s": lambda: r.arrival,
+        "prompt_tokens": lambda: r.prompt,
+        "output_tokens": lambda: r.output,
+        "priority": lambda: r.table.priority,
+        "status": lambda: status_names(r),
+        "reject_reason": lambda: np.asarray(REJECT_REASONS, dtype=object)[r.reject_reason],
+        "first_scheduled_s": lambda: r.first_scheduled,
+        "first_token_s": lambda: r.first_token,
+        "finish_s": lambda: r.finish,
+        "preemptions": lambda: counter(r.preemptions),
+        "swaps_out": lambda: counter(r.swaps_out),
+        "swaps_in": lambda: counter(r.swaps_in),
+        "cached_tokens": lambda: counter(r.cached_tokens),
+        "queueing_s": lambda: latency["queueing_s"],
+        "ttft_s": lambda: latency["ttft_s"],
+        "tpot_s": lambda: latency["tpot_s"],
+        "max_itl_s": lambda: r.max_itl,
+        "e2e_s": lambda: latency["e2e_s"],
+    }
+    # the finished run's columns, read in place: a long run's table is not held twice
+    frame = pd.DataFrame({name: make() for name, make in columns.items()
+                          if not (summary and name in SUMMARY_UNREAD)}, copy=False)
     for name, column in (extra or {}).items():
         frame[name] = column
     return frame
@@ -71,6 +86,9 @@ def _int64(column: np.ndarray) -> np.ndarray:
     return column.astype(np.int64, copy=False)
 
 
-def itl_frame(r: RequestState) -> pd.DataFrame:
+def itl_frame(r: RequestState, *, summary: bool = False) -> pd.DataFrame:
+    """Every inter-token gap as (value, count) pairs; the counts in the table's int64, or for the
+    ``summary`` (which weighs the values by them: the same figures) in the log's int32."""
     values, counts = r.itl.arrays()
-    return pd.DataFrame({"itl_s": values, "count": counts}, copy=False)  # arrays() made them
+    return pd.DataFrame({"itl_s": values, "count": counts if summary else counts.astype(np.int64)},
+                        copy=False)  # arrays() made them

@@ -59,8 +59,24 @@ class RunResult:
     @cached_property
     def requests(self) -> pd.DataFrame:
         """One row per request (:func:`~servesim.metrics.tables.request_frame`)."""
+        return self._requests_frame(summary=False)
+
+    def _requests_frame(self, summary: bool) -> pd.DataFrame:
         columns = {**self.plan.topology.request_columns(self.sim), **session_columns(self.plan.workload)}
-        return request_frame(self.sim.requests, columns)
+        return request_frame(self.sim.requests, columns, summary=summary)
+
+    def _summary_requests(self) -> pd.DataFrame:
+        """The request table the summary reads: :attr:`requests` when it is built already,
+        otherwise only the columns a summary figure reads, not kept (``request_frame(...,
+        summary=True)``: a long run that writes only its summary never builds the whole table)."""
+        built = self.__dict__.get("requests")
+        return built if built is not None else self._requests_frame(summary=True)
+
+    def _summary_itl(self) -> pd.DataFrame:
+        """The ITL table the summary reads: :attr:`itl` when it is built already, otherwise the
+        pairs with their counts as the log holds them (int32), not kept."""
+        built = self.__dict__.get("itl")
+        return built if built is not None else itl_frame(self.sim.requests, summary=True)
 
     @cached_property
     def steps(self) -> pd.DataFrame:
@@ -109,7 +125,7 @@ class RunResult:
 
     @cached_property
     def summary(self) -> Summary:
-        plan, steps, requests = self.plan, self._summary_steps(), self.requests
+        plan, steps, requests = self.plan, self._summary_steps(), self._summary_requests()
         topology = plan.topology
         kv_run = next(run for run in self.built.groups if run.group is topology.kv_group)
         kv_steps = steps if len(topology.groups) == 1 else steps[steps["pool"] == kv_run.group.name]
@@ -121,7 +137,7 @@ class RunResult:
         if speculation is not None:
             sections = {**sections, "speculation": speculative_section(speculation, kv_run.states, kv_steps)}
         return summarise(
-            requests, self.itl, slo_limits=slo.limits() if slo else {},
+            requests, self._summary_itl(), slo_limits=slo.limits() if slo else {},
             offered_rate=self.offered_rate, deployment=plan.describe(),
             kv=kv_usage(kv_run.states, kv_steps), swap=swap_usage(states), batch=batch_usage(steps),
             sections={**sections, **session_section(requests, plan.workload, slo.limits() if slo else {})},
