@@ -76,6 +76,14 @@ class Batch:
         return cls(ids, new_tokens, shape, preempted, speculation=speculation)
 
     @classmethod
+    def of_one(cls, ids: np.ndarray, new_tokens: np.ndarray, computed: int, new: int) -> Batch:
+        """:meth:`of` of one request (``ids``, ``new_tokens``: one element each) that computes
+        ``new`` tokens after ``computed`` and then has computed all it has (a whole prompt, or the
+        rest of one after a prefix-cache hit): classified from Python ints without the
+        array round trip (the same shape: ``tests/test_core_fast_paths.py``)."""
+        return cls(ids, new_tokens, BatchShape._from_few_requests([new], [computed], [computed + new]))
+
+    @classmethod
     def speculative_decodes(cls, ids: np.ndarray, context: np.ndarray, proposed: np.ndarray,
                             speculation: Proposals, preempted: int = 0) -> Batch:
         """Every request decodes, ``ids[i]`` verifying ``proposed[i]`` proposals (0: a plain

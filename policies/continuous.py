@@ -109,6 +109,10 @@ class ContinuousBatching(Policy):
                 break
         if not room.ids or self._held_back(len(room.ids)):
             return None
+        if len(room.ids) == 1:  # most admissions start one prompt
+            request, tokens = room.ids[0], room.new_tokens[0]
+            ids, new = replica.commit(room, now)
+            return Batch.of_one(ids, new, int(replica.requests.computed[request]), tokens)
         ids, new = replica.commit(room, now)
         computed = replica.requests.computed[ids]
         return Batch.of(ids, new, computed, computed + new)
@@ -126,7 +130,7 @@ class ContinuousBatching(Policy):
         # The tokens computed this step need slots: ceil((context + 1 [+ proposals]) / block_size).
         need = blocks_for(context if proposed is None else context + proposed, pool.block_size,
                           plus=1) - pool.held[running]
-        needed = int(need.sum())
+        needed = sum(need.tolist()) if need.size <= 64 else int(need.sum())  # (Python's: cheaper on a few)
         shortfall = needed - pool.free
         preempted = 0
         if shortfall > 0:

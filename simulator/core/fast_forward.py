@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.core.kv_cache import blocks_for
 from servesim.core.state import DONE
 from servesim.cost import BatchShape
 
@@ -63,6 +62,11 @@ class DecodeRun:
     ids: np.ndarray
     context: np.ndarray
     """Each request's cached tokens at the first step."""
+    remaining: np.ndarray
+    """Each request's output tokens still to emit at the first step (``output - generated``)."""
+    part: np.ndarray
+    """``context % block_size``: with the first step's slots held, request ``i`` takes
+    ``(part[i] + j - 1) // block_size`` more blocks in steps ``1 .. j - 1`` of a ``j``-step run."""
     times: list[float]
     """``steps + 1`` clock values: each step's start, then the run's end (Python floats: the
     clock is a sequential sum, and the gaps are read from it one by one)."""
@@ -73,10 +77,10 @@ class DecodeRun:
     grown: int
     """Blocks the steps after the first take in all."""
     finished_at_end: bool
-
-    @property
-    def steps(self) -> int:
-        return int(self.records.shape[0])
+    steps: int
+    """``len(records)`` (read several times per run: a field, not a NumPy call)."""
+    last_s: float
+    """The last step's duration (``records[-1, 0]``), the replica's guess for its next run."""
 
 
 def price_steps(cost: CostModel, context: np.ndarray, start: int, count: int) -> np.ndarray:
@@ -121,7 +125,9 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     is, priced in more or larger batches)."""
     r, pool = state.requests, state.pool
     n = int(ids.size)
-    finishing = int((r.output[ids] - r.generated[ids]).min())  # the step it finishes in is the last
+    remaining = r.output[ids] - r.generated[ids]
+    # the step it finishes in is the last (Python's min of a few: fewer calls than NumPy's)
+    finishing = min(remaining.tolist()) if n <= 64 else int(remaining.min())
     if finishing < MIN_RUN_STEPS:
         return None, None
     fit = math.inf if not guess_s else (next_arrival_s - now) / guess_s
@@ -129,7 +135,7 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
         return None, None  # the next arrival most likely falls inside the first step
     bs = pool.block_size
     whole, part = np.divmod(context, bs)  # blocks_for(context, bs, plus=1) is whole + 1
-    if not (pool.held[ids] - whole == 1).all():
+    if np.count_nonzero(pool.held[ids] - whole - 1):  # (count_nonzero: a fraction of .all()'s cost)
         return None, None  # a request holds more than its slots: the policies' growth rules differ
     # Block-boundary crossings: request i grows at steps f_i, f_i + bs, ... (f_i in [1, bs]); the
     # (free + 1)-th crossing is the first step that would preempt.
@@ -159,12 +165,14 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     priced: list[np.ndarray] = []
     times = [now]  # each step's start, then the run's end: the clock, summed in Python floats
     first_row: np.ndarray | None = None
+    last_s = 0.0
     while True:
         rows = price_steps(cost, context, start, count - start)
         if first_row is None:
             first_row = rows[0]
         inside, arrived = 0, False
-        for duration in rows[:, 0].tolist():
+        durations = rows[:, 0].tolist()
+        for duration in durations:
             end = t + duration
             if end >= next_arrival_s:  # this step ends at or after the arrival
                 arrived = True
@@ -176,7 +184,8 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
             t = end
             inside += 1
         if inside:
-            priced.append(rows if inside == rows.shape[0] else rows[:inside])
+            priced.append(rows if inside == len(durations) else rows[:inside])
+            last_s = durations[inside - 1]
         if arrived or count == limit:
             break
         start, count = count, min(2 * count, limit)
@@ -186,8 +195,8 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     records = priced[0] if len(priced) == 1 else np.concatenate(priced)
     grown_by = grown_in(offsets, bs, steps)
     used = pool.total - pool.free + grown_by
-    return DecodeRun(ids, context, times, records, used, int(grown_by[steps - 1]),
-                     finished_at_end=steps == finishing), first_row
+    return DecodeRun(ids, context, remaining, part, times, records, used, int(grown_by[steps - 1]),
+                     finished_at_end=steps == finishing, steps=steps, last_s=last_s), first_row
 
 
 _STEPS = np.arange(4096, dtype=np.int64)
@@ -208,37 +217,48 @@ def grown_in(offsets: np.ndarray, block_size: int, steps: int) -> np.ndarray:
 def apply_decode_run(state: ReplicaState, run: DecodeRun, steps_log: StepLog, waiting: int,
                      preempted: int) -> np.ndarray:
     """Credit ``run`` to its requests, the KV pool and the step log, as its steps one by one
-    would; returns the requests that finished in its last step."""
+    would, and drop the requests that finished in its last step from ``running`` (freeing their
+    blocks, as ``ReplicaState.drop_finished`` after a step); returns those requests."""
     r, pool = state.requests, state.pool
     ids, steps, times = run.ids, run.steps, run.times
     n = int(ids.size)
     # The step log: one row per step, as the step-by-step loop appends them.
     steps_log.extend_decode_run(state.index, times[:-1], n, run.used_blocks, waiting, preempted,
                                 run.records)
-    # KV blocks: the steps after the first grow every request to its slots' blocks.
+    # KV blocks: the steps after the first grow every request to its slots' blocks (it held
+    # ``context // block_size + 1`` when planned: blocks_for(context + steps) minus those).
     if run.grown:
-        pool.grow_many(ids, blocks_for(run.context + steps, pool.block_size) - pool.held[ids],
-                       run.grown)
+        pool.grow_many(ids, (run.part + (steps - 1)) // pool.block_size, run.grown)
     # Tokens: every request computes and emits one per step.
     r.computed[ids] += steps
-    generated = r.generated[ids] + steps
-    r.generated[ids] = generated
+    r.generated[ids] += steps
     second = times[1]
-    first_gaps = second - r.last_token[ids]
     later = [after - before for before, after in pairwise(times[1:])]  # each step-by-step gap
-    r.itl.add(first_gaps, second)
-    r.itl.add_runs(later, n, times[2:])
-    r.max_itl[ids] = np.fmax(np.fmax(r.max_itl[ids], first_gaps), max(later))
+    last = r.last_token[ids]
+    listed = last.tolist()
+    if listed.count(listed[0]) == n:
+        # Every request emitted its last token at the same time (a run after a run, or after
+        # an ordinary step of the same batch): one first gap for all, as ItlLog.add stores equal
+        # gaps (one pair), and fmax(fmax(m, gap), longest) is fmax(m, max(gap, longest)).
+        gap = second - listed[0]
+        r.itl.add_runs([gap, *later], n, times[1:])
+        r.max_itl[ids] = np.fmax(r.max_itl[ids], max(gap, max(later)))
+    else:
+        first_gaps = second - last
+        r.itl.add(first_gaps, second)
+        r.itl.add_runs(later, n, times[2:])
+        r.max_itl[ids] = np.fmax(np.fmax(r.max_itl[ids], first_gaps), max(later))
     end = times[-1]
     r.last_token[ids] = end
     if not run.finished_at_end:
         return ids[:0]
-    done = generated >= r.output[ids]
+    done = run.remaining <= steps  # generated >= output; the run ends at the first
     finished = ids[done]
     r.finish[finished] = end
     r.status[finished] = DONE
     for listen in r.done_listeners:  # as RequestState._emit tells them
         listen(finished, end)
+    state.drop_done(ids, done)
     return finished
 
 

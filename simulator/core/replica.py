@@ -36,6 +36,14 @@ Scheduled = tuple["Batch | None", "Planned | None"]
 pure-decode batch, its plan (None: not planned), for the loop to take up once the clock is there."""
 
 
+def first_record(row: np.ndarray) -> StepRecord:
+    """A decode step's record from its row of the run pricer (``price_steps``): ``step_record``'s
+    record of that step, bit for bit (the bound back to an int)."""
+    values = row.tolist()
+    values[1] = int(values[1])
+    return StepRecord(*values)
+
+
 class ServingUnit(Protocol):
     """What routers and topologies use of a scheduling unit: a :class:`Replica`, or one virtual
     engine's DP rank of a pipelined replica (:class:`~servesim.core.parallel_replica.RankHandle`)."""
@@ -88,6 +96,13 @@ class Replica:
         """Steps credited in fast-forwarded runs (the rest were taken one by one)."""
         self.chained_runs = 0
         """Runs that went on after a finish inside the same timeout (:meth:`_chain`)."""
+        self.early_steps = 0
+        """Ordinary steps (not runs) credited before the clock got to their end, inside the
+        timeout of an earlier step or run (:meth:`_ahead`)."""
+        self.steps_ahead = self.next_arrival is not None and sole_replica
+        """Whether ordinary steps may be credited ahead of the clock (:meth:`_ahead`): only on the
+        deployment's sole replica, whose appended step rows and ITL pairs then stay in clock
+        order (no other replica appends between them)."""
         self._idle: simpy.Event | None = None
         self.process = env.process(self._run())
 
@@ -145,23 +160,17 @@ class Replica:
                     waiting = len(state.waiting)
                     if run.finished_at_end and self._may_chain(run.times[-1]):
                         end, scheduled, decode_guess_s = self._chain(batch, run, now, waiting)
-                        delay = delay_to(now, end)
-                        assert delay is not None  # _chain checked it for every run it credited
-                        yield env.timeout(delay)
+                        yield env.timeout(self._landing(now, end))
                         continue
                     yield env.timeout(delay)
                     finished = apply_decode_run(state, run, steps, waiting, batch.preempted)
-                    if finished.size:
-                        state.drop_finished()
                     policy.after_run(batch, run.steps, finished, env.now)
                     self.fast_forwarded_steps += run.steps
-                    decode_guess_s = float(run.records[-1, 0])
+                    decode_guess_s = run.last_s
                     continue
                 if first is None:  # no run was priced: the run pricer prices this one step (its memo)
                     first = price_steps(self.run_cost, shape.decode_context, 0, 1)[0]
-                values = first.tolist()  # step_record's record of this step, bit for bit
-                values[1] = int(values[1])
-                record = StepRecord(*values)
+                record = first_record(first)
                 decode_guess_s = record.time_s
             if record is None:
                 record = step_record(shape)
@@ -173,6 +182,12 @@ class Replica:
                    int(state.running.size), batch.preempted,
                    0 if proposals is None else proposals.proposed_total,
                    0 if proposals is None else proposals.accepted_total, *record, extra)
+            if self.steps_ahead and proposals is None and not extra \
+                    and self._may_step_ahead(now, now + record.time_s):
+                self._credit_step(batch, now + record.time_s)
+                end, scheduled, decode_guess_s = self._ahead(now + record.time_s, now, decode_guess_s)
+                yield env.timeout(record.time_s if end == now + record.time_s else self._landing(now, end))
+                continue
             yield env.timeout(record.time_s)
             if proposals is not None:  # speculative decoding: several tokens per request
                 finished = state.complete_speculative_step(batch.ids, batch.new_tokens, proposals, env.now)
@@ -204,45 +219,117 @@ class Replica:
         horizon = math.inf if self.horizon is None else self.horizon()
         return end < horizon and not self.state.requests.done_listeners
 
+    def _landing(self, start: float, end: float) -> float:
+        """The delay from ``start`` that lands the clock on ``end``, the end of a step or run that
+        :meth:`_chain` or :meth:`_ahead` credited (each checked that one exists)."""
+        delay = delay_to(start, end)
+        assert delay is not None
+        return delay
+
+    def _may_step_ahead(self, start: float, end: float) -> bool:
+        """Whether an ordinary step ending at ``end`` may be credited now, inside a timeout that
+        started at ``start``: it ends strictly before the next arrival (whose request the policy
+        must see at the step's end, as step by step), nothing reads the requests before ``end``,
+        and the timeout can land on ``end``."""
+        assert self.next_arrival is not None
+        return end < self.next_arrival() and self._may_credit_early(end) and delay_to(start, end) is not None
+
+    def _append(self, batch: Batch, start: float, record: StepRecord) -> None:
+        """The step log's row of an ordinary step of ``batch`` starting at ``start`` (no
+        proposals, no extra time: a replica that steps ahead has neither), as the loop appends it."""
+        shape, state = batch.shape, self.state
+        pool = state.pool
+        self.steps.append(state.index, start, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
+                          shape.num_decode_tokens, pool.total - pool.free, len(state.waiting),
+                          int(state.running.size), batch.preempted, 0, 0, *record, batch.extra_s)
+
+    def _credit_step(self, batch: Batch, end: float) -> None:
+        """Credit an ordinary step ending at ``end`` (its row already appended), as the loop does
+        once the clock is there."""
+        finished = self.state.requests.complete_step(batch.ids, batch.new_tokens, end, batch.decode_only)
+        if finished.size:
+            self.state.drop_finished()
+        self.policy.after_step(batch, finished, end)
+        self.early_steps += 1
+
+    def _credit_run(self, batch: Batch, run: DecodeRun, waiting: int) -> None:
+        """Credit ``run`` (ending at ``run.times[-1]``) to the requests, the step log and the policy."""
+        finished = apply_decode_run(self.state, run, self.steps, waiting, batch.preempted)
+        self.policy.after_run(batch, run.steps, finished, run.times[-1])
+        self.fast_forwarded_steps += run.steps
+
     def _chain(self, batch: Batch, run: DecodeRun, start: float, waiting: int
-               ) -> tuple[float, Scheduled | None, float]:
-        """Credit ``run`` (scheduled at ``start``, ending with a finish) now, then ask the policy
-        for the next batch at the run's end, as the step-by-step loop would, and while that is a
-        pure-decode batch whose run also ends before the next arrival and the horizon, credit it
-        too: runs through finishes, all inside the one timeout the caller yields.
+               ) -> tuple[float, Scheduled | None, float | None]:
+        """Credit ``run`` (scheduled at ``start``, ending with a finish) now, then go on at its
+        end as the step-by-step loop would (:meth:`_ahead`): runs through finishes, all inside the
+        one timeout the caller yields. Returns the last credited end, what the policy scheduled
+        there when nothing more could be credited (:data:`Scheduled`; None when the policy is to
+        be asked there) and the last decode step's duration."""
+        assert self.next_arrival is not None
+        self._credit_run(batch, run, waiting)
+        end = run.times[-1]
+        if end >= self.next_arrival():
+            return end, None, run.last_s  # the policy is asked at ``end`` after the arrival, as usual
+        return self._ahead(end, start, run.last_s, after_run=True)
+
+    def _ahead(self, t: float, start: float, guess_s: float | None, after_run: bool = False
+               ) -> tuple[float, Scheduled | None, float | None]:
+        """Go on from ``t``, where everything before has been credited, inside the timeout that
+        started at ``start``: ask the policy for the batch at ``t``, as the step-by-step loop
+        would, and while it is a pure-decode run that may be credited early (:meth:`_chain`'s
+        rule), or an ordinary step that may (:meth:`_may_step_ahead`, on a sole replica), credit
+        it and go on at its end.
 
         Exact because the replica's state only changes by its own steps until the next arrival
-        (routing reads it then, so every chained run ends strictly before it), nothing else reads
-        it before the horizon, and the policy is asked at each run's end with that end's time and
-        the state the steps before it left, as step by step (``schedule(now)`` reads the clock only
-        through ``now``). Returns the last credited run's end, what the policy scheduled there when
-        no run followed (:data:`Scheduled`; None when the last run ended without a finish or with
-        an arrival inside it, so the loop asks the policy at its end as usual) and the last decode
-        step's duration."""
+        (routing reads it then, so every step and chained run ends strictly before it), nothing
+        else reads it before the horizon, and the policy is asked at each end with that end's time
+        and the state the steps before it left, as step by step (``schedule(now)`` reads the clock
+        only through ``now``). Returns the last credited end, what the policy scheduled there
+        when it could not be credited (:data:`Scheduled`; None when a run ended without a finish
+        or with an arrival inside it, so the loop asks the policy at its end as usual) and the
+        last decode step's duration (``guess_s`` when none)."""
         state, policy, cost = self.state, self.policy, self.run_cost
         assert cost is not None and self.next_arrival is not None
         while True:
-            end = run.times[-1]
-            finished = apply_decode_run(state, run, self.steps, waiting, batch.preempted)
-            if finished.size:
-                state.drop_finished()
-            policy.after_run(batch, run.steps, finished, end)
-            self.fast_forwarded_steps += run.steps
-            guess_s = float(run.records[-1, 0])
-            if not run.finished_at_end or end >= self.next_arrival():
-                return end, None, guess_s  # the policy is asked at ``end`` after the arrival, as usual
-            following = policy.schedule(end)
-            if following is None or not following.decode_only or following.preempted \
-                    or following.extra_s or following.speculation is not None:
-                return end, (following, None), guess_s
-            # The plan the loop would make at ``end`` (the same state, arrival and guess): kept
-            # for it when this run may not be credited early.
-            planned = plan_decode_run(state, cost, following.shape.decode_context, following.ids, end,
-                                      self.next_arrival(), self.sole_replica, policy.run_limit(following),
-                                      guess_s)
-            after = planned[0]
-            if after is None or not self._may_credit_early(after.times[-1]) \
-                    or delay_to(start, after.times[-1]) is None:
-                return end, (following, planned), guess_s
-            self.chained_runs += 1
-            batch, run, waiting = following, after, len(state.waiting)
+            following = policy.schedule(t)
+            if following is None:
+                return t, (None, None), guess_s
+            planned: Planned | None = None
+            first = None
+            if following.decode_only and not following.preempted and not following.extra_s \
+                    and following.speculation is None:
+                # The plan the loop would make at ``t`` (the same state, arrival and guess): kept
+                # for it when this run may not be credited early.
+                planned = plan_decode_run(state, cost, following.shape.decode_context, following.ids, t,
+                                          self.next_arrival(), self.sole_replica, policy.run_limit(following),
+                                          guess_s)
+                run, first = planned
+                if run is not None:
+                    end = run.times[-1]
+                    if not self._may_credit_early(end) or delay_to(start, end) is None:
+                        return t, (following, planned), guess_s
+                    if after_run:
+                        self.chained_runs += 1
+                    self._credit_run(following, run, len(state.waiting))
+                    t, guess_s, after_run = end, run.last_s, True
+                    if not run.finished_at_end or end >= self.next_arrival():
+                        return t, None, guess_s
+                    continue
+            if not self.steps_ahead or following.extra_s or following.speculation is not None:
+                return t, (following, planned), guess_s
+            # An ordinary step: priced as the loop prices it, credited if it ends in time.
+            if planned is not None:
+                if first is None:  # the run pricer prices this one step (its memo), as the loop does
+                    first = price_steps(cost, following.shape.decode_context, 0, 1)[0]
+                record = first_record(first)
+                planned = (None, first)
+            else:
+                record = self.cost.step_record(following.shape)
+            end = t + record.time_s
+            if not self._may_step_ahead(start, end):
+                return t, (following, planned), guess_s
+            self._append(following, t, record)
+            self._credit_step(following, end)
+            if planned is not None:
+                guess_s = record.time_s
+            t, after_run = end, False

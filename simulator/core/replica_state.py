@@ -261,12 +261,10 @@ class ReplicaState:
             if blocks:
                 self.pool.grow(request, blocks)
         elif r.computed[request] == 0 and r.blocks_held[request] == 0:
-            hits = cache.admit(np.array([request], dtype=np.int64),
-                               np.array([r.prompt[request] + r.generated[request]], dtype=np.int64),
-                               np.array([blocks], dtype=np.int64))
-            r.computed[request] = hits[0]
+            hit = cache.admit_one(request, int(r.prompt[request]) + int(r.generated[request]), blocks)
+            r.computed[request] = hit
             if first_time:
-                r.cached_tokens[request] = hits[0]
+                r.cached_tokens[request] = hit
         elif blocks:
             cache.grow(request, blocks)
         r.status[request] = RUNNING
@@ -357,9 +355,21 @@ class ReplicaState:
         """Remove finished requests from ``running`` and free their blocks."""
         running = self.running
         finished = self.requests.status[running] != RUNNING
-        if finished.any():
+        if np.count_nonzero(finished):  # (a fraction of .any()'s cost on a few elements)
             self.pool.release_many(running[finished])
             self.running = running[~finished]
+
+    def drop_done(self, ids: np.ndarray, done: np.ndarray) -> None:
+        """:meth:`drop_finished` when the caller knows which requests finished: those at ``done``
+        in ``ids``. A fast-forwarded run of the whole running batch (``ids`` is ``running``) drops
+        them without reading every status again: the same blocks freed in the same order, the
+        same ``running`` left."""
+        if ids is not self.running:
+            self.drop_finished()
+            return
+        if np.count_nonzero(done):
+            self.pool.release_many(ids[done])
+            self.running = ids[~done]
 
     def hand_off(self, ids: np.ndarray) -> None:
         """Disaggregated prefill: ``ids`` (running here) leave ``running`` with their blocks still

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections import Counter
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -91,10 +91,17 @@ class ItlLog:
                 self.counts.append(size)
                 self.at.append(now)
                 return
-            counted = Counter(listed)  # insertion order is the sorted order
-            self.values.extend(counted)
-            self.counts.extend(counted.values())
-            self.at.extend([now] * len(counted))
+            # Each distinct value and its count, in sorted order (Counter's pairs over the sorted
+            # list), by bisecting the few runs of equal values: a step's gaps take one or two
+            # values (those that ran the step before, and a stalled or new request)
+            i = 0
+            while i < size:
+                value = listed[i]
+                j = bisect_right(listed, value, i)
+                self.values.append(value)
+                self.counts.append(j - i)
+                self.at.append(now)
+                i = j
             return
         low, high = gaps.min(), gaps.max()
         if low == high:
@@ -312,7 +319,8 @@ class RequestState:
             emits = computed == self.prompt[ids] + self.generated[ids] + accepted
             return self._emit(ids[emits], now, may_be_first=True, counts=1 + accepted[emits])
         emits = computed == self.prompt[ids] + self.generated[ids]
-        return self._emit(ids if emits.all() else ids[emits], now, may_be_first=True)
+        every = np.count_nonzero(emits) == emits.size
+        return self._emit(ids if every else ids[emits], now, may_be_first=True)
 
     def complete_prefill(self, ids: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
         """Credit a step on a prefill-only replica: ``ids[i]`` computed ``new_tokens[i]`` more
@@ -341,7 +349,7 @@ class RequestState:
         self.generated[emitted] = generated
         last = self.last_token[emitted]
         first = np.isnan(last) if may_be_first else None
-        if first is not None and first.any():
+        if first is not None and np.count_nonzero(first):
             self.first_token[emitted[first]] = now
             later = ~first
             self._note_gaps(emitted[later], now - last[later], now)
@@ -349,7 +357,7 @@ class RequestState:
             self._note_gaps(emitted, now - last, now)
         self.last_token[emitted] = now
         done = generated >= self.output[emitted]
-        if not done.any():
+        if not np.count_nonzero(done):
             return emitted[:0]
         finished = emitted[done]
         self.finish[finished] = now

@@ -208,10 +208,20 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
                      peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
     if batch.num_decodes == 0:
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
-    if batch.decode_tokens is not None:
+    keys = decode_keys(batch, shape, hardware.efficiency.attention_decode.key_tile)
+    if keys is None:
         return _verify_attention(batch, shape, hardware, peak_flops, kv_bytes, layers)
+    return decode_attention_of(float(batch.num_decodes), keys, shape, hardware, peak_flops, kv_bytes, layers)
+
+
+def decode_keys(batch: BatchShape, shape: AttentionShape, tile: int) -> float | None:
+    """The keys :func:`decode_attention` reads for the decodes of ``batch`` (at least one), KV
+    tiles of ``tile`` keys counted whole; None when they verify speculative proposals (priced by
+    pairs, not keys alone). With the decode count, all the kernel's price depends on
+    (``CostModel`` memoises it by the two)."""
+    if batch.decode_tokens is not None:
+        return None
     n = float(batch.num_decodes)
-    tile = hardware.efficiency.attention_decode.key_tile
     if shape.chunk is not None and tile == 1:
         keys = float((batch.decode_context % shape.chunk).sum()) + n
     elif shape.window is None and shape.chunk is None and tile == 1:
@@ -228,7 +238,7 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
         if tile > 1:
             seen = -(-seen // tile) * tile
         keys = float(seen.sum())
-    return decode_attention_of(n, keys, shape, hardware, peak_flops, kv_bytes, layers)
+    return keys
 
 
 def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: HardwareProfile,

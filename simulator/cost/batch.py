@@ -29,6 +29,9 @@ _DECODES_ONLY = {"prefill_tokens": _NO_TOKENS, "prefill_context": _NO_TOKENS, "p
 SMALL_BATCH = 16
 """Up to this many requests, :meth:`BatchShape.from_requests` classifies them in Python (cheaper
 than NumPy calls on arrays this small)."""
+SMALL_SUM = 64
+"""Up to this many decodes, ``decodes_only`` sums the contexts in Python (exact, as NumPy's int64
+sum is; fewer calls)."""
 
 
 def _as_tokens(values: Sequence[int] | np.ndarray, field: str) -> np.ndarray:
@@ -113,9 +116,11 @@ class BatchShape:
         instance's attributes)."""
         shape = object.__new__(cls)
         decodes = int(decode_context.size)
+        # Python's sum of a few ints is NumPy's int64 sum (exact either way), without its overhead
+        total = sum(decode_context.tolist()) if decodes <= SMALL_SUM else decode_context.sum()
         shape.__dict__.update(_DECODES_ONLY, decode_context=decode_context, num_decodes=decodes,
                               num_decode_tokens=decodes, num_new_tokens=decodes, num_logits=decodes,
-                              decode_context_sum=float(decode_context.sum()))
+                              decode_context_sum=float(total))
         return shape
 
     @classmethod

@@ -42,6 +42,8 @@ import numpy as np
 from servesim.cost.attention import (
     AttentionShape,
     decode_attention,
+    decode_attention_of,
+    decode_keys,
     prefill_attention,
 )
 from servesim.cost.batch import BatchShape
@@ -153,14 +155,28 @@ class _OpColumns:
 
     @classmethod
     def of(cls, ops: tuple[OpCost, ...]) -> _OpColumns:
-        """The columns of ``ops``, in their order."""
-        return cls(ops, tuple(op.time_s for op in ops),
-                   tuple(op.roofline_s for op in ops if op.bound == "compute"),
-                   tuple(op.roofline_s for op in ops if op.bound == "memory"),
+        """The columns of ``ops``, in their order: one pass, each operator's ``roofline_s``,
+        ``time_s`` and ``bound`` evaluated once (the same expressions as :class:`OpCost`'s
+        properties, so the same floats; a memo miss of a prefill step builds several)."""
+        times: list[float] = []
+        compute: list[float] = []
+        memory: list[float] = []
+        gemm: list[float] = []
+        elementwise: list[float] = []
+        for op in ops:
+            roofline_s = max(op.compute_s, op.memory_s)  # OpCost.roofline_s
+            time_s = roofline_s + op.fixed_s + op.side_s  # OpCost.time_s
+            times.append(time_s)
+            (compute if op.compute_s >= op.memory_s else memory).append(roofline_s)  # OpCost.bound
+            kind = OP_CLASS_OF[op.name]
+            if kind == "gemm":
+                gemm.append(time_s)
+            elif kind == "elementwise":
+                elementwise.append(time_s)
+        return cls(ops, tuple(times), tuple(compute), tuple(memory),
                    tuple(op.side_s for op in ops), tuple(op.fixed_s for op in ops),
                    tuple(op.flops for op in ops), tuple(op.bytes for op in ops),
-                   tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "gemm"),
-                   tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "elementwise"))
+                   tuple(gemm), tuple(elementwise))
 
     def then(self, other: _OpColumns) -> _OpColumns:
         """These operators followed by ``other``'s (each column concatenated)."""
@@ -230,6 +246,8 @@ BODY_MEMO_ENTRIES = 1 << 14
 """At most this many token halves per cost model (about 3 kB each, so under 50 MB: a step's token
 count rarely exceeds the engine's step budget, but a policy that does not chunk may see as many
 as its prompts have lengths)."""
+DECODE_OP_ENTRIES = 1 << 16
+"""At most this many decode kernels (one operator each, about 0.2 kB) per cost model."""
 CHUNK_MEMO_ENTRIES = 1 << 16
 """At most this many one-chunk prefill kernels (a tuple per chunk, one per attention kind, about
 0.4 kB) per cost model."""
@@ -312,6 +330,8 @@ class CostModel:
         self._head_cache: dict[int, _HeadPart] = {}
         self._chunk_ops: dict[tuple[int, int], tuple[OpCost, ...]] = {}
         """:meth:`_one_chunk_ops` by (new tokens, context)."""
+        self._decode_ops: dict[tuple[int, int, float], OpCost] = {}
+        """:meth:`_decode_op` by (attention kind, decodes, keys read)."""
         self._prefill_records: dict[PrefillKey, StepRecord] = {}
         """:meth:`step_record` of small prefill-only batches, by their chunks (a pure function)."""
         self._moe_cache: dict[int, tuple[tuple[OpCost, ...], float]] = {}
@@ -530,13 +550,32 @@ class CostModel:
             if batch.num_prefills:
                 ops.append(prefill_attention(batch, shape, *args) if chunk is None else chunk[kind])
             if batch.num_decodes:
-                ops.append(decode_attention(batch, shape, *args))
+                ops.append(self._decode_op(batch, kind, shape, count))
         if self.model.mla is not None and batch.num_prefills and layers:
             # MLA prefill over earlier context re-expands the cached latents into K and V.
             context_rows = float(batch.prefill_context.sum())
             ops.append(self._gemm("qkv_proj", context_rows, self.model.mla.kv_lora_rank,
                                   self._mla_kv_up_width, layers))
         return ops
+
+    def _decode_op(self, batch: BatchShape, kind: int, shape: AttentionShape, layers: int) -> OpCost:
+        """``decode_attention`` of the batch's decodes for attention kind ``kind``, memoised by
+        (kind, decodes, keys read): the kernel's price is a function of those alone
+        (``decode_attention_of``), and with KV tiles the key counts repeat (the decodes of chunked
+        prefill's mixed steps; a fast-forwarded run's steps are priced by its run pricer).
+        Speculative verification is priced directly."""
+        hardware = self.hardware
+        keys = decode_keys(batch, shape, hardware.efficiency.attention_decode.key_tile)
+        if keys is None:
+            return decode_attention(batch, shape, hardware, self.bf16_peak, self._kv_bytes, layers)
+        key = (kind, batch.num_decodes, keys)
+        op = self._decode_ops.get(key)
+        if op is None:
+            op = decode_attention_of(float(batch.num_decodes), keys, shape, hardware, self.bf16_peak,
+                                     self._kv_bytes, layers)
+            if len(self._decode_ops) < DECODE_OP_ENTRIES:
+                self._decode_ops[key] = op
+        return op
 
     def _one_chunk_ops(self, batch: BatchShape) -> tuple[OpCost, ...]:
         """The prefill kernel of each attention kind for a batch whose only prefill is one chunk:
