@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.calibration.benchmark_result import BenchmarkRun
+from servesim.calibration.benchmark_run import BenchmarkRun
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 

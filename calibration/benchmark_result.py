@@ -21,38 +21,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from servesim.calibration.aiperf_result import is_aiperf, read_aiperf
+from servesim.calibration.benchmark_run import BenchmarkRun
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 
+__all__ = ["BenchmarkRun", "read_benchmark"]
+
 PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls")
-
-
-@dataclass(frozen=True)
-class BenchmarkRun:
-    """The successful requests of one benchmark run, in the order they were sent."""
-
-    source: str
-    tool: str
-    prompt_tokens: np.ndarray
-    output_tokens: np.ndarray
-    ttft_s: np.ndarray
-    tpot_s: np.ndarray
-    """Mean inter-token gap per request (NaN for one-token outputs)."""
-    max_concurrency: int | None
-    request_rate: float
-    burstiness: float
-    start_s: np.ndarray | None
-    failed: int
-    model: str
-
-    def __len__(self) -> int:
-        return int(self.prompt_tokens.size)
 
 
 def _document(path: Path) -> tuple[dict[str, Any], str]:
@@ -91,9 +72,6 @@ def _rate(value: Any, path: Path) -> float:
 def read_benchmark(path: Path) -> BenchmarkRun:
     """The run in ``path`` (a vLLM JSON or SGLang JSON-lines result, detected from its keys, or an
     aiperf artifact directory or ``profile_export.jsonl``)."""
-    # imported here: aiperf's reader builds on BenchmarkRun, defined above
-    from servesim.calibration.aiperf_result import is_aiperf, read_aiperf
-
     path = Path(path)
     if is_aiperf(path):
         return read_aiperf(path)

@@ -413,12 +413,13 @@ class Engine(ABC):
         whose defaults depend on the GPU override this)."""
         return self.defaults
 
-    def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int,
+    def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int | None,
                         speculative: str | None) -> float | None:
         """The memory fraction the engine picks itself for this deployment when the experiment
         sets none (``deployment.gpu_memory_utilization``), or None: its scheduler defaults'.
-        ``chunk``: the step budget resolved for the deployment; ``speculative``: the speculative
-        method, if any. (SGLang derives ``mem_fraction_static`` from all of these.)"""
+        ``chunk``: the step budget of a policy that chunks prompts (None: it does not);
+        ``speculative``: the speculative method, if any. (SGLang derives ``mem_fraction_static``
+        from all of these.)"""
         return None
 
     def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,

@@ -7,9 +7,11 @@ future tokens (``new_token_ratio``). That is the ``prefill_first`` policy. The r
 cache is on by default (``--disable-radix-cache`` turns it off) with a page size of one token,
 so KV is counted per token (``block_size`` 1).
 
-Defaults (``server_args.py``, ``_handle_gpu_memory_settings``), by GPU memory:
-``chunked_prefill_size`` 8192 on 80-160 GB GPUs (A100 80GB, H100, H200), 16384 above (B200);
-``cuda_graph_max_bs`` 256 below TP 4 and 512 from TP 4 on (B200: 512); ``max_prefill_tokens``
+Defaults (``server_args.py``, ``_handle_gpu_memory_settings``), by GPU memory
+(:data:`MEMORY_BUCKETS`): ``chunked_prefill_size`` 8192 on 60-160 GB GPUs (A100 80GB, H100,
+H200), 16384 above (B200), 4096 on 35-60 GB (L40S, A100 40GB), 2048 below; ``cuda_graph_max_bs``
+256 below TP 4 and 512 from TP 4 on (B200: 512; 32 / 160 on 35-60 GB, 24 / 80 and 8 below);
+``max_prefill_tokens``
 16384, which caps a prefill batch's new tokens as the chunk does (the step budget here is the
 smaller of the two; ``--enable-mixed-chunk`` is the ``prefill_first`` policy's ``mixed: true``,
 whose decodes take their tokens from that budget too). ``mem_fraction_static`` is SGLang's share
@@ -40,6 +42,7 @@ Runtime:
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from pydantic import Field, PositiveInt
@@ -57,6 +60,7 @@ from servesim.engines.base import (
     vllm_fitted_speculation,
 )
 from servesim.engines.vllm import LAUNCH_S
+from servesim.errors import ServesimError
 
 GB = 2**30  # SGLang reads memory in MiB and compares with multiples of 1024 MiB
 MIB = 2**20
@@ -94,15 +98,28 @@ def legacy_reserved_gb(hbm_bytes: float, tp: int) -> float:
     return 32.0
 
 
+MEMORY_BUCKETS = ((20, 2048, 8, 8), (35, 2048, 24, 80), (60, 4096, 32, 160), (160, 8192, 256, 512),
+                  (math.inf, 16384, 512, 512))
+"""SGLang's defaults by GPU memory (``_handle_gpu_memory_settings``, CUDA GPUs): (below this many
+GiB, ``chunked_prefill_size``, ``cuda_graph_max_bs`` below TP 4, from TP 4): T4 and 4080; A10,
+4090, 5090; A100 40GB and L40(S); A100 80GB, H100, H200; B200 and larger."""
+
+
+def _bucket(hbm_bytes: float) -> tuple[float, int, int, int]:
+    return next(b for b in MEMORY_BUCKETS if hbm_bytes < b[0] * GB)
+
+
 def default_chunk(hbm_bytes: float) -> int:
-    """``chunked_prefill_size`` by GPU memory: 8192 below 160 GB (A100 80GB, H100, H200), 16384 above."""
-    return 16384 if hbm_bytes >= 160 * GB else 8192
+    """``chunked_prefill_size`` by GPU memory (:data:`MEMORY_BUCKETS`): 8192 on an H100 or H200,
+    16384 on a B200, 4096 on an L40S."""
+    return _bucket(hbm_bytes)[1]
 
 
 def default_graph_max_bs(hbm_bytes: float, tp_size: int) -> int:
-    """``cuda_graph_max_bs`` by GPU memory and SGLang's ``tp_size``: 256 below TP 4, 512 from TP 4
-    and on GPUs of 160 GB or more."""
-    return 512 if hbm_bytes >= 160 * GB or tp_size >= 4 else 256
+    """``cuda_graph_max_bs`` by GPU memory and SGLang's ``tp_size`` (:data:`MEMORY_BUCKETS`): on an
+    H100 or H200 256 below TP 4 and 512 from TP 4; 512 on a B200."""
+    _, _, small, large = _bucket(hbm_bytes)
+    return large if tp_size >= 4 else small
 
 
 def reserved_mib(hbm_bytes: float, *, tp_size: int, pp: int, dp: int, chunk: int, graph_max_bs: int,
@@ -161,19 +178,29 @@ class Sglang(Engine):
                                  enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=chunk, min_max_num_batched_tokens=chunk)
 
-    def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int,
+    def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int | None,
                         speculative: str | None) -> float | None:
-        # the chunk SGLang's formula reads is chunked_prefill_size, which the deployment's budget
-        # is unless --max-prefill-tokens cut it below the default chunk
+        # The formula reads chunked_prefill_size (the deployment's budget, unless
+        # --max-prefill-tokens cut it below the default chunk), or --max-prefill-tokens when
+        # prompts are not chunked (chunk None).
         knobs = self.knobs
         assert isinstance(knobs, SglangKnobs)
         tp_size = tp * dp
         graph_max_bs = (max(knobs.cuda_graph_bs) if knobs.cuda_graph_bs else
                         knobs.cuda_graph_max_bs or default_graph_max_bs(hbm_bytes, tp_size))
-        chunk_size = chunk if knobs.max_prefill_tokens is None else max(chunk, default_chunk(hbm_bytes))
+        if chunk is None:
+            chunk_size = knobs.max_prefill_tokens or MAX_PREFILL_TOKENS
+        else:
+            chunk_size = chunk if knobs.max_prefill_tokens is None else max(chunk, default_chunk(hbm_bytes))
         reserved = reserved_mib(hbm_bytes, tp_size=tp_size, pp=pp, dp=dp, chunk=chunk_size,
                                 graph_max_bs=graph_max_bs, speculative=speculative)
-        return mem_fraction_static(hbm_bytes, reserved * MIB)
+        fraction = mem_fraction_static(hbm_bytes, reserved * MIB)
+        if fraction <= 0:
+            raise ServesimError("deployment.gpu_memory_utilization",
+                                f"SGLang's mem_fraction_static heuristic reserves {reserved / 1024:.1f} GiB "
+                                f"of a {hbm_bytes / GB:.1f} GiB GPU, leaving nothing for weights and KV",
+                                "set deployment.gpu_memory_utilization (SGLang's --mem-fraction-static)")
+        return fraction
 
     def runtime(self, hardware_name: str, *, tp: int = 1, max_num_seqs: int | None = None,
                 hbm_bytes: float | None = None) -> RuntimeCosts:
@@ -185,8 +212,7 @@ class Sglang(Engine):
             if knobs.cuda_graph_bs:
                 sizes = tuple(sorted(set(knobs.cuda_graph_bs)))
             else:
-                large = hbm_bytes is not None and hbm_bytes >= 160 * GB
-                default_max = 512 if large or tp >= 4 else 256
+                default_max = default_graph_max_bs(hbm_bytes, tp) if hbm_bytes is not None else 160
                 sizes = sglang_capture_sizes(knobs.cuda_graph_max_bs or default_max)
         return cpu.runtime(
             overlap=not knobs.disable_overlap_schedule, cuda_graph_sizes=sizes, graph_mixed=False,

@@ -200,7 +200,7 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
         raise ServesimError("deployment.max_num_seqs", f"{max_num_seqs} exceeds the step's token "
                             f"budget {budget}", "lower max_num_seqs or raise max_num_batched_tokens")
     utilization = keys.gpu_memory_utilization or engine.memory_fraction(
-        hardware.memory.capacity_bytes, tp=keys.tp, pp=keys.pp, dp=keys.dp, chunk=budget,
+        hardware.memory.capacity_bytes, tp=keys.tp, pp=keys.pp, dp=keys.dp, chunk=budget if chunked else None,
         speculative=speculative.method if speculation is not None and speculative is not None else None,
     ) or defaults.gpu_memory_utilization
     parallelism = parallelism_of(keys, model)
