@@ -93,7 +93,9 @@ def test_sglang_mem_fraction_static_is_its_own_heuristic() -> None:
     a 2,048-token chunk: 4,224, raised to the 10 GiB floor -> 0.874;
     B200 tp 1: 512 + 24,576 + 1,024 + 128 = 26,240 -> 0.857;
     B200 tp 1 x dp 8 (tp_size 8): 512 + 24,576 + 1,024 + 1,024 + 12,288 + 6,144 = 45,568 -> 0.751;
-    H200 tp 8 with EAGLE: 512 + 12,288 + 1,024 + 1,024 + 2,048 = 16,896 -> 0.882."""
+    H200 tp 8 with EAGLE: 512 + 12,288 + 1,024 + 1,024 + 2,048 = 16,896 -> 0.882.
+    A 3 GiB GPU (2,048-token chunks, 8 graph seats): 512 + 3,072 + 16 + 128 = 3,728 MiB, more
+    than it has: refused in one line."""
     def fraction(hardware: str = "h100-sxm-80gb", **deployment: Any) -> float:
         return group("sglang", hardware, **deployment).memory.gpu_memory_utilization
 
@@ -107,6 +109,17 @@ def test_sglang_mem_fraction_static_is_its_own_heuristic() -> None:
     h200 = 143_771 * 2**20
     assert engine.memory_fraction(h200, tp=8, pp=1, dp=1, chunk=8192, speculative="eagle") == 0.882
     assert group("sglang", gpu_memory_utilization=0.8).memory.gpu_memory_utilization == 0.8  # as set
+    # L40S (46,068 MiB, the 35-60 GiB bucket: 4096-token chunks, 32 graph seats, no 10 GiB floor):
+    # 512 + 6,144 + 64 + 128 = 6,848 -> 0.851
+    l40s = group("sglang", "l40s")
+    assert l40s.limits.max_num_batched_tokens == 4096 and l40s.runtime.cuda_graph_sizes[-1] == 32
+    assert l40s.memory.gpu_memory_utilization == 0.851
+    # prompts not chunked: the reserve reads max_prefill_tokens (16,384 x 1.5 = 24,576) -> 0.685
+    h100 = 81_559 * 2**20
+    assert engine.memory_fraction(h100, tp=1, pp=1, dp=1, chunk=None, speculative=None) == 0.685
+    with pytest.raises(ServesimError, match=r"^deployment.gpu_memory_utilization: SGLang's "
+                       r"mem_fraction_static heuristic reserves 3.6 GiB of a 3.0 GiB GPU"):
+        engine.memory_fraction(3 * GIB, tp=1, pp=1, dp=1, chunk=2048, speculative=None)
 
 
 def test_each_engine_reads_its_memory_fraction_its_own_way() -> None:
