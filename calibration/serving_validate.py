@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -365,6 +366,13 @@ def skipped_table(data: ServingFile, traced: list[TracedRow]) -> pd.DataFrame:
     return pd.concat([data.skipped, refused], ignore_index=True).sort_values("row")
 
 
+def _hover(r: Any, engine: str) -> str:
+    """One row's label in the chart: the deployment, and the release and day it was measured."""
+    day = f", {r.measured_on}" if isinstance(r.measured_on, str) and r.measured_on else ""
+    return (f"row {r.row}: {r.model} {r.gpu} tp{r.tp} {r.isl}/{r.osl} c{r.concurrency}"
+            f" ({engine} {r.version or '?'}{day})")
+
+
 def chart(rows: pd.DataFrame, title: str, path: Path) -> None:
     """Predicted vs measured TTFT and TPOT (log-log), coloured by engine."""
     import plotly.graph_objects as go
@@ -378,9 +386,7 @@ def chart(rows: pd.DataFrame, title: str, path: Path) -> None:
                 x=group[f"measured_{metric}_ms"], y=group[f"predicted_{metric}_ms"], mode="markers",
                 name=str(engine), legendgroup=str(engine), showlegend=col == 1,
                 marker={"color": colours.get(str(engine), "gray"), "size": 6, "opacity": 0.7},
-                text=[f"row {r.row}: {r.model} {r.gpu} tp{r.tp} {r.isl}/{r.osl} c{r.concurrency}"
-                      f" ({engine} {r.version or '?'}{', ' + r.measured_on if r.measured_on else ''})"
-                      for r in group.itertuples()]), row=1, col=col)
+                text=[_hover(r, str(engine)) for r in group.itertuples()]), row=1, col=col)
         values = rows[[f"measured_{metric}_ms", f"predicted_{metric}_ms"]].to_numpy()
         lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
         fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", showlegend=False,
