@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cost_runs import DEPLOYMENTS, cost_model, per_step
 from test_fast_forward import assert_same, both_ways, experiment
-from test_fast_forward_chains import CHAINING_POLICIES, STATE_READ_BETWEEN_SLICES, sparse
+from test_fast_forward_chains import CHAINING_POLICIES, slices_in_lockstep, sparse
 
 from servesim import load_hardware, load_model
 from servesim.config import validate_document
@@ -199,16 +199,7 @@ def test_steps_ahead_stop_at_each_slice_end(slice_s: float) -> None:
     clock ends before the slice's end, so at every boundary the state is the step-by-step one."""
     config = validate_document(sparse(rate=3.0, requests=60), "test")
     fast, reference = SlicedSimulation(prepare(config)), SlicedSimulation(prepare(config), fast_forward=False)
-    until = 0.0
-    while True:
-        until += slice_s
-        done = fast.advance(until)
-        assert reference.advance(until) == done
-        for column in STATE_READ_BETWEEN_SLICES:
-            np.testing.assert_array_equal(getattr(fast.requests, column), getattr(reference.requests, column),
-                                          err_msg=f"{column} at {until}")
-        if done:
-            break
+    slices_in_lockstep(fast, reference, slice_s)
     assert early_steps(fast.result()) > 0
     assert_same(reference.result(), fast.result())
 
