@@ -78,8 +78,9 @@ def describe_plan(plan: RunPlan) -> None:
                       f"[bold]{g.hardware.name}[/] ({g.num_gpus} GPU{'s' if g.num_gpus > 1 else ''}), "
                       f"engine {engine.name} {engine.version}, policy [bold]{g.policy.name}[/], router "
                       f"{config.router.name}")
+        outside = " (outside the engine fraction)" if m.budget_rule == "weights_and_kv" else ""
         console.print(f"memory per GPU: weights {m.weight_bytes / GIB:.1f} GiB, activations "
-                      f"{m.activation_bytes / GIB:.1f} GiB, {_group_line(g)}, max_model_len "
+                      f"{m.activation_bytes / GIB:.1f} GiB{outside}, {_group_line(g)}, max_model_len "
                       f"{lim.max_model_len:,}")
         if g.speculation is not None:
             console.print(escape(speculation_plan_line(g.speculation)))

@@ -141,7 +141,9 @@ def render(report: StepReport) -> None:
     mem = report.memory
     _console.print(
         f"memory per GPU: weights {mem.weight_bytes / GIB:.1f} GiB, activations "
-        f"{mem.activation_bytes / GIB:.1f} GiB, KV pool {mem.kv_cache_bytes / GIB:.1f} GiB = "
+        f"{mem.activation_bytes / GIB:.1f} GiB"
+        f"{' (outside the engine fraction)' if mem.budget_rule == 'weights_and_kv' else ''}, "
+        f"KV pool {mem.kv_cache_bytes / GIB:.1f} GiB = "
         f"{mem.kv_token_capacity:,} tokens; this batch holds {report.batch_kv_tokens:,} "
         f"({report.batch_kv_tokens / max(1, mem.kv_token_capacity):.0%})")
     if report.hardware.spec_only:
