@@ -31,8 +31,6 @@ from servesim.calibration.benchmark_run import BenchmarkRun
 from servesim.errors import ServesimError
 from servesim.inputs.files import read_text
 
-__all__ = ["BenchmarkRun", "read_benchmark"]
-
 PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls")
 
 

@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from servesim.atomic_io import atomic_write_text
-from servesim.calibration.benchmark_result import BenchmarkRun, read_benchmark
+from servesim.calibration.benchmark_result import read_benchmark
+from servesim.calibration.benchmark_run import BenchmarkRun
 from servesim.calibration.engine_fit import Measurement, fit, fit_front_end, loss
 from servesim.calibration.profiles import write_profile
 from servesim.calibration.replay import KERNEL_CLASSES, ZERO_CPU, Coefficients, ScheduleTrace, trace_run

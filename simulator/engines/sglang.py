@@ -43,6 +43,7 @@ Runtime:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import ClassVar
 
 from pydantic import Field, PositiveInt
@@ -172,11 +173,9 @@ class Sglang(Engine):
         # rem_input_tokens, both less the decodes a mixed batch carries): one budget here.
         knobs = self.knobs
         assert isinstance(knobs, SglangKnobs)
+        # (its memory fraction comes from memory_fraction(), which knows the whole deployment)
         chunk = min(default_chunk(hbm_bytes), knobs.max_prefill_tokens or MAX_PREFILL_TOKENS)
-        return SchedulerDefaults(policy="prefill_first", max_num_seqs=4096, block_size=1,
-                                 gpu_memory_utilization=self.defaults.gpu_memory_utilization, watermark=0.0,
-                                 enable_prefix_caching=True,
-                                 chunked_max_num_batched_tokens=chunk, min_max_num_batched_tokens=chunk)
+        return replace(self.defaults, chunked_max_num_batched_tokens=chunk, min_max_num_batched_tokens=chunk)
 
     def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int | None,
                         speculative: str | None) -> float | None:
