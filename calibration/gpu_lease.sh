@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One short GPU lease, end to end: the kernel microbenchmarks, their held-out validation against
-# the shipped profile and a fit, and the end-to-end check of a full-size Llama-3-8B.
+# the shipped profile and a fit, the end-to-end check of a full-size Llama-3-8B, and the launch
+# and CUDA-graph costs of its decode steps (servesim calibrate launch, about 35 s).
 #
 #   bash calibration/gpu_lease.sh OUT_DIR [REPS] [norefit]
 #
@@ -38,6 +39,8 @@ say "profile $profile"
 
 stage 200 python3 -m servesim calibrate e2e --device cuda --profile "$profile" \
     --out "$work/e2e_steps.csv"
+stage 100 python3 -m servesim calibrate launch --device cuda --profile "$profile" \
+    --out "$work/launch.csv"
 stage 270 python3 -m servesim calibrate bench --device cuda --reps "$reps" --out "$work/bench"
 stage 40 python3 -m servesim calibrate validate "$work/bench" --profile "$profile" \
     --out "$work/validation"

@@ -294,3 +294,37 @@ def e2e_command(
                [["class", "gpu_ms", "predicted_ms"]], "GPU time by operator class over one pass")
         if out:
             classes.to_csv(out.with_name(out.stem + "_classes.csv"), index=False)
+
+
+@calibrate_app.command("launch")
+def launch_command(
+    profile: Annotated[str, Opt(help="Profile that prices the steps' kernels (e.g. h200-sxm-141gb)")],
+    out: Annotated[Path | None, Opt(help="Write the per-batch CSV here")] = None,
+    device: Annotated[str, Opt(help="cuda (a full-size model) or cpu (a small one, eager)")] = "cuda",
+    model: Annotated[str | None, Opt(help="Catalogue model run on cuda (default llama-3-8b)")] = None,
+    context: Annotated[int, Opt(help="Tokens every sequence attends over")] = 1024,
+    reps: Annotated[int, Opt(help="Forwards timed back to back per batch size")] = 50,
+    threads: Annotated[int, Opt(help="CPU threads")] = 1,
+) -> None:
+    """Measure what a decode step's kernel launches and its CUDA graph cost (eager vs replayed)."""
+    from servesim.calibration.bench_launch import launch_figures, run_launch
+    from servesim.hardware_io import load_hardware
+
+    table = run_launch(load_hardware(profile, "--profile"), device=device, model_name=model,
+                       context=context, reps=reps, threads=threads)
+    if out:
+        from servesim.atomic_io import atomic_write
+
+        atomic_write(out, lambda path: table.to_csv(path, index=False))
+    shown = table.assign(**{f"{c}_ms": table[c] * 1e3 for c in ("eager_s", "graph_s", "kernel_s",
+                                                              "predicted_kernel_s")})
+    _print(shown[["batch", "kernels", "eager_s_ms", "graph_s_ms", "kernel_s_ms", "predicted_kernel_s_ms"]],
+           f"{table.attrs['model']} decode steps at context {context}")
+    micro = table.iloc[0]
+    _console.print(f"one-element adds: {micro['micro_eager_s'] * 1e6:.2f} us eager, "
+                   f"{micro['micro_graph_s'] * 1e6:.2f} us in a graph")
+    if device == "cuda":
+        figures = launch_figures(table)
+        _console.print(f"host time per kernel launch {figures['launch_s'] * 1e6:.2f} us "
+                       f"({figures['launch_bound_rows']:.0f} launch-bound batch sizes); a graph adds "
+                       f"{figures['graph_gap_s'] * 1e6:.2f} us per kernel")
