@@ -16,6 +16,7 @@ from servesim.calibration.bench_launch import launch_figures, predicted_kernel_s
 from servesim.cost import BatchShape, CostModel
 from servesim.engines import RuntimeCosts
 from servesim.engines.vllm import LAUNCH_S
+from servesim.errors import ServesimError
 from servesim.model_config import load_model
 
 MEASURED = Path(__file__).resolve().parents[1] / "calibration" / "measurements"
@@ -96,3 +97,26 @@ def test_shipped_profiles_price_the_measured_decode_steps_within_20_percent(meas
     ratio = measured["predicted_kernel_s"] / measured["graph_s"]
     assert ratio.between(0.8, 1.0).all()
     assert ratio[measured["batch"] == 256].between(0.95, 1.0).all()
+
+
+def test_cli_writes_the_table_and_refuses_a_short_context(tmp_path: Path) -> None:
+    """``servesim calibrate launch --device cpu``: the CSV (one row per batch size, the
+    micro-benchmark in every row) and the eager-add line; ``--context 1`` is the one-line error
+    naming the flag and the fix."""
+    pytest.importorskip("torch")
+    from typer.testing import CliRunner
+
+    from servesim.cli.app import app
+
+    out = tmp_path / "launch.csv"
+    done = CliRunner().invoke(app, ["calibrate", "launch", "--profile", "h100-sxm-80gb", "--device", "cpu",
+                                    "--context", "16", "--reps", "2", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    table = pd.read_csv(out)
+    assert list(table["batch"]) == [1, 4] and table["micro_eager_s"].nunique() == 1
+    assert "one-element adds" in done.output
+    refused = CliRunner().invoke(app, ["calibrate", "launch", "--profile", "h100-sxm-80gb", "--device", "cpu",
+                                       "--context", "1"])
+    # the command raises the one-line error that servesim's entry point prints (field, problem, fix)
+    assert isinstance(refused.exception, ServesimError)
+    assert "--context" in str(refused.exception) and "--context 1024" in str(refused.exception)
