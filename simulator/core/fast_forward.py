@@ -36,6 +36,7 @@ declare it) keeps the step-by-step loop.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
     from servesim.core.replica_state import ReplicaState
     from servesim.core.step_log import StepLog
     from servesim.cost import CostModel
+
+SMALL_BATCH = 64
+"""Up to this many requests, a run's block offsets are a sorted Python list (fewer calls than
+NumPy's on a few elements)."""
 
 MIN_RUN_STEPS = 2
 """Fewer steps than this are not worth a run: the replica takes its ordinary step."""
@@ -72,7 +77,7 @@ class DecodeRun:
     clock is a sequential sum, and the gaps are read from it one by one)."""
     records: np.ndarray
     """Each step's :class:`~servesim.cost.StepRecord`, one row per step."""
-    used_blocks: np.ndarray
+    used_blocks: list[int] | np.ndarray
     """KV blocks in use during each step (after its growth), as the step log records them."""
     grown: int
     """Blocks the steps after the first take in all."""
@@ -138,14 +143,15 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     if np.count_nonzero(pool.held[ids] - whole - 1):  # (count_nonzero: a fraction of .all()'s cost)
         return None, None  # a request holds more than its slots: the policies' growth rules differ
     # Block-boundary crossings: request i grows at steps f_i, f_i + bs, ... (f_i in [1, bs]); the
-    # (free + 1)-th crossing is the first step that would preempt.
-    offsets = np.sort(bs - part)
+    # (free + 1)-th crossing is the first step that would preempt. (A few as a sorted Python
+    # list, bisected below: fewer calls than NumPy's sort and searchsorted.)
+    offsets: list[int] | np.ndarray = sorted((bs - part).tolist()) if n <= SMALL_BATCH else np.sort(bs - part)
     q, rest = divmod(pool.free, n)
     limit = min(finishing, int(offsets[rest]) + q * bs)
     if limit < MIN_RUN_STEPS:
         return None, None
     if policy_limit is not None:
-        grown_by = grown_in(offsets, bs, limit)
+        grown_by = grown_in(np.asarray(offsets, dtype=np.int64), bs, limit)
         free_before = np.empty(limit, dtype=np.int64)  # when step j >= 1 is scheduled
         free_before[0] = pool.free
         free_before[1:] = pool.free - grown_by[:-1]
@@ -193,9 +199,14 @@ def plan_decode_run(state: ReplicaState, cost: CostModel, context: np.ndarray, i
     if steps < MIN_RUN_STEPS:
         return None, first_row
     records = priced[0] if len(priced) == 1 else np.concatenate(priced)
-    grown_by = grown_in(offsets, bs, steps)
-    used = pool.total - pool.free + grown_by
-    return DecodeRun(ids, context, remaining, part, times, records, used, int(grown_by[steps - 1]),
+    in_use = pool.total - pool.free
+    if isinstance(offsets, list) and steps <= bs:  # nobody grows twice: bisect the few offsets
+        used: list[int] | np.ndarray = [in_use + bisect_right(offsets, j) for j in range(steps)]
+        grown = used[-1] - in_use
+    else:
+        grown_by = grown_in(np.asarray(offsets, dtype=np.int64), bs, steps)
+        used, grown = in_use + grown_by, int(grown_by[steps - 1])
+    return DecodeRun(ids, context, remaining, part, times, records, used, grown,
                      finished_at_end=steps == finishing, steps=steps, last_s=last_s), first_row
 
 

@@ -108,8 +108,9 @@ class StepLog:
         self._current[self._fill] = values
         self._fill += 1
 
-    def extend_decode_run(self, replica: int, starts: list[float], decodes: int, used_blocks: np.ndarray,
-                          waiting: int, preempted: int, records: np.ndarray) -> None:
+    def extend_decode_run(self, replica: int, starts: list[float], decodes: int,
+                          used_blocks: list[int] | np.ndarray, waiting: int, preempted: int,
+                          records: np.ndarray) -> None:
         """The steps of a fast-forwarded run of pure-decode steps (``servesim.core.fast_forward``):
         each step's start, KV blocks in use and record (one row per step, the
         :class:`~servesim.cost.StepRecord` fields); the rest is the same for every step (only the

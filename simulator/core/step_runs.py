@@ -156,7 +156,7 @@ class DecodeRuns:
         self._used = array("i")  # per step: KV blocks in use
         self._staged = array("d")  # record rows of the steps not yet interned
 
-    def add(self, replica: int, starts: list[float], decodes: int, used_blocks: np.ndarray,
+    def add(self, replica: int, starts: list[float], decodes: int, used_blocks: list[int] | np.ndarray,
             waiting: int, preempted: int, records: np.ndarray) -> None:
         steps = len(starts)
         last_used = int(used_blocks[-1])  # blocks only grow within a run: the last is the largest
@@ -168,7 +168,10 @@ class DecodeRuns:
         self.runs += 1
         self._ints.extend((replica, steps, decodes, waiting, preempted))
         self._start.append(starts[0])
-        self._used.frombytes(used_blocks.astype(np.int32).tobytes())
+        if isinstance(used_blocks, list):  # (a short run's counts: no array round trip)
+            self._used.extend(used_blocks)
+        else:
+            self._used.frombytes(used_blocks.astype(np.int32).tobytes())
         self._staged.frombytes(records.tobytes())
         if len(self._staged) >= STAGE_FLOATS:
             self._compact()

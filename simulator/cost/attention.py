@@ -321,15 +321,10 @@ def tile_run_keys(context: list[int], first_step: int, steps: int, tile: int) ->
     multiple of ``tile`` (``r_i + j >= tile``, with ``q_i, r_i`` its quotient and remainder at
     ``j = 0``), ``q_i`` before; within ``tile`` steps it passes at most one."""
     base = first_step + tile
-    whole = 0
-    residues = []
-    for c in context:
-        q, r = divmod(c + base, tile)
-        whole += q
-        residues.append(r)
-    residues.sort()
-    n = len(residues)
-    return [tile * (whole + n - bisect_left(residues, tile - j)) for j in range(steps)]
+    residues = sorted([(c + base) % tile for c in context])
+    # sum(q_i) + n from the sums (exact integers): one modulo per request, not a divmod and a sum
+    tiles = (sum(context) + len(context) * base - sum(residues)) // tile + len(context)
+    return [tile * (tiles - bisect_left(residues, tile - j)) for j in range(steps)]
 
 
 def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,
