@@ -45,8 +45,8 @@ up-projection itself is a GEMM priced with the projections.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import cast
 
 import numpy as np
@@ -317,14 +317,19 @@ def tile_run_keys(context: list[int], first_step: int, steps: int, tile: int) ->
     """:func:`decode_run_keys` of full attention read in whole KV tiles (``tile > 1``) over a run
     of at most ``tile`` steps, as Python ints (the same integers: ``float`` of each is the key
     count the step's own call gets). Request ``i`` reads ``ceil((c_i + j + 1) / tile)`` tiles in
-    step ``j``: ``q_i + 1`` from the step where ``c_i + first_step + tile + j`` reaches the next
-    multiple of ``tile`` (``r_i + j >= tile``, with ``q_i, r_i`` its quotient and remainder at
-    ``j = 0``), ``q_i`` before; within ``tile`` steps it passes at most one."""
+    step ``j``: ``q_i`` (the quotient of ``c_i + first_step + tile``, remainder ``r_i``) until
+    ``r_i + j`` reaches ``tile``, one more from step ``tile - r_i`` on; within ``tile`` steps it
+    passes at most one. So step 0 reads ``tile * sum(q_i)`` keys and each later step adds
+    ``tile`` per request whose crossing falls there: one modulo per request, a running sum."""
     base = first_step + tile
-    residues = sorted([(c + base) % tile for c in context])
-    # sum(q_i) + n from the sums (exact integers): one modulo per request, not a divmod and a sum
-    tiles = (sum(context) + len(context) * base - sum(residues)) // tile + len(context)
-    return [tile * (tiles - bisect_left(residues, tile - j)) for j in range(steps)]
+    residues = [(c + base) % tile for c in context]
+    keys = [0] * steps  # step 0's keys, then each step's increase
+    keys[0] = (sum(context) + len(context) * base - sum(residues)) // tile * tile  # sum(q_i), exact
+    crossing_before = tile - steps  # r_i above it crosses at step tile - r_i < steps
+    for residue in residues:
+        if residue > crossing_before:
+            keys[tile - residue] += tile
+    return list(accumulate(keys))
 
 
 def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: HardwareProfile,
