@@ -37,9 +37,10 @@ from servesim.hardware import HardwareProfile, OperatorEfficiency
 RECORD_FIELDS = 12
 """``len(StepRecord._fields)``: one column per field (proposal and verify seconds stay 0)."""
 
-SCALAR_ROWS = 4
+SCALAR_ROWS = 12
 """Up to this many rows missing from the memo, a run prices them one by one in Python floats
-(:meth:`DecodeRunPricer._price_one`; NumPy's ~40 calls cost more on so few)."""
+(:meth:`DecodeRunPricer._price_one`, about 2 us a row; NumPy's ~40 calls cost 19 us on two rows,
+26 us on twelve, 32 us on sixteen: the two cross near twelve)."""
 
 AHEAD_TILES = 32
 """When a run of tiled steps misses the memo, the key counts up to this many tiles above its
@@ -109,6 +110,12 @@ class DecodeRunPricer:
                                self._n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES,
                                peak_flops * eff.compute.at(self._n), memory_peak, eff.fixed_s * layers))
         self._kinds = tuple(kinds)
+        self._scalars = tuple((kind.shape.decode_flops_per_key, kind.shape.cache_elements_per_token,
+                               kind.io_bytes, kind.compute_peak, kind.memory_peak, kind.eff.memory.at,
+                               self._bandwidth, kind.layers, kind.fixed_s) for kind in kinds)
+        """Per kind, what :meth:`_price_one` reads: (FLOPs per key, cache elements per token,
+        ``io_bytes``, ``compute_peak``, ``memory_peak``, the memory curve's ``at``, the bandwidth,
+        layers, ``fixed_s``)."""
         self._tile_keys = (len(attention) == 1 and self._tile > 1 and attention[0][0].window is None
                            and attention[0][0].chunk is None)
         """One full-attention kind read in whole KV tiles: :func:`tile_run_keys` counts short runs."""
@@ -201,7 +208,10 @@ class DecodeRunPricer:
             grown = np.empty((max(2 * self._table.shape[0], used + len(fresh)), RECORD_FIELDS))
             grown[:used] = self._table[:used]
             self._table = grown
-        self._table[used:used + len(fresh)] = priced[[i for _, i in fresh]]
+        if len(fresh) == len(keys):  # every key new and distinct: the rows in their order
+            self._table[used:used + len(fresh)] = priced
+        else:
+            self._table[used:used + len(fresh)] = priced[[i for _, i in fresh]]
         for offset, (key, _) in enumerate(fresh):
             self._memo[key] = used + offset
 
@@ -209,31 +219,34 @@ class DecodeRunPricer:
         """:meth:`_price` of one step whose attention kinds read ``keys`` keys, in Python floats:
         the same IEEE operations on the same values in the same order (``max`` for
         ``np.maximum``, ``index(max)`` for ``argmax``; the key counts made floats first, as the
-        array's are), so the very row."""
+        array's are), so the very row. Each kind's constants come from :attr:`_scalars` (the
+        same values :meth:`_price` reads from :class:`_Kind` and its shape)."""
         total, compute, memory, overhead, work, moved, gemm_s, elementwise_s, comm_s = self._part
         n, kv_bytes = self._n, self._kv_bytes
         decode = 0.0
-        for kind, count in zip(self._kinds, keys, strict=True):
+        for (per_key, per_token, io_bytes, compute_peak, memory_peak, memory_at, bandwidth, layers,
+             fixed_s), count in zip(self._scalars, keys, strict=True):
             kind_keys = float(count)
-            shape, layers = kind.shape, kind.layers
             # decode_attention_of
-            op_flops = kind_keys * shape.decode_flops_per_key
-            op_bytes = (kind_keys + n) * shape.cache_elements_per_token * kv_bytes + kind.io_bytes
-            op_compute = op_flops / kind.compute_peak
-            if kind.memory_peak is None:
-                op_memory = op_bytes / (self._bandwidth * kind.eff.memory.at(op_bytes))
+            op_flops = kind_keys * per_key
+            op_bytes = (kind_keys + n) * per_token * kv_bytes + io_bytes
+            op_compute = op_flops / compute_peak
+            if memory_peak is None:
+                op_memory = op_bytes / (bandwidth * memory_at(op_bytes))
             else:
-                op_memory = op_bytes / kind.memory_peak
+                op_memory = op_bytes / memory_peak
             op_compute = op_compute * layers
             op_memory = op_memory * layers
-            time_s = max(op_compute, op_memory) + kind.fixed_s
-            # CostModel._record's sums, in its order
-            total = total + time_s
+            # max(op_compute, op_memory), the first of equals, as np.maximum
             if op_compute >= op_memory:
+                time_s = op_compute + fixed_s
                 compute = compute + op_compute
             else:
+                time_s = op_memory + fixed_s
                 memory = memory + op_memory
-            overhead = overhead + kind.fixed_s
+            # CostModel._record's sums, in its order
+            total = total + time_s
+            overhead = overhead + fixed_s
             work = work + op_flops * layers
             moved = moved + op_bytes * layers
             decode = decode + time_s

@@ -161,22 +161,34 @@ class _OpColumns:
         times: list[float] = []
         compute: list[float] = []
         memory: list[float] = []
+        side: list[float] = []
+        fixed: list[float] = []
+        flops: list[float] = []
+        nbytes: list[float] = []
         gemm: list[float] = []
         elementwise: list[float] = []
+        class_of = OP_CLASS_OF
         for op in ops:
-            roofline_s = max(op.compute_s, op.memory_s)  # OpCost.roofline_s
-            time_s = roofline_s + op.fixed_s + op.side_s  # OpCost.time_s
+            compute_s, memory_s, fixed_s, side_s = op.compute_s, op.memory_s, op.fixed_s, op.side_s
+            # OpCost.roofline_s (max keeps the first of equals) and OpCost.bound
+            if compute_s >= memory_s:
+                compute.append(compute_s)
+                time_s = compute_s + fixed_s + side_s  # OpCost.time_s
+            else:
+                memory.append(memory_s)
+                time_s = memory_s + fixed_s + side_s
             times.append(time_s)
-            (compute if op.compute_s >= op.memory_s else memory).append(roofline_s)  # OpCost.bound
-            kind = OP_CLASS_OF[op.name]
+            side.append(side_s)
+            fixed.append(fixed_s)
+            flops.append(op.flops)
+            nbytes.append(op.bytes)
+            kind = class_of[op.name]
             if kind == "gemm":
                 gemm.append(time_s)
             elif kind == "elementwise":
                 elementwise.append(time_s)
-        return cls(ops, tuple(times), tuple(compute), tuple(memory),
-                   tuple(op.side_s for op in ops), tuple(op.fixed_s for op in ops),
-                   tuple(op.flops for op in ops), tuple(op.bytes for op in ops),
-                   tuple(gemm), tuple(elementwise))
+        return cls(ops, tuple(times), tuple(compute), tuple(memory), tuple(side), tuple(fixed),
+                   tuple(flops), tuple(nbytes), tuple(gemm), tuple(elementwise))
 
     def then(self, other: _OpColumns) -> _OpColumns:
         """These operators followed by ``other``'s (each column concatenated)."""
@@ -246,6 +258,8 @@ BODY_MEMO_ENTRIES = 1 << 14
 """At most this many token halves per cost model (about 3 kB each, so under 50 MB: a step's token
 count rarely exceeds the engine's step budget, but a policy that does not chunk may see as many
 as its prompts have lengths)."""
+GEMM_AT_ENTRIES = 1 << 16
+"""At most this many remembered values of the GEMM tokens curve per cost model (:meth:`CostModel._gemm`)."""
 DECODE_OP_ENTRIES = 1 << 16
 """At most this many decode kernels (one operator each, about 0.2 kB) per cost model."""
 CHUNK_MEMO_ENTRIES = 1 << 16
@@ -325,6 +339,10 @@ class CostModel:
         self._attention_groups = self._attention_kinds(counts)
         self._attn_gemms = self._attention_projection_shapes()
         self._experts = self._expert_layer()
+        self._gemm_rows_at: dict[tuple[bool, float], float] = {}
+        """The GEMM tokens curve's value by (16-bit, rows) (:meth:`_gemm`)."""
+        self._gemm_depth_at: dict[tuple[bool, int], float] = {}
+        """The GEMM depth factor by (16-bit, k) (:meth:`_gemm`)."""
         self._token_cache: dict[tuple[int, int], _TokenPart] = {}
         self._body_cache: dict[int, _BodyPart] = {}
         self._head_cache: dict[int, _HeadPart] = {}
@@ -338,6 +356,9 @@ class CostModel:
         self._run_pricers: dict[int, DecodeRunPricer] = {}
         """Per batch size, what the steps of a run of that many decodes share (:meth:`decode_run_records`)."""
         self._run_memo = MemoBudget()
+        self._ring = self.runtime.allreduce == "ring" and domains_spanned(tp, hardware) is None
+        """Whether collectives take the interconnect's ring model (the runtime says so and the
+        group stays inside one fast domain)."""
         self._engine = None if self._flat else EngineRuntime(self.runtime, model, hardware, tp,
                                                               self._attn_gemms)
 
@@ -427,21 +448,51 @@ class CostModel:
               weight_bytes: float | None = None, sixteen_bit: bool = False) -> OpCost:
         """``repeat`` GEMMs of (m x k) @ (k x n): the weights read once, the input read in the
         activation format, the output written in 16 bits. ``sixteen_bit`` GEMMs (LM head, router)
-        keep 16-bit weights, inputs and math whatever the deployment's precision."""
+        keep 16-bit weights, inputs and math whatever the deployment's precision.
+
+        :func:`~servesim.cost.roofline.roofline` inlined, expression for expression (one kernel,
+        so ``nbytes / kernels`` is ``nbytes``), with the tokens curve's value remembered per
+        (format, rows) and the depth factor per (format, k): pure functions of those, and a
+        step's GEMMs share its rows (a memo miss prices a dozen of them)."""
         if m <= 0:
             return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
-        in_bytes = IO_BYTES if sixteen_bit else self._act_bytes
-        if weight_bytes is None:
-            weight_bytes = k * n * (IO_BYTES if sixteen_bit else self._weight_bytes)
+        if sixteen_bit:
+            in_bytes, peak, eff = IO_BYTES, self.bf16_peak, self._gemm16_eff
+            if weight_bytes is None:
+                weight_bytes = k * n * IO_BYTES
+        else:
+            in_bytes, peak, eff = self._act_bytes, self.peak_flops, self._gemm_eff
+            if weight_bytes is None:
+                weight_bytes = k * n * self._weight_bytes
         nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
-        op = roofline(name, 2.0 * m * k * n, nbytes,
-                      peak_flops=self.bf16_peak if sixteen_bit else self.peak_flops,
-                      bandwidth=self.bandwidth, eff=self._gemm16_eff if sixteen_bit else self._gemm_eff,
-                      compute_axis=m, outputs=m * n, depth=k,
-                      repeat=repeat)
-        if in_bytes >= IO_BYTES:
-            return op
-        return replace(op, side_s=repeat * self._quantise_s(m, k))
+        flops = 2.0 * m * k * n
+        if flops <= 0 and nbytes <= 0:
+            return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
+        if flops > 0:
+            # eff.compute_at(m, m * n, k): the tokens curve, times the outputs then depth factor
+            key = (sixteen_bit, m)
+            efficiency = self._gemm_rows_at.get(key)
+            if efficiency is None:
+                efficiency = eff.compute.at(m)
+                if len(self._gemm_rows_at) < GEMM_AT_ENTRIES:
+                    self._gemm_rows_at[key] = efficiency
+            if eff.outputs is not None:
+                efficiency *= eff.outputs.at(m * n)
+            if eff.depth is not None:
+                key = (sixteen_bit, k)
+                depth = self._gemm_depth_at.get(key)
+                if depth is None:
+                    depth = self._gemm_depth_at[key] = eff.depth.at(k)
+                efficiency *= depth
+            compute_s = flops / (peak * efficiency)
+        else:
+            compute_s = 0.0
+        memory = eff.memory
+        memory_s = (nbytes / (self.bandwidth * memory.at(nbytes if memory.axis == "bytes" else m))
+                    if nbytes > 0 else 0.0)
+        return OpCost(name, flops * repeat, nbytes * repeat, compute_s * repeat, memory_s * repeat,
+                      eff.fixed_s * 1.0 * repeat,
+                      0.0 if in_bytes >= IO_BYTES else repeat * self._quantise_s(m, k))
 
     def _quantise_s(self, rows: float, k: int, per_row: bool = True) -> float:
         """The dynamic quantisation of a (rows x k) 16-bit input to the activation format that an
@@ -450,10 +501,17 @@ class CostModel:
 
     def _elementwise(self, name: str, elements: float, tokens: float, kernels: float,
                      repeat: float) -> OpCost:
-        """``kernels`` memory-bound kernels moving ``elements`` 16-bit values in all."""
-        return roofline(name, 0.0, elements * IO_BYTES, peak_flops=self.bf16_peak,
-                        bandwidth=self.bandwidth, eff=self._elem_eff, compute_axis=tokens,
-                        repeat=repeat, kernels=kernels)
+        """``kernels`` memory-bound kernels moving ``elements`` 16-bit values in all
+        (:func:`~servesim.cost.roofline.roofline` with no FLOPs, inlined expression for
+        expression)."""
+        nbytes = elements * IO_BYTES
+        if nbytes <= 0:
+            return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
+        eff = self._elem_eff
+        memory = eff.memory
+        memory_eff = memory.at(nbytes / kernels if memory.axis == "bytes" else tokens)
+        return OpCost(name, 0.0 * repeat, nbytes * repeat, 0.0 * repeat,
+                      nbytes / (self.bandwidth * memory_eff) * repeat, eff.fixed_s * kernels * repeat)
 
     def _mlp(self, tokens: float, intermediate: int, repeat: float, name: str) -> list[OpCost]:
         h, local = self.model.hidden_size, ceil_div(intermediate, self.tp)
@@ -848,12 +906,6 @@ class CostModel:
         reduces = 2 * self._layers + (1 if stage.first else 0)
         norms = self._layers * self._all_reduce(tokens * 2 * FP32_BYTES) if m.qk_norm_across_heads else 0.0
         return reduces * self._all_reduce(tokens * m.hidden_size * IO_BYTES) + norms, extra
-
-    @property
-    def _ring(self) -> bool:
-        """Whether collectives take the interconnect's ring model (the runtime says so and the
-        group stays inside one fast domain)."""
-        return self.runtime.allreduce == "ring" and domains_spanned(self.tp, self.hardware) is None
 
     def _all_reduce(self, nbytes: float) -> float:
         """One all-reduce of ``nbytes`` over the TP group."""
