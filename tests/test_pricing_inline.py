@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from servesim import CostModel, load_hardware, load_model
+from servesim import BatchShape, CostModel, load_hardware, load_model
 from servesim.cost.roofline import OpCost, roofline
 from servesim.cost.step_cost import IO_BYTES, OP_CLASS_OF, _OpColumns
 from servesim.dtypes import DType, Precision
@@ -120,3 +120,29 @@ def test_scalar_run_rows_are_the_vectorised_rows(deployment: tuple) -> None:
         vectorised = pricer._price(keys, 40)
         scalar = np.array([pricer._price_one(tuple(float(k[j]) for k in keys)) for j in range(40)])
         assert vectorised.tobytes() == scalar.tobytes()
+
+
+KEY_BY_KEY = [
+    ("llama-3-8b", "l4", 1, "vllm", None),  # KV tiles of one key
+    ("qwen3-30b-a3b", "l4", 2, "sglang", FP8),
+    ("codellama-34b", "l40s", 2, "vllm-v0", None),
+]
+
+
+@pytest.mark.parametrize("deployment", KEY_BY_KEY, ids=[f"{d[0]}-{d[1]}-tp{d[2]}" for d in KEY_BY_KEY])
+def test_key_by_key_runs_are_the_per_step_records(deployment: tuple) -> None:
+    """Runs of one full-attention kind read key by key count their keys in Python ints
+    (``DecodeRunPricer._sum_keys``): each row is the step's own record, memo hit or not."""
+    cost = cost_model(*deployment)
+    assert cost.hardware.efficiency.attention_decode.key_tile == 1
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        n = int(rng.integers(1, 80))
+        context = rng.integers(0, 12_000, n)
+        first, steps = int(rng.integers(0, 40)), int(rng.integers(1, 60))
+        runs = cost.decode_run_records(context, steps, first)
+        assert runs is not None
+        assert cost._run_pricers[n]._sum_keys
+        per_step = np.array([cost.step_record(BatchShape.decodes_only(context + j))
+                             for j in range(first, first + steps)])
+        assert runs.tobytes() == per_step.tobytes()

@@ -119,6 +119,10 @@ class DecodeRunPricer:
         self._tile_keys = (len(attention) == 1 and self._tile > 1 and attention[0][0].window is None
                            and attention[0][0].chunk is None)
         """One full-attention kind read in whole KV tiles: :func:`tile_run_keys` counts short runs."""
+        self._sum_keys = (len(attention) == 1 and self._tile == 1 and attention[0][0].window is None
+                          and attention[0][0].chunk is None)
+        """One full-attention kind read key by key: a step's keys are the contexts' sum plus ``n``
+        per step (:meth:`records` counts them in Python ints)."""
         self._budget = budget
         self._memo: dict[object, int] = {}
         """Each priced step's attention key count(s) -> its row of ``_table``."""
@@ -142,6 +146,16 @@ class DecodeRunPricer:
             if self._price_around(counted):
                 return self._table.take([self._memo[key] for key in counted], axis=0)
             return self._price_missing([np.array(counted, dtype=np.float64)], counted, found, steps)
+        if self._sum_keys:
+            # One full-attention kind read key by key: decode_run_keys' float(sum + n j) + n in
+            # Python (the same integers, rounded once, then the same float addition); an array
+            # only if some row must be priced.
+            total, n = int(context.sum()), self.n
+            summed = [float(total + n * j) + self._n for j in range(first_step, first_step + steps)]
+            found = list(map(self._memo.get, summed, repeat(-1, steps)))
+            if -1 not in found:
+                return self._table.take(found, axis=0)
+            return self._price_missing([np.array(summed, dtype=np.float64)], summed, found, steps)
         keys = [decode_run_keys(context, first_step, steps, kind.shape, self._tile) for kind in self._kinds]
         if not keys:
             return self._price(keys, steps)

@@ -339,6 +339,17 @@ class CostModel:
         self._attention_groups = self._attention_kinds(counts)
         self._attn_gemms = self._attention_projection_shapes()
         self._experts = self._expert_layer()
+        self._gemm_formats = tuple(
+            (in_bytes, weight_element, peak, eff.compute.at,
+             None if eff.outputs is None else eff.outputs.at, None if eff.depth is None else eff.depth.at,
+             eff.memory.at, eff.memory.axis == "bytes", eff.fixed_s, self.bandwidth)
+            for in_bytes, weight_element, peak, eff in (
+                (self._act_bytes, self._weight_bytes, self.peak_flops, self._gemm_eff),
+                (IO_BYTES, IO_BYTES, self.bf16_peak, self._gemm16_eff)))
+        """What :meth:`_gemm` reads of the deployment's format (index 0) and of 16 bits (index 1, the
+        ``sixteen_bit`` GEMMs): input and weight bytes per element, peak, the tokens curve's
+        ``at``, the outputs and depth factors' (None where the class has none), the memory curve's,
+        whether it reads bytes (else rows), the launch floor, the bandwidth."""
         self._gemm_rows_at: dict[tuple[bool, float], float] = {}
         """The GEMM tokens curve's value by (16-bit, rows) (:meth:`_gemm`)."""
         self._gemm_depth_at: dict[tuple[bool, int], float] = {}
@@ -456,14 +467,10 @@ class CostModel:
         step's GEMMs share its rows (a memo miss prices a dozen of them)."""
         if m <= 0:
             return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
-        if sixteen_bit:
-            in_bytes, peak, eff = IO_BYTES, self.bf16_peak, self._gemm16_eff
-            if weight_bytes is None:
-                weight_bytes = k * n * IO_BYTES
-        else:
-            in_bytes, peak, eff = self._act_bytes, self.peak_flops, self._gemm_eff
-            if weight_bytes is None:
-                weight_bytes = k * n * self._weight_bytes
+        in_bytes, weight_element, peak, compute_at, outputs_at, depth_at, memory_at, by_bytes, fixed_s, \
+            bandwidth = self._gemm_formats[sixteen_bit]
+        if weight_bytes is None:
+            weight_bytes = k * n * weight_element
         nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
         flops = 2.0 * m * k * n
         if flops <= 0 and nbytes <= 0:
@@ -473,25 +480,23 @@ class CostModel:
             key = (sixteen_bit, m)
             efficiency = self._gemm_rows_at.get(key)
             if efficiency is None:
-                efficiency = eff.compute.at(m)
+                efficiency = compute_at(m)
                 if len(self._gemm_rows_at) < GEMM_AT_ENTRIES:
                     self._gemm_rows_at[key] = efficiency
-            if eff.outputs is not None:
-                efficiency *= eff.outputs.at(m * n)
-            if eff.depth is not None:
+            if outputs_at is not None:
+                efficiency *= outputs_at(m * n)
+            if depth_at is not None:
                 key = (sixteen_bit, k)
                 depth = self._gemm_depth_at.get(key)
                 if depth is None:
-                    depth = self._gemm_depth_at[key] = eff.depth.at(k)
+                    depth = self._gemm_depth_at[key] = depth_at(k)
                 efficiency *= depth
             compute_s = flops / (peak * efficiency)
         else:
             compute_s = 0.0
-        memory = eff.memory
-        memory_s = (nbytes / (self.bandwidth * memory.at(nbytes if memory.axis == "bytes" else m))
-                    if nbytes > 0 else 0.0)
+        memory_s = nbytes / (bandwidth * memory_at(nbytes if by_bytes else m)) if nbytes > 0 else 0.0
         return OpCost(name, flops * repeat, nbytes * repeat, compute_s * repeat, memory_s * repeat,
-                      eff.fixed_s * 1.0 * repeat,
+                      fixed_s * 1.0 * repeat,
                       0.0 if in_bytes >= IO_BYTES else repeat * self._quantise_s(m, k))
 
     def _quantise_s(self, rows: float, k: int, per_row: bool = True) -> float:
