@@ -60,11 +60,26 @@ def roofline(name: str, flops: float, nbytes: float, *, peak_flops: float, bandw
     """
     if flops <= 0 and nbytes <= 0:
         return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
-    compute_s = flops / (peak_flops * eff.compute_at(compute_axis, outputs, depth)) if flops > 0 else 0.0
-    memory_eff = memory_efficiency(eff, nbytes / kernels, compute_axis)
+    compute_eff = eff.compute_at(compute_axis, outputs, depth) if flops > 0 else 1.0
+    return roofline_at(name, flops, nbytes, peak_flops=peak_flops, bandwidth=bandwidth,
+                       compute_eff=compute_eff,
+                       memory_eff=memory_efficiency(eff, nbytes / kernels, compute_axis),
+                       fixed_s=eff.fixed_s, repeat=repeat, kernels=kernels)
+
+
+def roofline_at(name: str, flops: float, nbytes: float, *, peak_flops: float, bandwidth: float,
+                compute_eff: float, memory_eff: float, fixed_s: float, repeat: float = 1.0,
+                kernels: float = 1.0, side_s: float = 0.0) -> OpCost:
+    """:func:`roofline` once the profile's curves have been read at the kernel (``compute_eff``:
+    the compute curve with its shape factors; ``memory_eff``: the memory curve). The one place
+    the rule's arithmetic lives: the cost model's GEMMs, which remember curve values between
+    calls, come here too. ``side_s``: serial kernels priced apart (:attr:`OpCost.side_s`)."""
+    if flops <= 0 and nbytes <= 0:
+        return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
+    compute_s = flops / (peak_flops * compute_eff) if flops > 0 else 0.0
     memory_s = nbytes / (bandwidth * memory_eff) if nbytes > 0 else 0.0
     return OpCost(name, flops * repeat, nbytes * repeat, compute_s * repeat, memory_s * repeat,
-                  eff.fixed_s * kernels * repeat)
+                  fixed_s * kernels * repeat, side_s)
 
 
 def memory_bound_s_many(nbytes: np.ndarray, kernels: float, eff: OperatorEfficiency, bandwidth: float,

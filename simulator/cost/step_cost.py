@@ -58,7 +58,7 @@ from servesim.cost.decode_run import DecodeRunPricer, MemoBudget
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.quantise import input_quantisation_s
-from servesim.cost.roofline import OpCost, roofline
+from servesim.cost.roofline import OpCost, roofline, roofline_at
 from servesim.cost.routing import experts_hit
 from servesim.dtypes import DType, Precision
 from servesim.engines.base import RuntimeCosts, default_runtime
@@ -461,10 +461,10 @@ class CostModel:
         activation format, the output written in 16 bits. ``sixteen_bit`` GEMMs (LM head, router)
         keep 16-bit weights, inputs and math whatever the deployment's precision.
 
-        :func:`~servesim.cost.roofline.roofline` inlined, expression for expression (one kernel,
-        so ``nbytes / kernels`` is ``nbytes``), with the tokens curve's value remembered per
-        (format, rows) and the depth factor per (format, k): pure functions of those, and a
-        step's GEMMs share its rows (a memo miss prices a dozen of them)."""
+        The roofline's curves are read here, the tokens curve's value remembered per (format,
+        rows) and the depth factor per (format, k) (pure functions of those; a step's GEMMs share
+        its rows, and a memo miss prices a dozen of them); the arithmetic is
+        :func:`~servesim.cost.roofline.roofline_at`'s."""
         if m <= 0:
             return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
         in_bytes, weight_element, peak, compute_at, outputs_at, depth_at, memory_at, by_bytes, fixed_s, \
@@ -473,16 +473,16 @@ class CostModel:
             weight_bytes = k * n * weight_element
         nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
         flops = 2.0 * m * k * n
-        if flops <= 0 and nbytes <= 0:
-            return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
+        efficiency = 1.0
         if flops > 0:
             # eff.compute_at(m, m * n, k): the tokens curve, times the outputs then depth factor
             key = (sixteen_bit, m)
-            efficiency = self._gemm_rows_at.get(key)
-            if efficiency is None:
-                efficiency = compute_at(m)
+            rows_eff = self._gemm_rows_at.get(key)
+            if rows_eff is None:
+                rows_eff = compute_at(m)
                 if len(self._gemm_rows_at) < GEMM_AT_ENTRIES:
-                    self._gemm_rows_at[key] = efficiency
+                    self._gemm_rows_at[key] = rows_eff
+            efficiency = rows_eff
             if outputs_at is not None:
                 efficiency *= outputs_at(m * n)
             if depth_at is not None:
@@ -491,13 +491,9 @@ class CostModel:
                 if depth is None:
                     depth = self._gemm_depth_at[key] = depth_at(k)
                 efficiency *= depth
-            compute_s = flops / (peak * efficiency)
-        else:
-            compute_s = 0.0
-        memory_s = nbytes / (bandwidth * memory_at(nbytes if by_bytes else m)) if nbytes > 0 else 0.0
-        return OpCost(name, flops * repeat, nbytes * repeat, compute_s * repeat, memory_s * repeat,
-                      fixed_s * 1.0 * repeat,
-                      0.0 if in_bytes >= IO_BYTES else repeat * self._quantise_s(m, k))
+        return roofline_at(name, flops, nbytes, peak_flops=peak, bandwidth=bandwidth, compute_eff=efficiency,
+                           memory_eff=memory_at(nbytes if by_bytes else m), fixed_s=fixed_s, repeat=repeat,
+                           side_s=0.0 if in_bytes >= IO_BYTES else repeat * self._quantise_s(m, k))
 
     def _quantise_s(self, rows: float, k: int, per_row: bool = True) -> float:
         """The dynamic quantisation of a (rows x k) 16-bit input to the activation format that an
@@ -506,17 +502,17 @@ class CostModel:
 
     def _elementwise(self, name: str, elements: float, tokens: float, kernels: float,
                      repeat: float) -> OpCost:
-        """``kernels`` memory-bound kernels moving ``elements`` 16-bit values in all
-        (:func:`~servesim.cost.roofline.roofline` with no FLOPs, inlined expression for
-        expression)."""
+        """``kernels`` memory-bound kernels moving ``elements`` 16-bit values in all (the
+        roofline with no FLOPs)."""
         nbytes = elements * IO_BYTES
         if nbytes <= 0:
             return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
         eff = self._elem_eff
         memory = eff.memory
         memory_eff = memory.at(nbytes / kernels if memory.axis == "bytes" else tokens)
-        return OpCost(name, 0.0 * repeat, nbytes * repeat, 0.0 * repeat,
-                      nbytes / (self.bandwidth * memory_eff) * repeat, eff.fixed_s * kernels * repeat)
+        return roofline_at(name, 0.0, nbytes, peak_flops=self.bf16_peak, bandwidth=self.bandwidth,
+                           compute_eff=1.0, memory_eff=memory_eff, fixed_s=eff.fixed_s, repeat=repeat,
+                           kernels=kernels)
 
     def _mlp(self, tokens: float, intermediate: int, repeat: float, name: str) -> list[OpCost]:
         h, local = self.model.hidden_size, ceil_div(intermediate, self.tp)
