@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fast_forward import assert_same, experiment
+from test_fast_forward import assert_same, contended_plan, experiment
 
 from servesim.config import validate_document
 from servesim.core.prefix_index import PrefixIndex
@@ -134,13 +134,7 @@ def test_one_admission_is_admitted_as_several_are(monkeypatch: pytest.MonkeyPatc
     """``ReplicaState._admit_one`` against the general ``_admit_many`` on whole runs: a tight KV
     pool (preemptions, so recomputes are admitted again), with and without prefix caching (hits,
     evictions): every request's times, tokens and blocks and every step are the same."""
-    document = experiment(seed=5, policy={"name": policy}, engine="vllm",
-                          deployment={"num_gpu_blocks": 80, "block_size": 16,
-                                      "enable_prefix_caching": prefix})
-    document["workload"]["arrival"]["rate"] = 40.0
-    if prefix:
-        document["workload"]["shared_prefix"] = {"tokens": 64, "groups": 3}
-    plan = prepare(validate_document(document))
+    plan = contended_plan(policy, prefix, seed=5)
     fast = simulate(plan, fast_forward=False)
     monkeypatch.setattr(ReplicaState, "_admit_one",
                         lambda self, request, blocks, now: self._admit_many([request], [blocks], now))

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cost_runs import DEPLOYMENTS, cost_model, per_step
-from test_fast_forward import assert_same, both_ways, experiment
+from test_fast_forward import assert_same, both_ways, contended_plan
 from test_fast_forward_chains import CHAINING_POLICIES, slices_in_lockstep, sparse
 
 from servesim import load_hardware, load_model
@@ -91,18 +91,6 @@ def test_op_columns_of_quantised_gemms_keep_their_side_kernels() -> None:
         sides += sum(op.side_s > 0 for op in ops)
         assert_same_columns(_OpColumns.of(ops), reference_columns(ops))
     assert sides > 0
-
-
-def contended_plan(policy: str, prefix: bool) -> object:
-    """A tight KV pool at a high rate (preemptions, recomputes, admissions of several prompts
-    at once), with and without prefix caching (hits, evictions)."""
-    document = experiment(seed=7, policy={"name": policy}, engine="vllm",
-                          deployment={"num_gpu_blocks": 80, "block_size": 16,
-                                      "enable_prefix_caching": prefix})
-    document["workload"]["arrival"]["rate"] = 40.0
-    if prefix:
-        document["workload"]["shared_prefix"] = {"tokens": 64, "groups": 3}
-    return prepare(validate_document(document))
 
 
 @pytest.mark.parametrize("prefix", [False, True])

@@ -63,6 +63,18 @@ def experiment(**overrides: Any) -> dict[str, Any]:
     return document
 
 
+def contended_plan(policy: str, prefix: bool, seed: int = 7) -> Any:
+    """A tight KV pool at a high rate (preemptions, recomputes, admissions of several prompts
+    at once), with and without prefix caching (hits, evictions)."""
+    document = experiment(seed=seed, policy={"name": policy}, engine="vllm",
+                          deployment={"num_gpu_blocks": 80, "block_size": 16,
+                                      "enable_prefix_caching": prefix})
+    document["workload"]["arrival"]["rate"] = 40.0
+    if prefix:
+        document["workload"]["shared_prefix"] = {"tokens": 64, "groups": 3}
+    return prepare(validate_document(document))
+
+
 POLICIES = [{"name": "continuous"}, {"name": "chunked_prefill"}, {"name": "sjf"},
             {"name": "continuous", "order": "decode_first"}, {"name": "priority"},
             {"name": "static", "batch_size": 4}, {"name": "prefill_first"},
