@@ -83,11 +83,15 @@ class Clients:
 
     def done(self, ids: np.ndarray, now: float) -> None:
         """Requests ``ids`` completed (or were refused) at ``now``: their clients go on."""
+        streams = self.requests.streams
         for request in ids.tolist():
             client = int(self._client_of[request])
             if client < 0:
                 continue
             wait = self.think_s(client, request)
+            if streams and self.requests.status[request] != REJECTED:
+                # the client sees its last token when the front end has sent it
+                wait += streams[int(self.requests.replica[request])].lag
             if wait > 0:
                 if self.upcoming is not None:  # the earliest its next request could enter
                     self.upcoming.expect(self.env.now + wait)  # the timeout _after yields

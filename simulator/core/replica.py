@@ -19,6 +19,7 @@ from servesim.core.fast_forward import DecodeRun, apply_decode_run, delay_to, pl
 from servesim.core.progress import MAX_IDLE_WAKES, describe, stalled
 from servesim.core.replica_state import ReplicaState
 from servesim.core.step_log import StepLog
+from servesim.core.stream_out import OutputStream, emitting
 from servesim.cost import BatchShape, CostModel, StepRecord
 
 if TYPE_CHECKING:  # policies are given to replicas; the core never imports them at run time
@@ -67,7 +68,7 @@ class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
                  cost: CostModel | StepPricer, steps: StepLog, prompts_done: PromptsDone | None = None,
                  next_arrival: Callable[[], float] | None = None, sole_replica: bool = False,
-                 horizon: Callable[[], float] | None = None) -> None:
+                 horizon: Callable[[], float] | None = None, stream: OutputStream | None = None) -> None:
         """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
         emits nothing here and goes to ``prompts_done`` instead. ``next_arrival`` (when the next
         request enters the deployment) turns fast-forward on: runs of pure-decode steps become one
@@ -78,8 +79,11 @@ class Replica:
         runs step by step whatever ``next_arrival`` says: its accepted tokens are drawn per step.
         ``horizon``: the next time something outside reads the requests' state between events
         (:class:`~servesim.core.sim.Horizon`; None: never), which runs chained through a finish
-        (:meth:`_chain`) end before."""
+        (:meth:`_chain`) end before. ``stream``: the front end's sender when the engine has a
+        streaming cost (:mod:`servesim.core.stream_out`): every step's chunks go through it, and
+        its requests' first-token and finish times become the times their clients see them."""
         self.env = env
+        self.stream = stream
         self.state = state
         self.policy = policy
         self.cost = cost
@@ -119,7 +123,7 @@ class Replica:
     def _run(self) -> Generator[simpy.Event, object, None]:
         env, state, policy, steps = self.env, self.state, self.policy, self.steps
         requests, pool = state.requests, state.pool
-        step_record, append, index = self.cost.step_record, steps.append, state.index
+        step_record, append, index, stream = self.cost.step_record, steps.append, state.index, self.stream
         prompts_done, next_arrival = self.prompts_done, self.next_arrival
         idle_wakes, steps_seen = 0, -1  # the livelock guard: counted on the idle path only
         decode_guess_s: float | None = None  # a recent decode step's duration: sizes run pricing
@@ -163,7 +167,10 @@ class Replica:
                         yield env.timeout(self._landing(now, end))
                         continue
                     yield env.timeout(delay)
+                    lag = 0.0 if stream is None else stream.emit_steps(run.times[1:], run.ids.size)
                     finished = apply_decode_run(state, run, steps, waiting, batch.preempted)
+                    if lag and finished.size:
+                        requests.finish[finished] += lag
                     policy.after_run(batch, run.steps, finished, env.now)
                     self.fast_forwarded_steps += run.steps
                     decode_guess_s = run.last_s
@@ -189,12 +196,17 @@ class Replica:
                 yield env.timeout(record.time_s if end == now + record.time_s else self._landing(now, end))
                 continue
             yield env.timeout(record.time_s)
+            firsts, lag = (None, 0.0) if stream is None else self._stream_step(batch, env.now)
             if proposals is not None:  # speculative decoding: several tokens per request
                 finished = state.complete_speculative_step(batch.ids, batch.new_tokens, proposals, env.now)
+                if lag:
+                    self._seen_late(firsts, finished, lag)
                 if finished.size:
                     state.drop_finished()
             elif prompts_done is None:
                 finished = requests.complete_step(batch.ids, batch.new_tokens, env.now, batch.decode_only)
+                if lag:
+                    self._seen_late(firsts, finished, lag)
                 if finished.size:
                     state.drop_finished()
             else:  # prefill-only: requests whose prompt is done leave for a decode replica
@@ -246,15 +258,41 @@ class Replica:
     def _credit_step(self, batch: Batch, end: float) -> None:
         """Credit an ordinary step ending at ``end`` (its row already appended), as the loop does
         once the clock is there."""
+        firsts, lag = (None, 0.0) if self.stream is None else self._stream_step(batch, end)
         finished = self.state.requests.complete_step(batch.ids, batch.new_tokens, end, batch.decode_only)
+        if lag:
+            self._seen_late(firsts, finished, lag)
         if finished.size:
             self.state.drop_finished()
         self.policy.after_step(batch, finished, end)
         self.early_steps += 1
 
+    def _stream_step(self, batch: Batch, end: float) -> tuple[np.ndarray, float]:
+        """Hand the chunks of ``batch``'s step (ending at ``end``, not yet credited) to the front
+        end: returns the requests whose first token it emits and the lag their client sees."""
+        assert self.stream is not None
+        ids = batch.ids
+        if batch.decode_only:  # every request emits, none for the first time
+            return ids[:0], self.stream.emit(end, int(ids.size))
+        r = self.state.requests
+        emits = emitting(r.computed[ids], batch.new_tokens, r.prompt[ids], r.generated[ids])
+        firsts = ids[emits & np.isnan(r.first_token[ids])]
+        return firsts, self.stream.emit(end, int(np.count_nonzero(emits)))
+
+    def _seen_late(self, firsts: np.ndarray | None, finished: np.ndarray, lag: float) -> None:
+        """The first tokens and finishes of a credited step, moved to when their clients see them."""
+        r = self.state.requests
+        if firsts is not None and firsts.size:
+            r.first_token[firsts] += lag
+        if finished.size:
+            r.finish[finished] += lag
+
     def _credit_run(self, batch: Batch, run: DecodeRun, waiting: int) -> None:
         """Credit ``run`` (ending at ``run.times[-1]``) to the requests, the step log and the policy."""
+        lag = 0.0 if self.stream is None else self.stream.emit_steps(run.times[1:], run.ids.size)
         finished = apply_decode_run(self.state, run, self.steps, waiting, batch.preempted)
+        if lag and finished.size:
+            self.state.requests.finish[finished] += lag
         self.policy.after_run(batch, run.steps, finished, run.times[-1])
         self.fast_forwarded_steps += run.steps
 

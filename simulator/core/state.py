@@ -20,6 +20,7 @@ import numpy as np
 from servesim.errors import ServesimError
 
 if TYPE_CHECKING:
+    from servesim.core.stream_out import OutputStream
     from servesim.workloads.requests import RequestTable
 
 
@@ -195,6 +196,10 @@ class RequestState:
         self.swaps_in = np.zeros(n, dtype=np.int32)
         self.status = np.zeros(n, dtype=np.int8)
         self.reject_reason = np.zeros(n, dtype=np.int8)
+        self.streams: dict[int, OutputStream] = {}
+        """Each replica's front-end sender, by replica index, when its engine has a streaming cost
+        (:mod:`servesim.core.stream_out`): closed-loop clients read the lag of the step that
+        finished their request there."""
         self.replica = np.full(n, -1, dtype=np.int32)
         self.blocks_held = np.zeros(n, dtype=np.int64)  # KV blocks, on the request's replica (hot, as above)
         # prompt tokens found in the prefix cache (written at admission)

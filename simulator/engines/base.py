@@ -95,6 +95,9 @@ class RuntimeCosts:
     handoff_s: float = 0.0
     """A disaggregated deployment's hand-off latency per request (see :attr:`CpuCosts.handoff_s`):
     not a step cost; the disaggregated topology adds it to each KV transfer."""
+    frontend_chunk_s: float = 0.0
+    """The front end's serial time per streamed chunk (see :attr:`CpuCosts.frontend_chunk_s`):
+    not a step cost; each replica's :class:`~servesim.core.stream_out.OutputStream` reads it."""
 
     @classmethod
     def none(cls) -> RuntimeCosts:
@@ -150,6 +153,8 @@ class RuntimeCosts:
         if not self.has_serial:  # descriptions of runtimes without it read as before
             for key in ("serial_fixed_s", "serial_per_seq_s", "serial_per_token_s", "serial_per_sample_s"):
                 out.pop(key)
+        if not self.frontend_chunk_s:  # likewise for runtimes without a streaming cost
+            out.pop("frontend_chunk_s")
         out["cuda_graph_sizes"] = list(self.cuda_graph_sizes)
         out["oneshot_max_bytes"] = [list(pair) for pair in self.oneshot_max_bytes]
         return out
@@ -253,6 +258,11 @@ class EngineKnobs(FrozenModel):
         None, ge=0, allow_inf_nan=False,
         description="the front end's latency per request (HTTP server, tokenisation, hand-off to the "
         "scheduler, the first token's way back), added to every TTFT and end-to-end latency")
+    frontend_chunk_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="the front end's serial CPU time per streamed chunk (one per request per step: "
+        "detokenise, format, send); when the engine emits chunks faster than one front-end process "
+        "sends them, clients see their tokens late (docs/architecture.md, Front end)")
     handoff_latency_s: float | None = Field(
         None, ge=0, allow_inf_nan=False,
         description="disaggregated serving: the hand-off's latency per request beyond the KV bytes' "
@@ -299,6 +309,16 @@ class CpuCosts:
     link: the KV transfer's set-up and its completion notice (NIXL, Mooncake's transfer engine) and
     the decode worker taking the request in. Each request's prompt KV lands on its decode replica
     this much after its last byte; aggregated deployments never read it."""
+    frontend_chunk_s: float = 0.0
+    """The front end's serial time per streamed chunk (one per request per step that emits a
+    token): detokenising, formatting and sending it, in one process for the whole server (vLLM's
+    API server, SGLang's tokenizer manager, ``trtllm-serve``). Each replica's front end takes a
+    step's chunks once the step ends and the step before's are sent, ``chunks x frontend_chunk_s``
+    for all of them, so the client sees a step's tokens at ``max(end, previous sent) + chunks x
+    frontend_chunk_s``. Below its capacity (1 / frontend_chunk_s chunks per second) that adds a few
+    microseconds; above it the lag grows until the closed loop's clients, who send their next
+    request only when they see the last token, slow down to it (:mod:`servesim.core.stream_out`).
+    0 (every shipped engine): the front end keeps up with any rate."""
 
     def runtime(self, **engine: Any) -> RuntimeCosts:
         """These host costs with the rest of an engine's runtime (overlap, graphs, all-reduce)."""
@@ -306,14 +326,15 @@ class CpuCosts:
                             cpu_per_seq_s=self.per_seq_s, cpu_per_token_s=self.per_token_s,
                             cpu_per_sample_s=self.per_sample_s, serial_fixed_s=self.serial_fixed_s,
                             serial_per_seq_s=self.serial_per_seq_s, frontend_s=self.frontend_s,
-                            handoff_s=self.handoff_s, **engine)
+                            handoff_s=self.handoff_s, frontend_chunk_s=self.frontend_chunk_s, **engine)
 
     def replace_from(self, knobs: EngineKnobs) -> CpuCosts:
         """These costs with every coefficient the experiment sets replaced."""
         values = {"fixed_s": knobs.step_overhead_s, "per_seq_s": knobs.cpu_per_seq_s,
                   "per_token_s": knobs.cpu_per_token_s, "per_sample_s": knobs.cpu_per_sample_s,
                   "serial_fixed_s": knobs.serial_overhead_s, "serial_per_seq_s": knobs.serial_per_seq_s,
-                  "frontend_s": knobs.frontend_latency_s, "handoff_s": knobs.handoff_latency_s}
+                  "frontend_s": knobs.frontend_latency_s, "handoff_s": knobs.handoff_latency_s,
+                  "frontend_chunk_s": knobs.frontend_chunk_s}
         given: dict[str, float] = {k: v for k, v in values.items() if v is not None}
         if not given:
             return self
@@ -331,7 +352,7 @@ UNFITTED_CPU = CpuCosts(3e-4, 5e-6, 0.0, 0.0, "estimate before fitting: 0.3 ms p
 _KNOB_OF = {"fixed_s": "step_overhead_s", "per_seq_s": "cpu_per_seq_s", "per_token_s": "cpu_per_token_s",
             "per_sample_s": "cpu_per_sample_s", "serial_fixed_s": "serial_overhead_s",
             "serial_per_seq_s": "serial_per_seq_s", "frontend_s": "frontend_latency_s",
-            "handoff_s": "handoff_latency_s"}
+            "handoff_s": "handoff_latency_s", "frontend_chunk_s": "frontend_chunk_s"}
 
 
 def by_prefix(table: dict[str, Any], hardware_name: str) -> Any:
@@ -452,8 +473,17 @@ class Engine(ABC):
                                     "step_overhead_s": dict(self.step_overhead_s)}
         table = self.cpu_table()
         if self.cpu_costs or self._profile is not None or fitted_runtime(self.name):
-            identity["cpu_costs"] = {k: asdict(v) for k, v in sorted(table.items())}
+            identity["cpu_costs"] = {k: _cpu_identity(v) for k, v in sorted(table.items())}
         return identity
+
+
+def _cpu_identity(costs: CpuCosts) -> dict[str, Any]:
+    """``costs`` as plain values, without a zero streaming cost (so that the sweep identities of
+    engines without one read as before it existed)."""
+    values = asdict(costs)
+    if not costs.frontend_chunk_s:
+        values.pop("frontend_chunk_s")
+    return values
 
 
 # ---------------------------------------------------------------------- runtime profile files
@@ -466,6 +496,7 @@ class _CpuEntry(StrictModel):
     serial_per_seq_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     frontend_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     handoff_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    frontend_chunk_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     provenance: str = ""
 
 
@@ -481,7 +512,8 @@ class RuntimeProfile(StrictModel):
     def table(self) -> dict[str, CpuCosts]:
         return {("" if prefix == "default" else prefix):
                 CpuCosts(e.fixed_s, e.per_seq_s, e.per_token_s, e.per_sample_s, e.provenance,
-                         e.serial_fixed_s, e.serial_per_seq_s, e.frontend_s, e.handoff_s)
+                         e.serial_fixed_s, e.serial_per_seq_s, e.frontend_s, e.handoff_s,
+                         e.frontend_chunk_s)
                 for prefix, e in self.cpu_costs.items()}
 
 

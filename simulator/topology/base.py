@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from servesim.core.replica_state import ReplicaState
+from servesim.core.stream_out import OutputStream
 from servesim.dtypes import Precision
 from servesim.engines import Engine
+from servesim.errors import ServesimError
 from servesim.model_spec import ModelSpec
 from servesim.policies.base import Policy
 from servesim.topology.group import ReplicaGroup
@@ -188,7 +190,12 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
     acceptance cannot be priced ahead) and, where requests are sent when others finish
     (:attr:`Sim.sends_at_run_time`), it is the sole replica; ``sole_group``: no other group's
     replicas take arrivals, so a group of one replica routes every arrival to it."""
+    chunk_s = group.runtime.frontend_chunk_s
     if group.runs_pipeline:
+        if chunk_s:
+            raise ServesimError("engine.frontend_chunk_s", "the front end's streaming cost is modelled for "
+                                "replicas of one scheduling unit, not pipeline stages or data-parallel "
+                                "attention ranks", "leave it 0 (unset) for this deployment")
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
     cost = group.step_pricer()
     from servesim.core.replica import Replica  # here: resolving a plan (validate) builds no replica
@@ -205,9 +212,12 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
         fast = (fast_forward and sim.fast_forward and group.engine.fast_forward
                 and state.speculation is None and policy.fast_forward_ready()
                 and (sole or not sim.sends_at_run_time))
+        stream = None
+        if chunk_s:
+            stream = sim.requests.streams[state.index] = OutputStream(chunk_s)
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
                                 next_arrival=sim.next_arrival if fast else None,
-                                sole_replica=sole, horizon=sim.horizon))
+                                sole_replica=sole, horizon=sim.horizon, stream=stream))
     return GroupRun(group, replicas, first_index)
 
 

@@ -193,6 +193,10 @@ class Disaggregated(Topology):
     def build(self, sim: Sim, reject_codes: np.ndarray) -> Built:
         from servesim.core.kv_link import KvLink
 
+        if self.prefill.runtime.frontend_chunk_s or self.decode.runtime.frontend_chunk_s:
+            raise ServesimError("engine.frontend_chunk_s", "the front end's streaming cost is modelled for "
+                                "aggregated deployments, not disaggregated ones",
+                                "leave it 0 (unset) for this deployment")
         link = KvLink(sim.env, self.link)
         handoff = Handoff(sim.env, sim.requests, link, self.kv_bytes_per_token, self.decode.runtime.handoff_s)
         prefill = build_group(sim, self.prefill, 0, partial(
