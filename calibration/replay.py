@@ -58,12 +58,17 @@ class Coefficients:
     """The front end's latency per request (``CpuCosts.frontend_s``): added to every TTFT."""
     handoff_s: float = 0.0
     """A disaggregated deployment's hand-off latency per request (``CpuCosts.handoff_s``)."""
+    frontend_chunk_s: float = 0.0
+    """The front end's serial time per streamed chunk (``CpuCosts.frontend_chunk_s``)."""
 
     def knobs(self) -> dict[str, float]:
-        return {"step_overhead_s": self.fixed_s, "cpu_per_seq_s": self.per_seq_s,
-                "cpu_per_token_s": self.per_token_s, "cpu_per_sample_s": 0.0,
-                "serial_overhead_s": self.serial_fixed_s, "serial_per_seq_s": self.serial_per_seq_s,
-                "frontend_latency_s": self.frontend_s, "handoff_latency_s": self.handoff_s}
+        knobs = {"step_overhead_s": self.fixed_s, "cpu_per_seq_s": self.per_seq_s,
+                 "cpu_per_token_s": self.per_token_s, "cpu_per_sample_s": 0.0,
+                 "serial_overhead_s": self.serial_fixed_s, "serial_per_seq_s": self.serial_per_seq_s,
+                 "frontend_latency_s": self.frontend_s, "handoff_latency_s": self.handoff_s}
+        if self.frontend_chunk_s:
+            knobs["frontend_chunk_s"] = self.frontend_chunk_s
+        return knobs
 
     def cpu_s(self, seqs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Host time per step that may overlap the GPU."""
@@ -141,7 +146,10 @@ def retimes_exactly(trace: ScheduleTrace, c: Coefficients) -> bool:
     the latency for the step that first scheduled it (it entered an idle replica, or queued
     behind others longer than it took to cross the front end), so entering later changes no
     batch. A request that would join a busy replica's next step sooner than that may miss it,
-    and then the schedule itself moves (``validate-serving`` simulates such rows)."""
+    and then the schedule itself moves (``validate-serving`` simulates such rows). Never with a
+    streaming cost: the clients' sends then wait for the front end, which a trace does not hold."""
+    if c.frontend_chunk_s:
+        return False
     if c.frontend_s == 0.0 or trace.release_s is not None:
         return True
     if trace.waited is None or trace.admit_step is None:

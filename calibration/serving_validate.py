@@ -137,6 +137,8 @@ def _trace(args: tuple[ServingRow, int]) -> TracedRow:
 def _simulate(args: tuple[ServingRow, int, int, Coefficients]) -> tuple[int, float, float]:
     """(row, mean TTFT, mean TPOT) of the measured requests of one simulated row."""
     row, warmup, measured, c = args
+    if c.frontend_chunk_s and not replayable(row):  # the core streams from one unit per replica only
+        c = replace(c, frontend_chunk_s=0.0)
     return (row.row, *replayed_means(row.document(warmup + measured, c.knobs()), row.concurrency, warmup))
 
 
@@ -233,6 +235,49 @@ def pick_front_end(curves: dict[int, np.ndarray], rows: list[ServingRow]) -> flo
     return float(fine[int(np.nanargmin(fine_losses))])
 
 
+STREAM_GRID_S = (0.0, 1e-5, 2e-5, 3e-5, 4.5e-5, 6e-5, 8e-5, 1.1e-4, 1.5e-4)
+"""The front end's times per streamed chunk a serving fit tries (seconds): 0 (it keeps up with any
+rate) to 150 us (under 7,000 chunks a second, below the slowest plateau in the serving file)."""
+
+
+def stream_curves(traced: list[TracedRow], cpu: Coefficients, warmup: int, measured: int,
+                  workers: int = 1) -> dict[int, np.ndarray]:
+    """Per re-timed row: its predicted (TTFT, TPOT) at each time per chunk of
+    :data:`STREAM_GRID_S` with the other coefficients ``cpu`` (shape ``(len(grid), 2)``), each
+    simulated (a streaming cost moves the clients' sends, which a trace does not hold)."""
+    rows = [t for t in traced if t.trace is not None]
+    curves = {t.row.row: np.full((len(STREAM_GRID_S), 2), np.nan) for t in rows}
+    jobs, where = [], []
+    for t in rows:
+        for k, chunk in enumerate(STREAM_GRID_S):
+            c = replace(cpu, frontend_chunk_s=chunk)
+            if not needs_simulation(t, c):
+                ttft, tpot = t.measurement(warmup).predicted(c)
+                curves[t.row.row][k] = (float(ttft[0]), float(tpot[0]))
+            else:
+                jobs.append((t.row, warmup, measured, c))
+                where.append((t.row.row, k))
+    for (row, k), (_, ttft, tpot) in zip(where, _run_simulations(jobs, workers), strict=True):
+        curves[row][k] = (ttft, tpot)
+    return curves
+
+
+def pick_stream(curves: dict[int, np.ndarray], rows: list[ServingRow]) -> float:
+    """The time per chunk (of :data:`STREAM_GRID_S`) whose predictions are closest to the
+    measured TTFT and TPOT over ``rows`` (mean |log error| of both, summed); the smaller on a tie.
+    Both metrics: a front end that cannot keep up delays the first tokens and shrinks the
+    engine's batch, so TTFT grows and TPOT falls together."""
+    chosen = [(curves[r.row], (r.ttft_s, r.tpot_s)) for r in rows if r.row in curves]
+    if not chosen:
+        return 0.0
+    predicted = np.array([c for c, _ in chosen])  # rows x grid x 2
+    measured = np.array([m for _, m in chosen])[:, None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        errors = np.abs(np.log(predicted / measured)).sum(axis=2)
+    losses = np.nanmean(np.where(np.isfinite(errors), errors, np.nan), axis=0)
+    return float(STREAM_GRID_S[int(np.nanargmin(losses))])
+
+
 HANDOFF_GRID_S = tuple(i * 0.01 for i in range(31))
 """Hand-off latencies tried (0-300 ms)."""
 HANDOFF_MAX_CONCURRENCY = 16
@@ -301,7 +346,7 @@ def shipped_coefficients(engine: str, hardware: str) -> Coefficients:
     cpu = make_engine(engine, {}).cpu(hardware)
     return Coefficients(cpu.fixed_s, cpu.per_seq_s, cpu.per_token_s, serial_fixed_s=cpu.serial_fixed_s,
                         serial_per_seq_s=cpu.serial_per_seq_s, frontend_s=cpu.frontend_s,
-                        handoff_s=cpu.handoff_s)
+                        handoff_s=cpu.handoff_s, frontend_chunk_s=cpu.frontend_chunk_s)
 
 
 def prediction_rows(traced: list[TracedRow], coefficients: dict[int, Coefficients], warmup: int,
@@ -458,22 +503,24 @@ class ServingFit:
 def fit_serving(path: Path, workers: int = 1, warmup: int = WARMUP, measured: int = MEASURED,
                 engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
                 params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS,
-                front_end: bool = True, length_spread: float = 0.0) -> ServingFit:
-    """Each engine's CPU coefficients (and front-end latency) fitted to its rows of ``path``, and
-    the leave-one-model-out error of that fit."""
+                front_end: bool = True, length_spread: float = 0.0, stream: bool = False) -> ServingFit:
+    """Each engine's CPU coefficients (and front-end latency, and with ``stream`` its time per
+    streamed chunk) fitted to its rows of ``path``, and the leave-one-model-out error of that fit."""
     data = read_with_spread(path, length_spread)
     traced = trace_rows([r for r in data.rows if r.engine in engines], warmup, measured, workers)
     return fit_traced(data, traced, workers, warmup, measured, engines, params, metrics,
-                      front_end=front_end)
+                      front_end=front_end, stream=stream)
 
 
 def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, warmup: int = WARMUP,
                measured: int = MEASURED, engines: tuple[str, ...] = ("vllm", "sglang", "trtllm"),
                params: tuple[str, ...] = FIT_PARAMS, metrics: tuple[str, ...] = FIT_METRICS,
-               simulate: bool = True, front_end: bool = True, handoff: bool = True) -> ServingFit:
+               simulate: bool = True, front_end: bool = True, handoff: bool = True,
+               stream: bool = False) -> ServingFit:
     """:func:`fit_serving` on rows already traced (``simulate`` False: leave the simulated rows'
     predictions out, to compare fits quickly; ``front_end`` False: no front-end latency;
-    ``handoff`` False: no disaggregated hand-off latency, :func:`fit_handoff`)."""
+    ``handoff`` False: no disaggregated hand-off latency, :func:`fit_handoff`; ``stream``: also
+    the front end's time per streamed chunk, :func:`pick_stream`)."""
     fitted: dict[str, Coefficients] = {}
     lomo: dict[int, Coefficients] = {}
     used: dict[str, int] = {}
@@ -494,6 +541,14 @@ def fit_traced(data: ServingFile, traced: list[TracedRow], workers: int = 1, war
             fitted[engine] = replace(fitted[engine], frontend_s=pick_front_end(curves, [t.row for t in mine]))
             per_model = {model: replace(c, frontend_s=pick_front_end(
                 curves, [t.row for t in mine if t.row.model != model])) for model, c in per_model.items()}
+        if stream:
+            # fitted last, on every re-timed row of the engine (it only shows where the front end
+            # saturates: fast engines at many clients), each held-out model's on the others' rows
+            chunks = stream_curves(mine, fitted[engine], warmup, measured, workers)
+            rows_of = [t.row for t in mine]
+            fitted[engine] = replace(fitted[engine], frontend_chunk_s=pick_stream(chunks, rows_of))
+            per_model = {model: replace(c, frontend_chunk_s=pick_stream(
+                chunks, [r for r in rows_of if r.model != model])) for model, c in per_model.items()}
         for t in traced:
             if t.row.engine == engine and (t.trace is not None or t.simulated):
                 # a model with no re-timed rows is predicted from all of them (none are its own)
@@ -526,6 +581,8 @@ def runtime_profile_yaml(engine: str, c: Coefficients, provenance: str) -> str:
         entry["frontend_s"] = float(f"{c.frontend_s:.4g}")
     if c.handoff_s:
         entry["handoff_s"] = float(f"{c.handoff_s:.4g}")
+    if c.frontend_chunk_s:
+        entry["frontend_chunk_s"] = float(f"{c.frontend_chunk_s:.4g}")
     entry["provenance"] = provenance
     return yaml.safe_dump({"engine": engine, "cpu_costs": {"default": entry}}, sort_keys=False, width=100)
 

@@ -11,8 +11,12 @@ import pytest
 from engine_helpers import run, tabulate
 from test_fast_forward import assert_same, both_ways, experiment, fast_forwarded_steps
 
+from servesim.calibration.replay import Coefficients
+from servesim.calibration.serving_data import ServingRow
+from servesim.calibration.serving_validate import STREAM_GRID_S, pick_stream, runtime_profile_yaml
 from servesim.config import validate_document
 from servesim.core.stream_out import OutputStream
+from servesim.engines import make_engine
 from servesim.errors import ServesimError
 from servesim.pipeline import prepare, simulate
 
@@ -118,3 +122,37 @@ def test_deployments_it_does_not_model_say_so_in_one_line() -> None:
         with pytest.raises(ServesimError, match=r"engine\.frontend_chunk_s") as caught:
             simulate(plan)
         assert "\n" not in str(caught.value)
+
+
+def test_the_knob_overrides_the_engine_and_profiles_carry_it(tmp_path: Any) -> None:
+    assert make_engine("sglang", {}).runtime("h200-sxm-141gb").frontend_chunk_s == 0.0  # shipped: off
+    assert make_engine("trtllm", {"frontend_chunk_s": 1e-4}).runtime("h100-sxm-80gb").frontend_chunk_s == 1e-4
+    text = runtime_profile_yaml("sglang", Coefficients(fixed_s=1e-3, frontend_chunk_s=5.1e-5), "test")
+    path = tmp_path / "sglang.yaml"
+    path.write_text(text)
+    assert make_engine("sglang", {"profile": str(path)}).runtime("h200-sxm-141gb").frontend_chunk_s == 5.1e-5
+    assert "frontend_chunk_s" not in runtime_profile_yaml("sglang", Coefficients(fixed_s=1e-3), "test")
+    with pytest.raises(ServesimError, match=r"engine.frontend_chunk_s"):
+        prepare(validate_document(document({"process": "poisson", "rate": 1.0}, 1, 10, 2, -1.0)))
+
+
+def row(number: int, model: str, ttft_s: float, tpot_s: float) -> ServingRow:
+    return ServingRow(row=number, engine="sglang", model=model, hf_model=model, gpu="h200_sxm", tp=1,
+                      precision="bf16", isl=1000, osl=100, concurrency=256, ttft_s=ttft_s, tpot_s=tpot_s, version="")
+
+
+def test_the_fit_picks_the_time_per_chunk_closest_in_ttft_and_tpot_one_model_left_out() -> None:
+    """Curves of (TTFT, TPOT) against the grid: row 1 is met exactly at 30 us, row 2 at 80 us;
+    both together pick the grid value of least summed |log error| (80 us: row 1's curve is flat
+    past 30 us, row 2's is not), each alone picks its own, and a flat curve picks 0 (ties go low)."""
+    grid = np.asarray(STREAM_GRID_S)
+    flat_after_30 = np.stack([0.2 + 10 * np.minimum(grid, 3e-5), np.full(grid.size, 0.02)], axis=1)
+    steep = np.stack([0.2 + 10 * grid, 0.03 - 50 * grid], axis=1)
+    curves = {1: flat_after_30, 2: steep, 3: np.tile([0.5, 0.01], (grid.size, 1))}
+    one = row(1, "a", 0.2 + 3e-4, 0.02)
+    two = row(2, "b", 0.2 + 8e-4, 0.03 - 4e-3)
+    assert pick_stream(curves, [one]) == 3e-5
+    assert pick_stream(curves, [two]) == 8e-5
+    assert pick_stream(curves, [one, two]) == 8e-5
+    assert pick_stream(curves, [row(3, "c", 0.5, 0.01)]) == 0.0
+    assert pick_stream(curves, []) == 0.0

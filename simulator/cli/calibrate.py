@@ -180,6 +180,9 @@ def fit_serving_command(
     length_spread: Annotated[float, Opt(help="Replay output lengths uniform within +/- this fraction of "
                                                "each row's OSL (default 0: exactly the OSL; 0.02 breaks "
                                                "the replay's lock-step, see README Calibration)")] = 0.0,
+    stream: Annotated[bool, Opt(help="Also fit the front end's time per streamed chunk "
+                                     "(engine.frontend_chunk_s; every re-timed row simulated 8 more "
+                                     "times)")] = False,
 ) -> None:
     """Fit each engine's CPU time per step to the measured deployments; report the
     leave-one-model-out error and write the engines' runtime profiles."""
@@ -187,12 +190,14 @@ def fit_serving_command(
     from servesim.resources import configs_dir
 
     _check_spread(length_spread)
-    result = fit_serving(path, workers=workers, measured=measured, length_spread=length_spread)
+    result = fit_serving(path, workers=workers, measured=measured, length_spread=length_spread, stream=stream)
     for engine, c in result.coefficients.items():
         _console.print(f"{engine}: overlapped {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us "
                        f"per sequence; serial {c.serial_fixed_s * 1e6:.0f} us per step + "
                        f"{c.serial_per_seq_s * 1e6:.2f} us per sequence; front end "
-                       f"{c.frontend_s * 1e3:.3g} ms per request ({result.rows_used[engine]} rows)")
+                       f"{c.frontend_s * 1e3:.3g} ms per request"
+                       + (f", {c.frontend_chunk_s * 1e6:.3g} us per streamed chunk" if stream else "")
+                       + f" ({result.rows_used[engine]} rows)")
     _print(result.lomo_summary, "leave-one-model-out: absolute % error of mean TTFT and TPOT")
     _print_noise(result.noise)
     _print_skipped(result.skipped)
