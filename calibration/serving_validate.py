@@ -262,20 +262,36 @@ def stream_curves(traced: list[TracedRow], cpu: Coefficients, warmup: int, measu
     return curves
 
 
+STREAM_EVIDENCE_Z = 2.5
+"""How many standard errors a time per chunk must beat 0 by (mean per-row loss) to be chosen at all:
+z for 5% one-sided, shared among the grid's eight non-zero values (Bonferroni)."""
+
+
 def pick_stream(curves: dict[int, np.ndarray], rows: list[ServingRow]) -> float:
-    """The time per chunk (of :data:`STREAM_GRID_S`) whose predictions are closest to the
-    measured TTFT and TPOT over ``rows`` (mean |log error| of both, summed); the smaller on a tie.
-    Both metrics: a front end that cannot keep up delays the first tokens and shrinks the
-    engine's batch, so TTFT grows and TPOT falls together."""
+    """The time per chunk (of :data:`STREAM_GRID_S`) that predicts ``rows`` best. Each row's loss
+    is the |log error| of its TTFT plus that of its TPOT (a front end that cannot keep up delays
+    first tokens and shrinks the engine's batch, so both move). Most rows never saturate a front
+    end, so their loss is flat in it and noise alone would pick some value: 0 (a front end that
+    keeps up) stays unless the value of least mean loss beats it by more than
+    :data:`STREAM_EVIDENCE_Z` standard errors of the per-row differences; then the smallest value
+    within one standard error of that best is chosen (the one-standard-error rule)."""
     chosen = [(curves[r.row], (r.ttft_s, r.tpot_s)) for r in rows if r.row in curves]
     if not chosen:
         return 0.0
     predicted = np.array([c for c, _ in chosen])  # rows x grid x 2
     measured = np.array([m for _, m in chosen])[:, None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
-        errors = np.abs(np.log(predicted / measured)).sum(axis=2)
-    losses = np.nanmean(np.where(np.isfinite(errors), errors, np.nan), axis=0)
-    return float(STREAM_GRID_S[int(np.nanargmin(losses))])
+        losses = np.abs(np.log(predicted / measured)).sum(axis=2)  # rows x grid
+    losses = losses[np.all(np.isfinite(losses), axis=1)]  # rows every grid value predicts
+    if len(losses) < 2:
+        return 0.0
+    best = int(np.argmin(losses.mean(axis=0)))
+    worse = losses - losses[:, [best]]  # per row, each value's loss beyond the best's
+    error = worse.std(axis=0, ddof=1) / np.sqrt(len(losses))
+    if worse[:, 0].mean() <= STREAM_EVIDENCE_Z * error[0]:
+        return 0.0
+    within = np.flatnonzero(worse.mean(axis=0) <= error)
+    return float(STREAM_GRID_S[int(within[0])])
 
 
 HANDOFF_GRID_S = tuple(i * 0.01 for i in range(31))

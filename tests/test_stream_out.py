@@ -138,21 +138,37 @@ def test_the_knob_overrides_the_engine_and_profiles_carry_it(tmp_path: Any) -> N
 
 def row(number: int, model: str, ttft_s: float, tpot_s: float) -> ServingRow:
     return ServingRow(row=number, engine="sglang", model=model, hf_model=model, gpu="h200_sxm", tp=1,
-                      precision="bf16", isl=1000, osl=100, concurrency=256, ttft_s=ttft_s, tpot_s=tpot_s, version="")
+                      precision="bf16", isl=1000, osl=100, concurrency=256, ttft_s=ttft_s, tpot_s=tpot_s,
+                      version="")
 
 
-def test_the_fit_picks_the_time_per_chunk_closest_in_ttft_and_tpot_one_model_left_out() -> None:
-    """Curves of (TTFT, TPOT) against the grid: row 1 is met exactly at 30 us, row 2 at 80 us;
-    both together pick the grid value of least summed |log error| (80 us: row 1's curve is flat
-    past 30 us, row 2's is not), each alone picks its own, and a flat curve picks 0 (ties go low)."""
+def test_the_fit_keeps_zero_unless_saturated_rows_say_otherwise_beyond_their_noise() -> None:
+    """20 rows whose front end saturates, each measured at 80 us per chunk (TTFT rising and TPOT
+    falling with it, +/- 1% noise), and 40 rows it never touches (flat curves with 0.1% jitter per
+    grid value, measured +/- 5% off): all together pick 80 us; the untouched rows alone pick 0,
+    although the least mean loss among them lies elsewhere (the jitter), because no value beats 0
+    by 2.5 standard errors; one row, or two that disagree, are no evidence either."""
     grid = np.asarray(STREAM_GRID_S)
-    flat_after_30 = np.stack([0.2 + 10 * np.minimum(grid, 3e-5), np.full(grid.size, 0.02)], axis=1)
-    steep = np.stack([0.2 + 10 * grid, 0.03 - 50 * grid], axis=1)
-    curves = {1: flat_after_30, 2: steep, 3: np.tile([0.5, 0.01], (grid.size, 1))}
-    one = row(1, "a", 0.2 + 3e-4, 0.02)
-    two = row(2, "b", 0.2 + 8e-4, 0.03 - 4e-3)
-    assert pick_stream(curves, [one]) == 3e-5
-    assert pick_stream(curves, [two]) == 8e-5
-    assert pick_stream(curves, [one, two]) == 8e-5
-    assert pick_stream(curves, [row(3, "c", 0.5, 0.01)]) == 0.0
+    curves: dict[int, np.ndarray] = {}
+    rows = []
+    for i in range(20):
+        curves[i] = np.stack([0.2 + 10 * grid, 0.03 - 50 * grid], axis=1)
+        noise = 1 + 0.01 * np.sin(i)
+        rows.append(row(i, f"m{i % 3}", (0.2 + 8e-4) * noise, (0.03 - 4e-3) / noise))
+    flat = []
+    rng = np.random.default_rng(1)
+    for i in range(20, 60):
+        jitter = 1 + 1e-3 * rng.standard_normal(grid.size)
+        curves[i] = np.stack([0.5 * jitter, 0.01 * jitter], axis=1)
+        flat.append(row(i, "flat", 0.5 * (1 + 0.05 * np.cos(i)), 0.01 * (1 + 0.05 * np.sin(i))))
+    assert pick_stream(curves, rows + flat) == 8e-5
+    assert pick_stream(curves, rows) == 8e-5
+    assert pick_stream(curves, flat) == 0.0
+    losses = np.mean([np.abs(np.log(curves[r.row] / [r.ttft_s, r.tpot_s])).sum(axis=1) for r in flat], axis=0)
+    assert np.argmin(losses) != 0  # so the rule, not the jitter, keeps 0
+    disagree = {0: np.stack([0.2 + 10 * np.minimum(grid, 3e-5), np.full(grid.size, 0.02)], axis=1),
+                1: np.stack([0.2 + 10 * grid, 0.03 - 50 * grid], axis=1)}
+    pair = [row(0, "a", 0.2 + 3e-4, 0.02), row(1, "b", 0.2 + 8e-4, 0.03 - 4e-3)]
+    assert pick_stream(disagree, pair[:1]) == 0.0  # one row has no standard error: no evidence
+    assert pick_stream(disagree, pair) == 0.0
     assert pick_stream(curves, []) == 0.0
