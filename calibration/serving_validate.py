@@ -257,8 +257,8 @@ def stream_curves(traced: list[TracedRow], cpu: Coefficients, warmup: int, measu
             else:
                 jobs.append((t.row, warmup, measured, c))
                 where.append((t.row.row, k))
-    for (row, k), (_, ttft, tpot) in zip(where, _run_simulations(jobs, workers), strict=True):
-        curves[row][k] = (ttft, tpot)
+    for (row, k), (_, ttft_s, tpot_s) in zip(where, _run_simulations(jobs, workers), strict=True):
+        curves[row][k] = (ttft_s, tpot_s)
     return curves
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from engine_helpers import run, tabulate
 from test_fast_forward import assert_same, both_ways, experiment, fast_forwarded_steps
+from test_front_end import document as front_end_document
 
 from servesim.calibration.replay import Coefficients
 from servesim.calibration.serving_data import ServingRow
@@ -23,13 +24,11 @@ from servesim.pipeline import prepare, simulate
 
 def document(arrival: dict[str, Any], requests: int, prompt: int, output: int, chunk_s: float | None,
              engine: str = "vllm-v0", **extra: Any) -> dict[str, Any]:
-    knobs: dict[str, Any] = {"name": engine}
+    """The front-end tests' experiment, with a time per chunk instead of a latency."""
+    built = front_end_document(arrival, requests, prompt, output, None, engine, **extra)
     if chunk_s is not None:
-        knobs["frontend_chunk_s"] = chunk_s
-    return {"model": "llama-3-8b", "hardware": "h100-sxm-80gb", "engine": knobs, "seed": 3,
-            "workload": {"arrival": arrival, "num_requests": requests,
-                         "prompt": {"dist": "fixed", "value": prompt},
-                         "output": {"dist": "fixed", "value": output}}, **extra}
+        built["engine"]["frontend_chunk_s"] = chunk_s
+    return built
 
 
 def test_the_sender_is_lindleys_recursion_worked_by_hand() -> None:
