@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from engine_helpers import experiment as helper_experiment
 from engine_helpers import run, tabulate
 from test_fast_forward import assert_same, both_ways, experiment, fast_forwarded_steps
 from test_front_end import document as front_end_document
@@ -20,6 +21,7 @@ from servesim.core.stream_out import OutputStream
 from servesim.engines import make_engine
 from servesim.errors import ServesimError
 from servesim.pipeline import prepare, simulate
+from servesim.workloads import build_workload, parse_workload_config
 
 
 def document(arrival: dict[str, Any], requests: int, prompt: int, output: int, chunk_s: float | None,
@@ -171,3 +173,19 @@ def test_the_fit_keeps_zero_unless_saturated_rows_say_otherwise_beyond_their_noi
     assert pick_stream(disagree, pair[:1]) == 0.0  # one row has no standard error: no evidence
     assert pick_stream(disagree, pair) == 0.0
     assert pick_stream(curves, []) == 0.0
+
+
+def test_a_one_group_fleet_streams_as_the_colocated_deployment_does() -> None:
+    """Fleet replicas get their own front ends too: the same requests, replicas and router give
+    the same (late) latencies to the bit, later than without the cost."""
+    trace = build_workload(parse_workload_config({
+        "arrival": {"process": "poisson", "rate": 20}, "num_requests": 300,
+        "lengths": {"preset": "azure-conversation"}}), 0)
+    engine = {"name": "vllm-v0", "frontend_chunk_s": 0.001}
+    colocated = tabulate(run(helper_experiment({"replicas": 2}, engine=engine), trace)).requests
+    fleet = tabulate(run(helper_experiment({"kind": "fleet", "groups": {"a": {"replicas": 2}}}, engine=engine,
+                                           router={"name": "round_robin"}), trace)).requests
+    for column in ("replica", "ttft_s", "tpot_s", "e2e_s"):
+        np.testing.assert_array_equal(colocated[column].to_numpy(), fleet[column].to_numpy())
+    free = tabulate(run(helper_experiment({"replicas": 2}, engine="vllm-v0"), trace)).requests
+    assert np.all(fleet["ttft_s"].to_numpy() >= free["ttft_s"].to_numpy() + 0.001 - 1e-12)
