@@ -189,6 +189,27 @@ an engine run with none at all lets each request join the step that starts as it
 schedule (vLLM's rows: median TTFT error 22.4% at 10 us, 39.7% at 0 on 80 sampled rows)."""
 
 
+def grid_predictions(rows: list[TracedRow], variants: list[Coefficients], warmup: int, measured: int,
+                     workers: int = 1) -> dict[int, np.ndarray]:
+    """Per re-timed row of ``rows``: its predicted (TTFT, TPOT) under each coefficient set of
+    ``variants`` (shape ``(len(variants), 2)``), re-timed where that is exact and simulated where
+    it is not (:func:`needs_simulation`); the simulations run in ``workers`` processes."""
+    traced = [t for t in rows if t.trace is not None]
+    curves = {t.row.row: np.full((len(variants), 2), np.nan) for t in traced}
+    jobs, where = [], []
+    for t in traced:
+        for k, c in enumerate(variants):
+            if needs_simulation(t, c):
+                jobs.append((t.row, warmup, measured, c))
+                where.append((t.row.row, k))
+            else:
+                ttft, tpot = t.measurement(warmup).predicted(c)
+                curves[t.row.row][k] = (float(ttft[0]), float(tpot[0]))
+    for (row, k), (_, ttft_s, tpot_s) in zip(where, _run_simulations(jobs, workers), strict=True):
+        curves[row][k] = (ttft_s, tpot_s)
+    return curves
+
+
 def front_end_curves(traced: list[TracedRow], cpu: Coefficients, warmup: int, measured: int,
                      workers: int = 1) -> dict[int, np.ndarray]:
     """Per row (re-timed ones at <= ``FRONT_END_MAX_CONCURRENCY`` clients): its predicted mean
@@ -196,21 +217,10 @@ def front_end_curves(traced: list[TracedRow], cpu: Coefficients, warmup: int, me
     where that is exact and simulated where it is not (a request that would join a busy
     replica's next step sooner than the latency may miss it, and the batches change: in
     TensorRT-LLM's drifting closed loops a 10 ms front end adds far more than 10 ms)."""
-    light = [t for t in traced if t.trace is not None and t.row.concurrency <= FRONT_END_MAX_CONCURRENCY]
-    curves = {t.row.row: np.full(len(FRONT_END_GRID_S), np.nan) for t in light}
-    jobs, where = [], []
-    for t in light:
-        for k, latency in enumerate(FRONT_END_GRID_S):
-            c = replace(cpu, frontend_s=latency)
-            assert t.trace is not None
-            if retimes_exactly(t.trace, c):
-                curves[t.row.row][k] = float(t.measurement(warmup).predicted(c)[0][0])
-            else:
-                jobs.append((t.row, warmup, measured, c))
-                where.append((t.row.row, k))
-    for (row, k), (_, ttft, _) in zip(where, _run_simulations(jobs, workers), strict=True):
-        curves[row][k] = ttft
-    return curves
+    light = [t for t in traced if t.row.concurrency <= FRONT_END_MAX_CONCURRENCY]
+    variants = [replace(cpu, frontend_s=latency) for latency in FRONT_END_GRID_S]
+    return {row: curve[:, 0] for row, curve in grid_predictions(light, variants, warmup, measured,
+                                                                 workers).items()}
 
 
 def pick_front_end(curves: dict[int, np.ndarray], rows: list[ServingRow]) -> float:
@@ -243,23 +253,11 @@ rate) to 150 us (under 7,000 chunks a second, below the slowest plateau in the s
 def stream_curves(traced: list[TracedRow], cpu: Coefficients, warmup: int, measured: int,
                   workers: int = 1) -> dict[int, np.ndarray]:
     """Per re-timed row: its predicted (TTFT, TPOT) at each time per chunk of
-    :data:`STREAM_GRID_S` with the other coefficients ``cpu`` (shape ``(len(grid), 2)``), each
-    simulated (a streaming cost moves the clients' sends, which a trace does not hold)."""
-    rows = [t for t in traced if t.trace is not None]
-    curves = {t.row.row: np.full((len(STREAM_GRID_S), 2), np.nan) for t in rows}
-    jobs, where = [], []
-    for t in rows:
-        for k, chunk in enumerate(STREAM_GRID_S):
-            c = replace(cpu, frontend_chunk_s=chunk)
-            if not needs_simulation(t, c):
-                ttft, tpot = t.measurement(warmup).predicted(c)
-                curves[t.row.row][k] = (float(ttft[0]), float(tpot[0]))
-            else:
-                jobs.append((t.row, warmup, measured, c))
-                where.append((t.row.row, k))
-    for (row, k), (_, ttft_s, tpot_s) in zip(where, _run_simulations(jobs, workers), strict=True):
-        curves[row][k] = (ttft_s, tpot_s)
-    return curves
+    :data:`STREAM_GRID_S` with the other coefficients ``cpu`` (shape ``(len(grid), 2)``); every
+    non-zero value simulated (a streaming cost moves the clients' sends, which a trace does not
+    hold: :func:`~servesim.calibration.replay.retimes_exactly`)."""
+    variants = [replace(cpu, frontend_chunk_s=chunk) for chunk in STREAM_GRID_S]
+    return grid_predictions(traced, variants, warmup, measured, workers)
 
 
 STREAM_EVIDENCE_Z = 2.5

@@ -19,7 +19,7 @@ from servesim.core.fast_forward import DecodeRun, apply_decode_run, delay_to, pl
 from servesim.core.progress import MAX_IDLE_WAKES, describe, stalled
 from servesim.core.replica_state import ReplicaState
 from servesim.core.step_log import StepLog
-from servesim.core.stream_out import OutputStream, emitting
+from servesim.core.stream_out import OutputStream
 from servesim.cost import BatchShape, CostModel, StepRecord
 
 if TYPE_CHECKING:  # policies are given to replicas; the core never imports them at run time
@@ -166,13 +166,8 @@ class Replica:
                         end, scheduled, decode_guess_s = self._chain(batch, run, now, waiting)
                         yield env.timeout(self._landing(now, end))
                         continue
-                    yield env.timeout(delay)
-                    lag = 0.0 if stream is None else stream.emit_steps(run.times[1:], run.ids.size)
-                    finished = apply_decode_run(state, run, steps, waiting, batch.preempted)
-                    if lag and finished.size:
-                        requests.finish[finished] += lag
-                    policy.after_run(batch, run.steps, finished, env.now)
-                    self.fast_forwarded_steps += run.steps
+                    yield env.timeout(delay)  # lands on run.times[-1] (delay_to)
+                    self._credit_run(batch, run, waiting)
                     decode_guess_s = run.last_s
                     continue
                 if first is None:  # no run was priced: the run pricer prices this one step (its memo)
@@ -275,7 +270,7 @@ class Replica:
         if batch.decode_only:  # every request emits, none for the first time
             return ids[:0], self.stream.emit(end, int(ids.size))
         r = self.state.requests
-        emits = emitting(r.computed[ids], batch.new_tokens, r.prompt[ids], r.generated[ids])
+        emits = r.emitting(ids, batch.new_tokens)
         firsts = ids[emits & np.isnan(r.first_token[ids])]
         return firsts, self.stream.emit(end, int(np.count_nonzero(emits)))
 

@@ -280,6 +280,13 @@ class RequestState:
             return self._complete_one(ids, int(new_tokens[0]), now)
         return self._complete_many(ids, new_tokens, now, accepted)
 
+    def emitting(self, ids: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` will emit a token when a step computing ``new_tokens`` more is
+        credited (read before it is): their computed tokens reach their prompt plus the tokens
+        they have generated, :meth:`_complete_many`'s rule (``>=``: a speculative step's accepted
+        proposals, drawn as it is credited, pass it)."""
+        return self.computed[ids] + new_tokens >= self.prompt[ids] + self.generated[ids]
+
     def _complete_one(self, ids: np.ndarray, new_tokens: int, now: float) -> np.ndarray:
         """:meth:`complete_step` of one request (most prefill steps start one prompt), with scalar
         reads and writes instead of some twenty NumPy calls on arrays of one element: the same

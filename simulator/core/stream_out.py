@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
-
 
 class OutputStream:
     """One replica's front-end sender (see the module docstring)."""
@@ -58,9 +56,12 @@ class OutputStream:
         return lag
 
 
-def emitting(computed: np.ndarray, new_tokens: np.ndarray, prompt: np.ndarray,
-             generated: np.ndarray) -> np.ndarray:
-    """Which requests of a step emit a token at its end: their computed tokens reach their prompt
-    plus the tokens they have generated (``RequestState.complete_step``'s rule, read before the
-    step is credited; a speculative step's accepted proposals pass it)."""
-    return computed + new_tokens >= prompt + generated
+
+def open_stream(streams: dict[int, OutputStream], index: int, chunk_s: float) -> OutputStream | None:
+    """A new server's front-end sender for replica ``index``, registered in ``streams``
+    (``RequestState.streams``, where closed-loop clients look up the lag); None without a
+    streaming cost."""
+    if not chunk_s:
+        return None
+    stream = streams[index] = OutputStream(chunk_s)
+    return stream

@@ -58,7 +58,7 @@ from servesim.cost.decode_run import DecodeRunPricer, MemoBudget
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.quantise import input_quantisation_s
-from servesim.cost.roofline import OpCost, roofline, roofline_at
+from servesim.cost.roofline import OpCost, memory_efficiency, roofline, roofline_at
 from servesim.cost.routing import experts_hit
 from servesim.dtypes import DType, Precision
 from servesim.engines.base import RuntimeCosts, default_runtime
@@ -508,11 +508,9 @@ class CostModel:
         if nbytes <= 0:
             return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
         eff = self._elem_eff
-        memory = eff.memory
-        memory_eff = memory.at(nbytes / kernels if memory.axis == "bytes" else tokens)
         return roofline_at(name, 0.0, nbytes, peak_flops=self.bf16_peak, bandwidth=self.bandwidth,
-                           compute_eff=1.0, memory_eff=memory_eff, fixed_s=eff.fixed_s, repeat=repeat,
-                           kernels=kernels)
+                           compute_eff=1.0, memory_eff=memory_efficiency(eff, nbytes / kernels, tokens),
+                           fixed_s=eff.fixed_s, repeat=repeat, kernels=kernels)
 
     def _mlp(self, tokens: float, intermediate: int, repeat: float, name: str) -> list[OpCost]:
         h, local = self.model.hidden_size, ceil_div(intermediate, self.tp)

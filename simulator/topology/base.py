@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from servesim.core.replica_state import ReplicaState
-from servesim.core.stream_out import OutputStream
+from servesim.core.stream_out import open_stream
 from servesim.dtypes import Precision
 from servesim.engines import Engine
 from servesim.errors import ServesimError
@@ -212,9 +212,7 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
         fast = (fast_forward and sim.fast_forward and group.engine.fast_forward
                 and state.speculation is None and policy.fast_forward_ready()
                 and (sole or not sim.sends_at_run_time))
-        stream = None
-        if chunk_s:
-            stream = sim.requests.streams[state.index] = OutputStream(chunk_s)
+        stream = open_stream(sim.requests.streams, state.index, chunk_s)
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
                                 next_arrival=sim.next_arrival if fast else None,
                                 sole_replica=sole, horizon=sim.horizon, stream=stream))

@@ -37,7 +37,7 @@ from servesim.core.replica import Replica, ServingUnit
 from servesim.core.replica_state import ReplicaState
 from servesim.core.sim import Sim
 from servesim.core.state import REJECTED, RUNNING
-from servesim.core.stream_out import OutputStream
+from servesim.core.stream_out import open_stream
 from servesim.cost import BatchShape
 from servesim.policies.fleet_routers import FleetRouter
 from servesim.policies.routers import Router, RouterChoice
@@ -261,9 +261,7 @@ class FleetRuntime:
             if state.prefix_cache is not None and previous.state.prefix_cache is not None:
                 state.prefix_cache.evicted_blocks = previous.state.prefix_cache.evicted_blocks
         policy = plan.group.policy.make(state)
-        stream, chunk_s = None, plan.group.runtime.frontend_chunk_s
-        if chunk_s:  # a new server: its own front end
-            stream = self.sim.requests.streams[state.index] = OutputStream(chunk_s)
+        stream = open_stream(self.sim.requests.streams, state.index, plan.group.runtime.frontend_chunk_s)
         return Replica(self.sim.env, state, policy, self._costs[slot.group], self.sim.steps, stream=stream)
 
     def _set(self, slot: Slot, state: str, now: float) -> None:
