@@ -26,6 +26,10 @@ from servesim.hardware import Axis, Curve, Link, OperatorEfficiency
 
 MIN_EFF = 1e-4
 RIDGE_LOCK = 2.0
+"""Rows whose textbook compute and memory times differ by more than this factor keep the
+textbook's verdict through the fit (see :func:`_fit_given_fixed`); ``ridge_lock=None`` turns it
+off for a family whose kernels are slower than their textbook bound on the other side
+(a fused MoE's grouped GEMMs, :data:`servesim.calibration.profile_fit.UNLOCKED_FAMILIES`)."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,8 @@ def prior_below(curve: Curve, prior: Curve) -> Curve:
 
 
 def _fit_given_fixed(w: Work, fixed: float, bandwidth: float, prior: OperatorEfficiency,
-                     memory_tail: bool, iterations: int = 12, fit_memory: bool = True) -> FitResult:
+                     memory_tail: bool, iterations: int = 12, fit_memory: bool = True,
+                     ridge_lock: float | None = RIDGE_LOCK) -> FitResult:
     remaining = np.maximum(w.time_s - w.side - fixed * w.kernels, 0.02 * w.time_s)
     with np.errstate(divide="ignore", invalid="ignore"):
         implied_c = np.minimum(w.flops / (w.peak * remaining), 1.0)
@@ -177,8 +182,9 @@ def _fit_given_fixed(w: Work, fixed: float, bandwidth: float, prior: OperatorEff
     # cannot explain the other resource's inefficiency (e.g. a short prefill chunk over a long
     # context charged to a collapsing memory curve); rows near the ridge follow the fitted curves.
     ideal_c, ideal_m = w.flops / w.peak, w.bytes / bandwidth
-    locked_c = ideal_c > RIDGE_LOCK * ideal_m
-    locked_m = ideal_m > RIDGE_LOCK * ideal_c
+    lock = math.inf if ridge_lock is None else ridge_lock
+    locked_c = ideal_c > lock * ideal_m
+    locked_m = ideal_m > lock * ideal_c
     compute_bound = ideal_c >= ideal_m
     compute, memory = prior.compute, prior.memory
     shaped = w.outputs is not None and w.depth is not None
@@ -227,9 +233,10 @@ def log_error(predicted: np.ndarray, measured: np.ndarray) -> float:
 
 
 def fit_operator(w: Work, bandwidth: float, prior: OperatorEfficiency,
-                 memory_tail: bool = True) -> FitResult:
+                 memory_tail: bool = True, ridge_lock: float | None = RIDGE_LOCK) -> FitResult:
     """Curves and fixed cost minimising the mean absolute log error over ``w``; with
-    ``memory_tail`` the memory curve rejoins the prior's beyond the measured sizes."""
+    ``memory_tail`` the memory curve rejoins the prior's beyond the measured sizes;
+    ``ridge_lock``: see :data:`RIDGE_LOCK` (None: every row may change sides)."""
     if len(w) == 0:
         raise ValueError("no rows to fit")
     if len(w) < MIN_ROWS_FULL_FIT:
@@ -237,7 +244,8 @@ def fit_operator(w: Work, bandwidth: float, prior: OperatorEfficiency,
         # FlashAttention throughput figures, all large kernels): fit the compute curve only and
         # keep the prior's fixed cost and memory curve, rather than a fixed cost of 0 and a
         # memory curve at 100% of HBM that no small kernel reaches.
-        result = _fit_given_fixed(w, prior.fixed_s, bandwidth, prior, memory_tail, fit_memory=False)
+        result = _fit_given_fixed(w, prior.fixed_s, bandwidth, prior, memory_tail, fit_memory=False,
+                                  ridge_lock=ridge_lock)
         compute = prior_below(result.efficiency.compute, prior.compute)
         return replace(result, efficiency=result.efficiency.model_copy(update={"compute": compute}),
                        memory_kept=True)
@@ -245,7 +253,7 @@ def fit_operator(w: Work, bandwidth: float, prior: OperatorEfficiency,
     candidates = [0.0, *(floor * f for f in np.linspace(0.05, 0.95, 19))]
     best: tuple[float, FitResult] | None = None
     for fixed in candidates:
-        result = _fit_given_fixed(w, fixed, bandwidth, prior, memory_tail)
+        result = _fit_given_fixed(w, fixed, bandwidth, prior, memory_tail, ridge_lock=ridge_lock)
         score = log_error(fast_predict(w, result.efficiency, bandwidth), w.time_s)
         if best is None or score < best[0]:
             best = (score, result)
