@@ -33,8 +33,8 @@ from servesim.resources import hardware_profiles_dir
 
 SOURCE = ("NVIDIA AIConfigurator per-operator timings (ai-dynamo/aiconfigurator @095f58a5, "
           "systems/data/{gpu}, vLLM {version})")
-KERNEL_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "allreduce", "moe",
-                   "moe_fp8", "moe_w4a16", "moe_fp4")
+KERNEL_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8",
+                   "allreduce", "moe", "moe_fp8", "moe_w4a16", "moe_fp4")
 
 
 def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.DataFrame]:

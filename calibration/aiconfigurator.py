@@ -100,24 +100,29 @@ def _gemm_rows(root: Path, gpu: str, out: AicTables) -> pd.DataFrame:
                          "source": f"aiconfigurator {gpu} gemm vllm {VERSIONS[gpu]}"})
 
 
-def _attention_rows(raw: pd.DataFrame, gpu: str, name: str, out: AicTables) -> pd.DataFrame:
+def _attention_rows(raw: pd.DataFrame, gpu: str, name: str, out: AicTables,
+                    keep_fp8: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows over a bf16 KV cache, rows over an fp8 one); the fp8 rows are counted as dropped
+    unless ``keep_fp8`` (decode attention fits them as their own class)."""
     if "window_size" in raw.columns:
         windowed = raw["window_size"] > 0
         out.drop(f"{name} with a sliding window", int(windowed.sum()))
         raw = raw[~windowed]
     bf16 = raw["kv_cache_dtype"] == "bfloat16"
-    out.drop(f"{name} with an fp8 KV cache (its dequantisation is not modelled)", int((~bf16).sum()))
-    return raw[bf16]
+    fp8 = raw["kv_cache_dtype"] == "fp8"
+    dropped = ~bf16 & ~fp8 if keep_fp8 else ~bf16
+    out.drop(f"{name} with an fp8 KV cache (its dequantisation is not modelled)", int(dropped.sum()))
+    return raw[bf16], raw[fp8] if keep_fp8 else raw.iloc[:0]
 
 
 def attention_tables(root: Path, gpu: str, out: AicTables) -> dict[str, pd.DataFrame]:
     version = VERSIONS[gpu]
     source = f"aiconfigurator {gpu} attention vllm {version}"
-    context = _attention_rows(_parquet(root, gpu, "attention", "vllm", version,
-                                       "context_attention_perf.parquet"), gpu, "context attention", out)
-    generation = _attention_rows(_parquet(root, gpu, "attention", "vllm", version,
-                                          "generation_attention_perf.parquet"), gpu, "generation attention",
-                                 out)
+    context, _ = _attention_rows(_parquet(root, gpu, "attention", "vllm", version,
+                                          "context_attention_perf.parquet"), gpu, "context attention", out)
+    generation, generation_fp8 = _attention_rows(
+        _parquet(root, gpu, "attention", "vllm", version, "generation_attention_perf.parquet"), gpu,
+        "generation attention", out, keep_fp8=True)
 
     def common(raw: pd.DataFrame) -> dict[str, np.ndarray | str]:
         return {"batch": raw["batch_size"].to_numpy(), "heads": raw["num_heads"].to_numpy(),
@@ -127,7 +132,11 @@ def attention_tables(root: Path, gpu: str, out: AicTables) -> dict[str, pd.DataF
 
     prefill = pd.DataFrame({**common(context), "seq": context["isl"].to_numpy(), "context": 0})
     decode = pd.DataFrame({**common(generation), "context": generation["step"].to_numpy()})
-    return {"attention_prefill": prefill, "attention_decode": decode}
+    tables = {"attention_prefill": prefill, "attention_decode": decode}
+    if not generation_fp8.empty:  # its own class: the kernel dequantises each tile it loads
+        tables["attention_decode_fp8"] = pd.DataFrame({**common(generation_fp8),
+                                                       "context": generation_fp8["step"].to_numpy()})
+    return tables
 
 
 def custom_allreduce_table(root: Path, gpu: str) -> pd.DataFrame:

@@ -32,6 +32,7 @@ from servesim.hardware_io import hardware_from_dict
 PROVENANCE_KEY = {"gemm": "efficiency.gemm", "gemm_fp8": "efficiency.gemm_fp8",
                   "attention_prefill": "efficiency.attention_prefill",
                   "attention_decode": "efficiency.attention_decode",
+                  "attention_decode_fp8": "efficiency.attention_decode_fp8",
                   "memory": "efficiency.elementwise", "allreduce": "interconnect",
                   "moe": "efficiency.moe", "moe_fp8": "efficiency.moe_fp8",
                   "moe_w4a16": "efficiency.moe_w4a16", "moe_fp4": "efficiency.moe_fp4"}
@@ -108,7 +109,7 @@ def fit_with_tile(family: str, rows: pd.DataFrame, profile: HardwareProfile, pri
     """:func:`fit_operator` on ``rows``; for decode attention also the KV tile, the candidate whose
     fit has the lowest mean |log error| on these (fitted) rows."""
     bandwidth = profile.memory.bandwidth_Bps
-    if family != "attention_decode" or len(rows) < MIN_ROWS_FULL_FIT:
+    if family not in ("attention_decode", "attention_decode_fp8") or len(rows) < MIN_ROWS_FULL_FIT:
         lock = None if family in UNLOCKED_FAMILIES else RIDGE_LOCK
         return fit_operator(work(family, rows, profile, prior.key_tile), bandwidth, prior, memory_tail,
                             ridge_lock=lock)

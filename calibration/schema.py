@@ -28,6 +28,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 """Required shape columns per family (besides ``time_s``)."""
 
 HOLDOUT_AXIS = {"gemm": "m", "gemm_fp8": "m", "attention_prefill": "seq", "attention_decode": "context",
+                "attention_decode_fp8": "context",
                 "memory": "bytes", "allreduce": "bytes", "moe": "tokens", "moe_fp8": "tokens",
                 "moe_w4a16": "tokens", "moe_fp4": "tokens"}
 """The column whose every other distinct value is held out of the fit (see :func:`holdout_mask`)."""

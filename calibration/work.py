@@ -30,8 +30,9 @@ from servesim.dtypes import DType
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 
 OPERATOR_OF = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "attention_prefill": "attention_prefill",
-               "attention_decode": "attention_decode", "memory": "elementwise", "moe": "moe",
-               "moe_fp8": "moe_fp8", "moe_w4a16": "moe_w4a16", "moe_fp4": "moe_fp4"}
+               "attention_decode": "attention_decode", "attention_decode_fp8": "attention_decode_fp8",
+               "memory": "elementwise", "moe": "moe", "moe_fp8": "moe_fp8", "moe_w4a16": "moe_w4a16",
+               "moe_fp4": "moe_fp4"}
 """The profile's efficiency class each kernel family calibrates (all-reduce calibrates the link)."""
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp32": 4.0}
@@ -175,6 +176,8 @@ def efficiency_of(profile: HardwareProfile, family: str) -> OperatorEfficiency:
     curves when the profile has none of their own)."""
     if family == "gemm_fp8":
         return profile.efficiency.gemm_for(DType.FP8)
+    if family == "attention_decode_fp8":  # the 16-bit class while the profile has none of its own
+        return profile.efficiency.decode_for(1.0)
     if family in MOE_FORMATS:
         activation, weight = MOE_FORMATS[family]
         return profile.efficiency.moe_for(activation.math_format, weight)

@@ -256,6 +256,10 @@ class Efficiency(FrozenModel):
     moe_w4a16: OperatorEfficiency | None = Field(
         None, description="fused MoE experts with 4-bit weights and 16-bit math (weight-only INT4, "
         "Marlin), when fitted apart; absent, the moe class, then the gemm curves")
+    attention_decode_fp8: OperatorEfficiency | None = Field(
+        None, description="decode attention over an 8-bit KV cache, when fitted apart: the kernel "
+        "dequantises every tile it loads, so it is not twice as fast as over 16 bits until the "
+        "cache runs to hundreds of MB; absent, the attention_decode class")
 
     @property
     def quantisation(self) -> OperatorEfficiency:
@@ -284,6 +288,14 @@ class Efficiency(FrozenModel):
         if weight.bits <= 4 and self.moe_w4a16 is not None:
             return self.moe_w4a16
         return self.moe if self.moe is not None else self.gemm_for(math)
+
+    def decode_for(self, kv_bytes: float) -> OperatorEfficiency:
+        """The decode-attention class for a KV cache of ``kv_bytes`` per element: an 8-bit cache
+        (fp8, measured; int8 takes the same class, an estimate) reads the fp8 class when the profile
+        has one, every other cache the 16-bit one."""
+        if kv_bytes == 1.0 and self.attention_decode_fp8 is not None:
+            return self.attention_decode_fp8
+        return self.attention_decode
 
     @classmethod
     def perfect(cls) -> Efficiency:

@@ -40,6 +40,10 @@ MEASURED = {
     ("a100_sxm", "gemm"): ((8.9, 25.2), (10.0, 28.5)),  # 8.9 / 25.5: worse
     ("a100_sxm", "attention_prefill"): ((62.1, 144.4), (10.2, 36.4)),  # 14.4 / 40.1
     ("a100_sxm", "attention_decode"): ((18.3, 55.6), (9.5, 39.2)),
+    # decode attention over an fp8 KV cache (2026-11-28): before = the bf16 class at half the bytes
+    ("h100_sxm", "attention_decode_fp8"): ((19.4, 47.4), (10.9, 29.0)),
+    ("h200_sxm", "attention_decode_fp8"): ((24.4, 49.2), (11.7, 28.6)),
+    ("b200_sxm", "attention_decode_fp8"): ((9.9, 37.3), (9.2, 28.0)),
     # fused MoE (ep = 1, balanced routing): before = the GEMM curves that priced it until then
     ("h100_sxm", "moe"): ((15.9, 47.5), (6.8, 44.5)),
     ("h100_sxm", "moe_fp8"): ((12.0, 33.2), (5.6, 22.4)),  # 5.8 / 22.7 ridge-locked
@@ -79,8 +83,8 @@ def test_units_are_milliseconds_and_elements(aic: Path) -> None:
 @pytest.mark.parametrize("gpu", sorted(GPUS))
 def test_shipped_profiles_fit_the_held_out_kernels(aic: Path, gpu: str) -> None:
     rows = predictions({k: v for k, v in aic_tables(aic, gpu).tables.items()
-                        if k in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "moe",
-                                 "moe_fp8", "moe_w4a16", "moe_fp4")},
+                        if k in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode",
+                                 "attention_decode_fp8", "moe", "moe_fp8", "moe_w4a16", "moe_fp4")},
                        load_hardware(GPUS[gpu]))
     for family, group in rows.groupby("family"):
         held = group[group["held_out"]]

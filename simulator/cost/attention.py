@@ -208,7 +208,7 @@ def decode_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwar
                      peak_flops: float, kv_bytes: float, layers: int) -> OpCost:
     if batch.num_decodes == 0:
         return OpCost("attn_decode", 0.0, 0.0, 0.0, 0.0, 0.0)
-    keys = decode_keys(batch, shape, hardware.efficiency.attention_decode.key_tile)
+    keys = decode_keys(batch, shape, hardware.efficiency.decode_for(kv_bytes).key_tile)
     if keys is None:
         return _verify_attention(batch, shape, hardware, peak_flops, kv_bytes, layers)
     return decode_attention_of(float(batch.num_decodes), keys, shape, hardware, peak_flops, kv_bytes, layers)
@@ -247,8 +247,9 @@ def decode_attention_of(n: float, keys: float, shape: AttentionShape, hardware: 
     """The decode kernel of ``n`` query rows whose requests read ``keys`` keys in all: the one
     formula :func:`decode_attention`, speculative verification (``pairs``: the query-key pairs
     scored, when a request's several queries share one read) and a fast-forwarded run of decode
-    steps (:class:`~servesim.cost.decode_run.DecodeRunPricer`, element by element) all price with."""
-    eff = hardware.efficiency.attention_decode
+    steps (:class:`~servesim.cost.decode_run.DecodeRunPricer`, element by element) all price with;
+    an 8-bit cache reads its own class where the profile has one (:meth:`Efficiency.decode_for`)."""
+    eff = hardware.efficiency.decode_for(kv_bytes)
     flops = (keys if pairs is None else pairs) * shape.decode_flops_per_key
     nbytes = ((keys + n) * shape.cache_elements_per_token * kv_bytes
               + n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES)
@@ -338,7 +339,7 @@ def _verify_attention(batch: BatchShape, shape: AttentionShape, hardware: Hardwa
     request's cached KV is read once for its ``q`` queries (see the module docstring). With every
     ``q == 1`` this is the plain decode formula."""
     assert batch.decode_tokens is not None
-    eff = hardware.efficiency.attention_decode
+    eff = hardware.efficiency.decode_for(kv_bytes)
     queries = batch.decode_tokens
     rows = float(batch.num_decode_tokens)
     context = batch.decode_context

@@ -98,7 +98,7 @@ class DecodeRunPricer:
         self._step_overhead_s = step_overhead_s
         self._engine = engine
         self._kv_bytes = kv_bytes
-        eff = hardware.efficiency.attention_decode
+        eff = hardware.efficiency.decode_for(kv_bytes)
         self._tile = eff.key_tile
         self._bandwidth = hardware.memory.bandwidth_Bps
         kinds = []

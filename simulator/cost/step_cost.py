@@ -622,7 +622,7 @@ class CostModel:
         prefill's mixed steps; a fast-forwarded run's steps are priced by its run pricer).
         Speculative verification is priced directly."""
         hardware = self.hardware
-        keys = decode_keys(batch, shape, hardware.efficiency.attention_decode.key_tile)
+        keys = decode_keys(batch, shape, hardware.efficiency.decode_for(self._kv_bytes).key_tile)
         if keys is None:
             return decode_attention(batch, shape, hardware, self.bf16_peak, self._kv_bytes, layers)
         key = (kind, batch.num_decodes, keys)
