@@ -134,6 +134,18 @@ def test_a_closed_loop_pins_the_cost_of_its_own_batch(tmp_path: Path) -> None:
     assert after.fixed_s + 16 * after.per_seq_s == pytest.approx(2.14e-3, rel=0.02)
 
 
+def test_a_decode_scale_reaches_both_kv_cache_classes() -> None:
+    """A decode-attention scale slows decode over a bf16 cache and over an fp8 one alike (the fp8
+    class, where the profile has one, prices every 8-bit-cache step): both curves divided by it."""
+    h100 = load_hardware("h100-sxm-80gb")
+    slow = scaled_profile(h100, (1.0, 1.0, 1.5, 1.0, 1.0), "test")
+    for kv_bytes in (2.0, 1.0):
+        before, after = h100.efficiency.decode_for(kv_bytes), slow.efficiency.decode_for(kv_bytes)
+        assert after.memory.y == pytest.approx([min(1.0, y / 1.5) for y in before.memory.y])
+        assert after.fixed_s == pytest.approx(before.fixed_s * 1.5)
+    assert slow.efficiency.decode_for(1.0) is not slow.efficiency.decode_for(2.0)
+
+
 def test_sglang_result_recovers_a_kernel_scale(tmp_path: Path) -> None:
     """GEMMs 30% slower than the profile says, everything at t = 0 (SGLang's default rate, JSON
     lines): asked for a GEMM scale, the fit finds 1.3 and writes the slower profile."""
