@@ -25,7 +25,16 @@ from servesim.calibration.fit import (
 )
 from servesim.calibration.quantise_fit import fit_gemm_fp8
 from servesim.calibration.schema import holdout_mask
-from servesim.calibration.work import OPERATOR_OF, ape, efficiency_of, fast_predict, predict, usable, work
+from servesim.calibration.work import (
+    MOE_FORMATS,
+    OPERATOR_OF,
+    ape,
+    efficiency_of,
+    fast_predict,
+    predict,
+    usable,
+    work,
+)
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 from servesim.hardware_io import hardware_from_dict
 
@@ -90,7 +99,7 @@ def _method(family: str, rows: int) -> str:
     return METHOD + (SHAPED_METHOD if family in ("gemm", "gemm_fp8") else "")
 
 
-UNLOCKED_FAMILIES = frozenset({"moe", "moe_fp8", "moe_w4a16", "moe_fp4"})
+UNLOCKED_FAMILIES = frozenset(MOE_FORMATS)
 """Families fitted without the ridge lock (:data:`servesim.calibration.fit.RIDGE_LOCK`): a fused
 MoE's grouped GEMMs pad each expert's few rows up to the kernel's row tile, so between 8 and 64
 rows per expert the call's time grows with the tokens although the textbook calls it bound by
@@ -98,6 +107,9 @@ its (unchanging) weight bytes. Locked there, that growth had no curve to go to: 
 was priced 10-27% fast at 512-2,048 tokens and 10-20% slow below 128, held-out median 13.1%;
 unlocked, the compute curve on rows per expert takes it (7.3%). The lock stays for the other
 families, where it keeps one resource's curve from explaining the other's inefficiency."""
+
+TILED_FAMILIES = frozenset({"attention_decode", "attention_decode_fp8"})
+"""Families whose KV tile is searched with the fit (:data:`KEY_TILES`)."""
 
 KEY_TILES = (1, 16, 32, 64, 128, 256)
 """Decode attention's KV tile candidates (FlashAttention and FlashInfer decode kernels split each
@@ -109,7 +121,7 @@ def fit_with_tile(family: str, rows: pd.DataFrame, profile: HardwareProfile, pri
     """:func:`fit_operator` on ``rows``; for decode attention also the KV tile, the candidate whose
     fit has the lowest mean |log error| on these (fitted) rows."""
     bandwidth = profile.memory.bandwidth_Bps
-    if family not in ("attention_decode", "attention_decode_fp8") or len(rows) < MIN_ROWS_FULL_FIT:
+    if family not in TILED_FAMILIES or len(rows) < MIN_ROWS_FULL_FIT:
         lock = None if family in UNLOCKED_FAMILIES else RIDGE_LOCK
         return fit_operator(work(family, rows, profile, prior.key_tile), bandwidth, prior, memory_tail,
                             ridge_lock=lock)

@@ -56,7 +56,6 @@ class OutputStream:
         return lag
 
 
-
 def open_stream(streams: dict[int, OutputStream], index: int, chunk_s: float) -> OutputStream | None:
     """A new server's front-end sender for replica ``index``, registered in ``streams``
     (``RequestState.streams``, where closed-loop clients look up the lag); None without a

@@ -329,6 +329,8 @@ class CostModel:
         self.bandwidth = hardware.memory.bandwidth_Bps
         self._gemm_eff = hardware.efficiency.gemm_for(self.precision.math)
         self._moe_eff = hardware.efficiency.moe_for(self.precision.math, self.precision.expert_format)
+        self._decode_tile = hardware.efficiency.decode_for(self.precision.kv_bytes).key_tile
+        """The KV tile of the decode class this cache reads (``Efficiency.decode_for``), per step."""
         self._gemm16_eff = hardware.efficiency.gemm
         self._elem_eff = hardware.efficiency.elementwise
         self._quant_eff = hardware.efficiency.quantisation
@@ -622,7 +624,7 @@ class CostModel:
         prefill's mixed steps; a fast-forwarded run's steps are priced by its run pricer).
         Speculative verification is priced directly."""
         hardware = self.hardware
-        keys = decode_keys(batch, shape, hardware.efficiency.decode_for(self._kv_bytes).key_tile)
+        keys = decode_keys(batch, shape, self._decode_tile)
         if keys is None:
             return decode_attention(batch, shape, hardware, self.bf16_peak, self._kv_bytes, layers)
         key = (kind, batch.num_decodes, keys)
