@@ -15,7 +15,10 @@ Each engine reads its memory fraction (``gpu_memory_utilization`` here) its own 
   takes that fraction of what is free once the reserve, the weights and the activation workspace
   are allocated.
 
-What is left holds KV blocks of ``block_size`` tokens.
+What is left holds KV blocks of ``block_size`` tokens, once a hybrid model (Qwen3-Next, Qwen3.5)
+has set aside its linear-attention layers' recurrent state for ``max_num_seqs`` sequences (fixed
+per sequence, not per token: vLLM's hybrid allocator takes it from the same pool as each request
+is scheduled; reserving it for the largest batch is the same limit on a full batch).
 
 The activation estimate is the largest set of tensors alive at once in one layer: the hidden
 state and the residual, plus the widest of the QKV output and the MLP's up-projection output
@@ -54,6 +57,10 @@ class MemoryPlan:
     kv_bytes_per_token: float
     budget_rule: str = "whole_gpu"
     """How ``gpu_memory_utilization`` is read (:data:`BUDGET_RULES`)."""
+    state_bytes: float = 0.0
+    """A hybrid model's recurrent state for ``max_num_seqs`` running sequences (its
+    linear-attention layers keep a fixed-size state per sequence instead of KV per token), set
+    aside before the KV pool is cut into blocks; 0 for every other model."""
 
     @property
     def budget_bytes(self) -> float:
@@ -66,18 +73,18 @@ class MemoryPlan:
     def kv_cache_bytes(self) -> float:
         """What remains for the KV cache (negative when the model does not fit)."""
         if self.budget_rule == "weights_and_kv":
-            return self.budget_bytes - self.reserved_bytes - self.weight_bytes
+            return self.budget_bytes - self.reserved_bytes - self.weight_bytes - self.state_bytes
         left = self.budget_bytes - self.reserved_bytes - self.weight_bytes - self.activation_bytes
         if self.budget_rule == "free_after_load":
-            return left * self.gpu_memory_utilization if left > 0 else left
-        return left
+            return (left * self.gpu_memory_utilization if left > 0 else left) - self.state_bytes
+        return left - self.state_bytes
 
     @property
     def needed_bytes(self) -> float:
         """What must fit in :attr:`budget_bytes` before any KV block: the reserve, the weights and,
         where the rule counts it there, the activation workspace."""
         counted = 0.0 if self.budget_rule == "weights_and_kv" else self.activation_bytes
-        return self.reserved_bytes + self.weight_bytes + counted
+        return self.reserved_bytes + self.weight_bytes + counted + self.state_bytes
 
     @property
     def kv_token_capacity(self) -> int:
@@ -92,6 +99,7 @@ class MemoryPlan:
                 "gpu_memory_utilization": self.gpu_memory_utilization,
                 "reserved_bytes": self.reserved_bytes, "weight_bytes": self.weight_bytes,
                 "activation_bytes": self.activation_bytes, "kv_cache_bytes": self.kv_cache_bytes,
+                **({"state_bytes": self.state_bytes} if self.state_bytes else {}),
                 "kv_bytes_per_token": self.kv_bytes_per_token,
                 "kv_token_capacity": self.kv_token_capacity}
 
@@ -129,7 +137,7 @@ def _build_plan(model: ModelSpec, hardware: HardwareProfile, tp: int, precision:
         activation_bytes=activation_workspace_bytes(model, tp, max_num_batched_tokens,
                                                     max_num_seqs),
         kv_bytes_per_token=model.kv_bytes_per_token(precision.kv_cache, tp, precision.group_size),
-        budget_rule=budget_rule,
+        budget_rule=budget_rule, state_bytes=max_num_seqs * model.linear_state_bytes(tp),
     )
 
 

@@ -18,18 +18,23 @@ from typing import Any
 from servesim.errors import ServesimError
 from servesim.inputs.files import file_version, read_json
 from servesim.inputs.hf_hub import find_config, looks_like_hf_id
-from servesim.model_spec import MLASpec, ModelSpec, MoESpec
+from servesim.model_spec import LinearAttentionSpec, MLASpec, ModelSpec, MoESpec
 from servesim.resources import model_configs_dir
 
 NON_GATED_FAMILIES = frozenset(
     {"gpt2", "gpt_neox", "opt", "falcon", "gpt_bigcode", "bloom", "phi", "gptj", "starcoder2"})
 """Model types whose MLP is ``down(act(up(x)))``; every other family is gated (SwiGLU-style)."""
 
-QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text"})
+QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5_moe",
+                              "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"})
 """Families with a learned RMSNorm over each query and key head (Llama 4's is weightless)."""
 SANDWICH_NORM_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text"})
 """Families that normalise before and after attention and MLP: four norms per layer."""
-ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+GATED_ATTENTION_FAMILIES = frozenset({"qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5",
+                                      "qwen3_5_text"})
+"""Families whose full-attention layers gate their output (``attn_output_gate``, on by default in
+their transformers config classes)."""
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6,
@@ -182,6 +187,10 @@ def _layer_types(config: dict[str, Any], layers: int, window: int | None, where:
     ``no_rope_layer_interval``-th, attend globally). Empty when every layer attends alike."""
     kinds: list[str] | None = None
     given = config.get("layer_types")
+    if given is None and config.get("linear_num_value_heads") and config.get("full_attention_interval"):
+        # Qwen3-Next's config.json lists no layer_types: every interval-th layer attends fully
+        interval = _whole(config["full_attention_interval"], "full_attention_interval", where, 1)
+        given = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
     if given is not None:
         if not isinstance(given, list) or len(given) != layers:
             raise ServesimError(f"{where}: layer_types", f"must list one type per layer ({layers})",
@@ -202,6 +211,10 @@ def _layer_types(config: dict[str, Any], layers: int, window: int | None, where:
         kinds = ["chunked_attention" if r else "full_attention" for r in rope]
     if kinds is None:
         return ()
+    if "linear_attention" in kinds and not config.get("linear_num_value_heads"):
+        raise ServesimError(f"{where}: linear_num_value_heads", "layer_types has linear-attention layers "
+                            "but no linear_* shapes", "add linear_num_key_heads, linear_num_value_heads, "
+                            "linear_key_head_dim, linear_value_head_dim and linear_conv_kernel_dim")
     if "sliding_attention" in kinds and not window:
         raise ServesimError(f"{where}: sliding_window", "layer_types has sliding layers but no window",
                             "add sliding_window to the config.json")
@@ -273,6 +286,19 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         raise ServesimError(f"{where}: _servesim.cross_layer_kv_sharing",
                             f"must be a whole number of layers from 1 to {layers}, got {sharing!r}",
                             "give how many consecutive layers share one KV cache (2 halves it)")
+    linear = None
+    if "linear_attention" in kinds:
+        linear = LinearAttentionSpec(
+            num_key_heads=_positive_int(config, ("linear_num_key_heads",), where),
+            num_value_heads=_positive_int(config, ("linear_num_value_heads",), where),
+            key_head_dim=_positive_int(config, ("linear_key_head_dim",), where),
+            value_head_dim=_positive_int(config, ("linear_value_head_dim",), where),
+            conv_kernel=_positive_int(config, ("linear_conv_kernel_dim",), where, 4))
+        if linear.num_value_heads % linear.num_key_heads:
+            raise ServesimError(f"{where}: linear_num_value_heads",
+                                f"{linear.num_value_heads} is not a multiple of linear_num_key_heads="
+                                f"{linear.num_key_heads}", "fix the config.json")
+    output_gate = _flag(config, "attn_output_gate", where, model_type in GATED_ATTENTION_FAMILIES)
     gpt_oss = model_type == "gpt_oss"
     attention_bias = _flag(config, "attention_bias", where, model_type == "qwen2")
     qk_norm, qk_norm_across_heads = _qk_norm(config, model_type, where)
@@ -288,7 +314,9 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         attention_output_bias=gpt_oss and attention_bias,
         attention_sinks=gpt_oss, qk_norm=qk_norm, qk_norm_across_heads=qk_norm_across_heads,
         norms_per_layer=4 if model_type in SANDWICH_NORM_FAMILIES else 2, expert_bias=gpt_oss,
-        mtp_layers=_optional_int(config, "num_nextn_predict_layers", where) or 0,
+        mtp_layers=_optional_int(config, "num_nextn_predict_layers", where)
+        or _optional_int(config, "mtp_num_hidden_layers", where) or 0,
+        linear_attention=linear, attention_output_gate=output_gate,
     )
 
 

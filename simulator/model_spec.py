@@ -15,6 +15,12 @@ Conventions:
   checkpoint has): serving without speculative decoding does not load them; with ``speculative:
   {method: mtp}`` :mod:`servesim.speculative.proposer` adds them.
 
+Hybrid models (Qwen3-Next, Qwen3.5) interleave full-attention layers with *linear attention*
+(Gated DeltaNet, :class:`LinearAttentionSpec`): those layers keep no KV cache but a fixed-size
+recurrent state per sequence, so only the full-attention layers count in the KV bytes per token
+(:attr:`ModelSpec.kv_layers`) and each running sequence holds
+:meth:`ModelSpec.linear_state_bytes` besides.
+
 Reading ``config.json`` files and the built-in catalogue is :mod:`servesim.model_config`'s job.
 """
 
@@ -56,6 +62,58 @@ class MLASpec:
     def cache_width(self) -> int:
         """Elements cached per token per layer (shared across heads)."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class LinearAttentionSpec:
+    """Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5: ``linear_*`` keys of config.json).
+
+    Per layer: ``in_proj_qkvz`` (hidden -> q, k of ``num_key_heads x key_head_dim`` each, v and the
+    output gate z of ``num_value_heads x value_head_dim`` each), ``in_proj_ba`` (hidden -> beta
+    and the decay, one per value head), a causal depthwise conv of ``conv_kernel`` taps over q, k,
+    v, and ``out_proj``. Each sequence carries a ``key_head_dim x value_head_dim`` state per value
+    head (read and written once per step it runs in) and the conv's last ``conv_kernel - 1``
+    inputs."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    @property
+    def key_width(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_width(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_width(self) -> int:
+        """Channels of the causal conv: q, k and v."""
+        return 2 * self.key_width + self.value_width
+
+    def params_per_layer(self, hidden: int) -> int:
+        """``in_proj_qkvz``, ``in_proj_ba``, the conv taps, per-head decay and bias (``A_log``,
+        ``dt_bias``), the gated RMSNorm's weight and ``out_proj``."""
+        qkvz = hidden * (2 * self.key_width + 2 * self.value_width)
+        ba = hidden * 2 * self.num_value_heads
+        conv = self.conv_width * self.conv_kernel
+        return qkvz + ba + conv + 2 * self.num_value_heads + self.value_head_dim + self.value_width * hidden
+
+    def state_elements(self, tp: int = 1) -> int:
+        """Recurrent state of one sequence in one layer on one GPU (value heads and conv channels
+        split over ``tp``): the delta rule's matrices plus the conv's window."""
+        heads = max(1, self.num_value_heads // tp)
+        conv = ceil_div(self.conv_width, tp) * (self.conv_kernel - 1)
+        return heads * self.key_head_dim * self.value_head_dim + conv
+
+    def flops_per_token(self) -> int:
+        """The delta rule's arithmetic per token and layer (all heads): decay and read the state
+        (``k^T S``), write it back (the rank-one update) and read the output (``q^T S``): three
+        ``key_head_dim x value_head_dim`` products of two FLOPs per element per value head."""
+        return 6 * self.num_value_heads * self.key_head_dim * self.value_head_dim
 
 
 @dataclass(frozen=True)
@@ -106,6 +164,12 @@ class ModelSpec:
     mtp_layers: int = 0
     """Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``), used
     only by speculative decoding with ``method: mtp``."""
+    linear_attention: LinearAttentionSpec | None = None
+    """The Gated DeltaNet layers' shape (the layers ``layer_types`` marks ``linear_attention``)."""
+    attention_output_gate: bool = False
+    """Gated attention (Qwen3-Next, Qwen3.5): ``q_proj`` also emits a sigmoid gate per query
+    element, which scales the attention output before ``o_proj``: the query projection is twice
+    as wide."""
 
     # ----------------------------------------------------------------- attention layout
     @property
@@ -136,7 +200,8 @@ class ModelSpec:
         return len(self.moe.layers) if self.moe is not None else 0
 
     def attention_type(self, layer: int) -> str:
-        """``full_attention``, ``sliding_attention`` or ``chunked_attention`` for layer ``layer``."""
+        """``full_attention``, ``sliding_attention``, ``chunked_attention`` or ``linear_attention``
+        for layer ``layer``."""
         if self.layer_types:
             return self.layer_types[layer]
         return "sliding_attention" if self.sliding_window else "full_attention"
@@ -157,12 +222,32 @@ class ModelSpec:
 
     @cached_property
     def kv_layers(self) -> int:
-        """Layers that own a KV cache: all of them, or one per CLA group."""
+        """Layers that own a KV cache: all of them, or one per CLA group (a linear-attention layer
+        keeps a recurrent state instead)."""
+        if self.linear_attention is not None:
+            return self.kv_layers_in(0, self.num_layers)
         return -(-self.num_layers // self.kv_sharing)
 
     def kv_layers_in(self, start: int, stop: int) -> int:
         """KV-owning layers among ``[start, stop)`` (the first layer of each CLA group owns it)."""
-        return sum(1 for i in range(start, stop) if i % self.kv_sharing == 0)
+        hybrid = self.linear_attention is not None
+        return sum(1 for i in range(start, stop) if i % self.kv_sharing == 0
+                   and not (hybrid and self.attention_type(i) == "linear_attention"))
+
+    def linear_layers_in(self, start: int = 0, stop: int | None = None) -> int:
+        """Linear-attention layers among ``[start, stop)``."""
+        if self.linear_attention is None:
+            return 0
+        stop = self.num_layers if stop is None else stop
+        return sum(1 for i in range(start, stop) if self.attention_type(i) == "linear_attention")
+
+    def linear_state_bytes(self, tp: int = 1, start: int = 0, stop: int | None = None,
+                           state_bytes: float = 2.0) -> float:
+        """Recurrent state one running sequence holds on one GPU over layers ``[start, stop)``
+        (16-bit by default: vLLM's ``--mamba-ssm-cache-dtype auto`` keeps the model's dtype)."""
+        if self.linear_attention is None:
+            return 0.0
+        return self.linear_layers_in(start, stop) * self.linear_attention.state_elements(tp) * state_bytes
 
     @cached_property
     def num_dense_layers(self) -> int:
@@ -179,7 +264,12 @@ class ModelSpec:
 
     def attention_params_in(self, start: int, stop: int) -> float:
         """Attention weights of layers ``[start, stop)``: every layer's, less the K/V projections of
-        layers that read a shared KV (CLA)."""
+        layers that read a shared KV (CLA); a hybrid model's linear-attention layers hold their
+        own (:meth:`LinearAttentionSpec.params_per_layer`)."""
+        if self.linear_attention is not None:
+            linear = self.linear_layers_in(start, stop)
+            return (stop - start - linear) * self.attention_params_per_layer \
+                + linear * self.linear_attention.params_per_layer(self.hidden_size)
         layers = stop - start
         return layers * self.attention_params_per_layer \
             - (layers - self.kv_layers_in(start, stop)) * self.kv_projection_params
@@ -197,7 +287,7 @@ class ModelSpec:
             kv = h * m.cache_width + m.kv_lora_rank + kv_up
             o = nh * m.v_head_dim * h
             return q + kv + o
-        qkv_width = (nh + 2 * self.num_kv_heads) * self.head_dim
+        qkv_width = (nh * (2 if self.attention_output_gate else 1) + 2 * self.num_kv_heads) * self.head_dim
         bias = qkv_width if self.attention_bias else 0
         extras = (h if self.attention_output_bias else 0) + (nh if self.attention_sinks else 0) \
             + self._qk_norm_params()
@@ -365,7 +455,10 @@ class ModelSpec:
                 keys += layers * min(context + 1, self.sliding_window or context + 1)
             elif kind == "chunked_attention":
                 keys += layers * (context % (self.attention_chunk_size or context + 1) + 1)
-        return 2.0 * self.matmul_params_per_token + self.attention_flops_per_context_token * keys
+        linear = 0
+        if self.linear_attention is not None:
+            linear = self.linear_layers_in() * self.linear_attention.flops_per_token()
+        return 2.0 * self.matmul_params_per_token + self.attention_flops_per_context_token * keys + linear
 
     # ----------------------------------------------------------------- parallelism
     def check_tensor_parallel(self, tp: int) -> None:
@@ -376,6 +469,12 @@ class ModelSpec:
             raise ServesimError(
                 "deployment.tp", f"{tp} does not divide {self.name}'s {self.num_heads} attention heads",
                 "use a TP degree that divides the head count (e.g. 1, 2, 4, 8)")
+        linear = self.linear_attention
+        if linear is not None and (linear.num_key_heads % tp or linear.num_value_heads % tp):
+            raise ServesimError(
+                "deployment.tp", f"{tp} does not divide {self.name}'s {linear.num_key_heads} key and "
+                f"{linear.num_value_heads} value heads of its linear-attention layers",
+                "use a TP degree that divides both (e.g. 1, 2, 4, 8)")
         kv = self.num_kv_heads
         if self.mla is None and kv % tp and tp % kv:
             raise ServesimError(
@@ -390,7 +489,8 @@ class ModelSpec:
             "active_params_b": round(self.active_param_count / 1e9, 2),
             "layers": self.num_layers,
             "hidden": self.hidden_size,
-            "attention": self.attention_kind,
+            "attention": self.attention_kind if self.linear_attention is None
+            else f"{self.attention_kind} + linear ({self.linear_layers_in()} of {self.num_layers} layers)",
             "heads": f"{self.num_heads}/{self.num_kv_heads if self.mla is None else 'latent'}",
             "mlp": (f"moe {self.moe.num_experts}x top-{self.moe.top_k}" if self.moe
                     else ("gated" if self.gated_mlp else "plain")),

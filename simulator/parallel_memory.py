@@ -108,7 +108,8 @@ def plan_stages(model: ModelSpec, hardware: HardwareProfile, p: Parallelism, pre
             weight_bytes=stage_weight_bytes(model, p, precision, stage),
             activation_bytes=stage_activation_bytes(model, p, stage, max_num_batched_tokens, max_num_seqs,
                                                     p.expert_imbalance),
-            kv_bytes_per_token=kv if kv > 0 else 1.0, budget_rule=budget_rule)))
+            kv_bytes_per_token=kv if kv > 0 else 1.0, budget_rule=budget_rule,
+            state_bytes=max_num_seqs * model.linear_state_bytes(p.tp, stage.start, stage.stop))))
     return out
 
 

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from servesim import BatchShape, CostModel, load_hardware, load_model
 from servesim.cost import causal_pairs
 
-MODELS = {name: load_model(name) for name in ("llama-3-8b", "mixtral-8x7b", "deepseek-v3", "mistral-7b")}
-TP = {"llama-3-8b": 2, "mixtral-8x7b": 2, "deepseek-v3": 8, "mistral-7b": 1}
+MODELS = {name: load_model(name) for name in ("llama-3-8b", "mixtral-8x7b", "deepseek-v3", "mistral-7b",
+                                               "qwen3-next-80b-a3b")}
+TP = {"llama-3-8b": 2, "mixtral-8x7b": 2, "deepseek-v3": 8, "mistral-7b": 1, "qwen3-next-80b-a3b": 2}
 COSTS = {name: CostModel(model, load_hardware("h100-sxm-80gb"), TP[name]) for name, model in MODELS.items()}
 
 

@@ -35,6 +35,7 @@ DEPLOYMENTS = [
     ("qwen3-30b-a3b", "h200-sxm-141gb", 2, "sglang"),  # MoE
     ("llama-4-scout", "h100-sxm-80gb", 4, "vllm"),  # chunked attention, MoE
     ("deepseek-v3", "h200-sxm-141gb", 8, "sglang"),  # MLA (absorbed decode), MoE, TP 8
+    ("qwen3-next-80b-a3b", "h200-sxm-141gb", 2, "vllm"),  # linear-attention layers in the token part
 ]
 
 

@@ -123,10 +123,13 @@ def test_qwen3_layer_types_of_full_attention_only_read_as_one_kind() -> None:
 
 
 def test_unknown_layer_types_are_one_line() -> None:
-    config = {"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "vocab_size": 100, "layer_types": ["linear_attention", "full_attention"]}
-    with pytest.raises(ServesimError, match=r"^m: layer_types: linear_attention is not modelled"):
+    config = {"model_type": "falcon_h1", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "vocab_size": 100, "layer_types": ["mamba", "full_attention"]}
+    with pytest.raises(ServesimError, match=r"^m: layer_types: mamba is not modelled"):
         model_from_hf_config(config, "x", "m")
+    linear = {**config, "model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}
+    with pytest.raises(ServesimError, match=r"^m: linear_num_value_heads: layer_types has linear-attention"):
+        model_from_hf_config(linear, "x", "m")
 
 
 def test_a_qk_norm_over_all_heads_has_a_weight_per_element_and_unknown_types_are_one_line() -> None:

@@ -83,15 +83,17 @@ class DecodeRunPricer:
     """Prices runs of ``n`` decodes (one per ``n`` per cost model; see the module docstring)."""
 
     def __init__(self, n: int, part_totals: tuple[float, float, float, float, float, float, float,
-                                                    float, float],
+                                                    float, float, float, float],
                  attention: list[tuple[AttentionShape, int]], hardware: HardwareProfile,
                  peak_flops: float, kv_bytes: float, step_overhead_s: float,
                  engine: tuple[EngineRuntime, float, float, float | None] | None,
                  budget: MemoBudget) -> None:
         """``part_totals``: the memoised token part's (total, compute, memory, overhead, flops,
-        bytes, gemm, elementwise, communication) seconds and work; ``engine``: (runtime, launch,
-        CPU, serial or None) host times of a step of ``n`` decodes, or None for the flat runtime
-        (whose constant ``step_overhead_s`` is in the token part already)."""
+        bytes, gemm, elementwise, communication, prefill attention, decode attention) seconds and
+        work (the attention sums are a hybrid model's linear-attention kernels, else 0.0);
+        ``engine``: (runtime, launch, CPU, serial or None) host times of a step of ``n`` decodes,
+        or None for the flat runtime (whose constant ``step_overhead_s`` is in the token part
+        already)."""
         self.n = n
         self._n = float(n)
         self._part = part_totals
@@ -235,9 +237,10 @@ class DecodeRunPricer:
         ``np.maximum``, ``index(max)`` for ``argmax``; the key counts made floats first, as the
         array's are), so the very row. Each kind's constants come from :attr:`_scalars` (the
         same values :meth:`_price` reads from :class:`_Kind` and its shape)."""
-        total, compute, memory, overhead, work, moved, gemm_s, elementwise_s, comm_s = self._part
+        total, compute, memory, overhead, work, moved, gemm_s, elementwise_s, comm_s, prefill_s, \
+            decode_s = self._part
         n, kv_bytes = self._n, self._kv_bytes
-        decode = 0.0
+        decode = decode_s
         for (per_key, per_token, io_bytes, compute_peak, memory_peak, memory_at, bandwidth, layers,
              fixed_s), count in zip(self._scalars, keys, strict=True):
             kind_keys = float(count)
@@ -278,12 +281,13 @@ class DecodeRunPricer:
             kernels = timed
             overhead_sum = overhead + step_overhead
         sums = [compute, memory, comm_s, overhead_sum]
-        return [kernels, float(sums.index(max(sums))), work, moved, gemm_s, 0.0, decode, elementwise_s,
+        return [kernels, float(sums.index(max(sums))), work, moved, gemm_s, prefill_s, decode, elementwise_s,
                 comm_s, step_overhead, 0.0, 0.0]
 
     def _price(self, keys: list[np.ndarray], steps: int) -> np.ndarray:
         """The records of steps whose attention kinds read ``keys`` keys (one array per kind)."""
-        total_s, compute_s, memory_s, overhead_s, flops, nbytes, gemm_s, elementwise_s, comm_s = self._part
+        total_s, compute_s, memory_s, overhead_s, flops, nbytes, gemm_s, elementwise_s, comm_s, prefill_s, \
+            decode_s = self._part
         n, kv_bytes = self._n, self._kv_bytes
         total: np.ndarray | float = total_s
         compute: np.ndarray | float = compute_s
@@ -291,7 +295,7 @@ class DecodeRunPricer:
         overhead: float = overhead_s
         work: np.ndarray | float = flops
         moved: np.ndarray | float = nbytes
-        decode: np.ndarray | float = 0.0
+        decode: np.ndarray | float = decode_s
         for kind, kind_keys in zip(self._kinds, keys, strict=True):
             shape, layers = kind.shape, kind.layers
             # decode_attention_of, element by element
@@ -343,7 +347,7 @@ class DecodeRunPricer:
         columns[2] = work
         columns[3] = moved
         columns[4] = gemm_s
-        columns[5] = 0.0
+        columns[5] = prefill_s
         columns[6] = decode
         columns[7] = elementwise_s
         columns[8] = comm_s

@@ -73,6 +73,9 @@ BREAKDOWN_KEYS = ("embedding", "qkv_proj", "attn_prefill", "attn_decode", "o_pro
 IO_BYTES = 2.0
 """Bytes per element of the residual stream, GEMM outputs, elementwise kernels and TP collectives:
 16-bit whatever the GEMM precision (FP8 GEMMs quantise their input on the fly and write bf16)."""
+LINEAR_STATE_BYTES = 2.0
+"""Bytes per element of a linear-attention layer's recurrent state: vLLM's default
+``--mamba-ssm-cache-dtype auto`` keeps the model's 16-bit dtype (``ModelSpec.linear_state_bytes``)."""
 FP32_BYTES = 4.0
 """A QK-norm's sums of squares travel in fp32 (:meth:`CostModel._communication_s`)."""
 
@@ -152,6 +155,11 @@ class _OpColumns:
     """``time_s`` of the operators of the ``gemm`` class."""
     elementwise: tuple[float, ...]
     """``time_s`` of the operators of the ``elementwise`` class."""
+    attn_prefill: tuple[float, ...] = ()
+    attn_decode: tuple[float, ...] = ()
+    """``time_s`` of the attention operators a part holds: a hybrid model's linear-attention
+    kernels (:meth:`CostModel._linear_attention_ops`), which depend on the tokens and sequences
+    alone; empty for every other model."""
 
     @classmethod
     def of(cls, ops: tuple[OpCost, ...]) -> _OpColumns:
@@ -167,6 +175,8 @@ class _OpColumns:
         nbytes: list[float] = []
         gemm: list[float] = []
         elementwise: list[float] = []
+        prefill: list[float] = []
+        decode: list[float] = []
         class_of = OP_CLASS_OF
         for op in ops:
             compute_s, memory_s, fixed_s, side_s = op.compute_s, op.memory_s, op.fixed_s, op.side_s
@@ -187,8 +197,13 @@ class _OpColumns:
                 gemm.append(time_s)
             elif kind == "elementwise":
                 elementwise.append(time_s)
+            elif kind == "attn_prefill":
+                prefill.append(time_s)
+            elif kind == "attn_decode":
+                decode.append(time_s)
         return cls(ops, tuple(times), tuple(compute), tuple(memory), tuple(side), tuple(fixed),
-                   tuple(flops), tuple(nbytes), tuple(gemm), tuple(elementwise))
+                   tuple(flops), tuple(nbytes), tuple(gemm), tuple(elementwise), tuple(prefill),
+                   tuple(decode))
 
     def then(self, other: _OpColumns) -> _OpColumns:
         """These operators followed by ``other``'s (each column concatenated)."""
@@ -198,7 +213,8 @@ class _OpColumns:
                           self.compute + other.compute, self.memory + other.memory,
                           self.side + other.side, self.fixed + other.fixed, self.flops + other.flops,
                           self.nbytes + other.nbytes, self.gemm + other.gemm,
-                          self.elementwise + other.elementwise)
+                          self.elementwise + other.elementwise, self.attn_prefill + other.attn_prefill,
+                          self.attn_decode + other.attn_decode)
 
 
 NO_OPS = _OpColumns.of(())
@@ -239,6 +255,10 @@ class _TokenPart:
     hbm_bytes: float
     gemm_s: float
     elementwise_s: float
+    attn_prefill_s: float = 0.0
+    attn_decode_s: float = 0.0
+    """A hybrid model's linear-attention kernels (0.0 for every other model, so a record's
+    attention sums start where they always did)."""
 
     @classmethod
     def of(cls, columns: _OpColumns, comm_s: float, step_s: float) -> _TokenPart:
@@ -248,7 +268,8 @@ class _TokenPart:
                    memory_s=sum(columns.memory) + sum(columns.side),
                    overhead_s=sum(columns.fixed) + step_s,
                    flops=sum(columns.flops), hbm_bytes=sum(columns.nbytes),
-                   gemm_s=sum(columns.gemm), elementwise_s=sum(columns.elementwise))
+                   gemm_s=sum(columns.gemm), elementwise_s=sum(columns.elementwise),
+                   attn_prefill_s=sum(columns.attn_prefill), attn_decode_s=sum(columns.attn_decode))
 
 
 TOKEN_MEMO_ENTRIES = 1 << 16
@@ -314,6 +335,10 @@ class CostModel:
         self.stage = stage if stage is not None else StageLayers(0, 0, model.num_layers, True, True)
         counts = model.layer_counts(self.stage.start, self.stage.stop)
         self._layers = self.stage.layers
+        self._linear_layers = counts.get("linear_attention", 0) if model.linear_attention is not None else 0
+        """A hybrid model's linear-attention layers in this stage (:meth:`_linear_attention_ops`)."""
+        self._attention_layers = self._layers - self._linear_layers
+        """Layers with softmax attention: their Q/K/V/O projections and attention kernels."""
         self._dense, self._sparse = counts["dense"], counts["moe"]
         self.model = model
         self.hardware = hardware
@@ -435,7 +460,8 @@ class CostModel:
         heads = m.num_heads // tp
         if m.mla is None:
             kv_heads = max(1, m.num_kv_heads // tp)
-            return [(h, (heads + 2 * kv_heads) * m.head_dim)]
+            q_heads = 2 * heads if m.attention_output_gate else heads  # the gate rides on q_proj
+            return [(h, (q_heads + 2 * kv_heads) * m.head_dim)]
         a = m.mla
         q_width = heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
         if a.q_lora_rank:
@@ -680,9 +706,8 @@ class CostModel:
         """The logits half of :meth:`_token_part` (memoised per logits count)."""
         cached = self._head_cache.get(logits)
         if cached is None:
-            head = self._head_op(float(logits))
-            cached = _HeadPart(NO_OPS if head is None else _OpColumns.of((head,)),
-                               self._gather_s(float(logits)))
+            ops = self._logits_ops(float(logits))
+            cached = _HeadPart(_OpColumns.of(tuple(ops)) if ops else NO_OPS, self._gather_s(float(logits)))
             if len(self._head_cache) < TOKEN_MEMO_ENTRIES:
                 self._head_cache[logits] = cached
         return cached
@@ -724,7 +749,7 @@ class CostModel:
         ``timing`` folds the engine's runtime around the kernels (None: the flat runtime)."""
         total, compute_s, memory_s = part.total_s, part.compute_s, part.memory_s
         overhead_s, flops, nbytes = part.overhead_s, part.flops, part.hbm_bytes
-        gemm_s, prefill_s, decode_s = part.gemm_s, 0.0, 0.0
+        gemm_s, prefill_s, decode_s = part.gemm_s, part.attn_prefill_s, part.attn_decode_s
         for op in batch_ops:
             time_s = op.time_s
             total += time_s
@@ -785,14 +810,25 @@ class CostModel:
             launch, cpu = engine.host_s(batch, mode)
             host = (engine, launch, cpu, engine.serial_s(batch) if engine.runtime.has_serial else None)
         totals = (part.total_s, part.compute_s, part.memory_s, part.overhead_s, part.flops,
-                  part.hbm_bytes, part.gemm_s, part.elementwise_s, part.comm_s)
+                  part.hbm_bytes, part.gemm_s, part.elementwise_s, part.comm_s, part.attn_prefill_s,
+                  part.attn_decode_s)
         return DecodeRunPricer(n, totals, self._attention_groups, self.hardware, self.bf16_peak,
                                self._kv_bytes, self._step_overhead_s, host, self._run_memo)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
-        """Every operator of :meth:`_token_part`, in order: the token half, then the LM head."""
+        """Every operator of :meth:`_token_part`, in order: the token half, then the logits half."""
+        return [*self._body_ops(tokens), *self._logits_ops(logits)]
+
+    def _logits_ops(self, logits: float) -> list[OpCost]:
+        """The operators that depend on the rows that sample: a hybrid model's recurrent-state
+        traffic (one row per sequence that emits, :meth:`_linear_state_op`), then the LM head."""
+        ops = []
+        if self._linear_layers:
+            ops.append(self._linear_state_op(logits))
         head = self._head_op(logits)
-        return self._body_ops(tokens) if head is None else [*self._body_ops(tokens), head]
+        if head is not None:
+            ops.append(head)
+        return ops
 
     def _body_ops(self, tokens: float) -> list[OpCost]:
         """The operators that depend on the new tokens alone, in order (all but the LM head)."""
@@ -808,8 +844,10 @@ class CostModel:
             ops.append(self._gemm("qkv_proj", tokens, h, 2 * kv_heads * m.head_dim, owners))
         else:
             for k, n in self._attn_gemms:
-                ops.append(self._gemm("qkv_proj", tokens, k, n, layers))
-        ops.append(self._gemm("o_proj", tokens, heads * m.v_head_dim, h, layers))
+                ops.append(self._gemm("qkv_proj", tokens, k, n, self._attention_layers))
+        ops.append(self._gemm("o_proj", tokens, heads * m.v_head_dim, h, self._attention_layers))
+        if self._linear_layers:
+            ops.extend(self._linear_attention_ops(tokens))
 
         dense, sparse = self._dense, self._sparse
         if dense:
@@ -851,6 +889,46 @@ class CostModel:
         if stage.last:
             ops.append(self._elementwise("elementwise", 2 * tokens * h, tokens, 1, 1))
         return ops
+
+    def _linear_attention_ops(self, tokens: float) -> list[OpCost]:
+        """A hybrid model's Gated DeltaNet layers on ``tokens`` new tokens, per GPU (value heads,
+        conv channels and projections split over TP): ``in_proj_qkvz`` and ``in_proj_ba``, the
+        conv and the gated RMSNorm (memory-bound, two kernels), the delta rule's arithmetic
+        (:meth:`~servesim.model_spec.LinearAttentionSpec.flops_per_token`, reading q, k, v and
+        writing the output once; priced by the profile's prefill-attention class: no gated-delta
+        kernel has been measured, an estimate) and ``out_proj``. The state each sequence reads and
+        writes is :meth:`_linear_state_op`'s."""
+        m, tp, h = self.model, self.tp, self.model.hidden_size
+        la = m.linear_attention
+        assert la is not None
+        layers = self._linear_layers
+        key, value = la.key_width // tp, la.value_width // tp
+        heads = la.num_value_heads // tp
+        conv = ceil_div(la.conv_width, tp)
+        ops = [self._gemm("qkv_proj", tokens, h, 2 * key + 2 * value, layers),
+               self._gemm("qkv_proj", tokens, h, 2 * heads, layers)]
+        # conv: read and write q, k, v; gated norm: read the output and the gate z, write it
+        ops.append(self._elementwise("elementwise", tokens * (2 * conv + 3 * value), tokens, 2, layers))
+        flops = tokens * la.flops_per_token() / tp
+        nbytes = tokens * (2 * key + 2 * value) * IO_BYTES
+        ops.append(roofline("attn_prefill", flops, nbytes, peak_flops=self.bf16_peak,
+                            bandwidth=self.bandwidth, eff=self.hardware.efficiency.attention_prefill,
+                            compute_axis=tokens, repeat=layers))
+        ops.append(self._gemm("o_proj", tokens, value, h, layers))
+        return ops
+
+    def _linear_state_op(self, rows: float) -> OpCost:
+        """Each running sequence's recurrent state, read and written once per step in every
+        linear-attention layer (``rows``: the sequences that emit a token; a prompt chunk that
+        does not finish its prompt also touches its state, once per chunk, which is not counted:
+        a small part of a chunk's time). Memory-bound, priced by the profile's decode-attention
+        class (an estimate, like the arithmetic)."""
+        m = self.model
+        assert m.linear_attention is not None
+        nbytes = 2.0 * rows * m.linear_attention.state_elements(self.tp) * LINEAR_STATE_BYTES
+        return roofline("attn_decode", 0.0, nbytes, peak_flops=self.bf16_peak, bandwidth=self.bandwidth,
+                        eff=self.hardware.efficiency.attention_decode, compute_axis=rows,
+                        repeat=self._linear_layers)
 
     def _head_op(self, logits: float) -> OpCost | None:
         """The LM head over the rows that sample (None on a stage without it): the last operator."""

@@ -1,0 +1,107 @@
+"""Hybrid models (Qwen3.5, Qwen3-Next): Gated DeltaNet linear-attention layers between gated
+full-attention layers. Their weights, KV cache, recurrent state and step cost, checked by hand
+from the published config.json shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servesim import BatchShape, CostModel, HardwareProfile, load_hardware, load_model
+from servesim.cost.step_cost import LINEAR_STATE_BYTES
+from servesim.errors import ServesimError
+from servesim.memory import plan_memory
+from servesim.model_config import model_from_hf_config
+
+QWEN35 = load_model("qwen3.5-397b-a17b")
+NEXT = load_model("qwen3-next-80b-a3b")
+
+
+def test_qwen35_parameters_by_hand() -> None:
+    """Qwen3.5-397B-A17B's language model (hidden 4096, 60 layers: 45 linear, 15 full).
+
+    Linear layer: in_proj_qkvz 4096 x (2 x 16 x 128 + 2 x 64 x 128), in_proj_ba 4096 x 128, conv
+    (2 x 2048 + 8192) x 4 taps, A_log and dt_bias 64 each, the gated norm 128, out_proj 8192 x 4096.
+    Full layer: gated q_proj 4096 x (32 x 256 x 2), k and v 4096 x (2 x 256) each, o_proj
+    (32 x 256) x 4096, q and k norms 256 each. MoE in every layer: router 4096 x 512, 512 experts and
+    one shared expert of 3 x 4096 x 1024. Norms (2 x 60 + 1) x 4096; embedding and LM head untied."""
+    linear = 4096 * 20480 + 4096 * 128 + 12288 * 4 + 128 + 128 + 8192 * 4096
+    full = 4096 * 16384 + 2 * 4096 * 512 + 8192 * 4096 + 512
+    moe = 4096 * 512 + 513 * 3 * 4096 * 1024
+    total = 45 * linear + 15 * full + 60 * moe + 121 * 4096 + 2 * 248320 * 4096
+    assert linear == 118_014_208 and full == 104_858_112
+    assert QWEN35.param_count == total
+    assert QWEN35.param_count == pytest.approx(397e9, rel=0.01)  # the card's 397B counts the vision tower too
+    active = total - 60 * 502 * 3 * 4096 * 1024  # all but the 502 routed experts a token skips
+    assert QWEN35.active_param_count == active
+    assert active == pytest.approx(17e9, rel=0.03)  # "A17B"
+    assert QWEN35.linear_layers_in() == 45 and QWEN35.kv_layers == 15
+
+
+def test_only_full_attention_layers_cache_kv_and_each_sequence_holds_its_state() -> None:
+    """KV per token: 15 layers x K and V x 2 heads x 256 x 2 bytes = 30,720 B; at TP 4 each GPU
+    keeps one (replicated) KV head. State per sequence at TP 4: 16 of the 64 value heads, each a
+    128 x 128 matrix, plus a quarter of the conv's 12,288 channels times its 3 remembered inputs,
+    16-bit, in each of the 45 linear layers."""
+    assert QWEN35.kv_bytes_per_token("bf16") == 15 * 2 * 2 * 256 * 2 == 30_720
+    assert QWEN35.kv_bytes_per_token("bf16", tp=4) == 15 * 2 * 1 * 256 * 2
+    state = (16 * 128 * 128 + 3072 * 3) * 2 * 45
+    assert state == 24_422_400
+    assert QWEN35.linear_state_bytes(tp=4) == state
+    assert QWEN35.linear_state_bytes(tp=4, start=0, stop=4) == state / 45 * 3  # layers 0-2 linear, 3 full
+    dense = load_model("llama-3-8b")
+    assert dense.linear_state_bytes() == 0.0 and dense.kv_layers == 32
+
+
+def test_the_state_of_the_largest_batch_comes_off_the_kv_pool() -> None:
+    b200 = load_hardware("b200")
+    plan = plan_memory(QWEN35, b200, 8, max_num_seqs=128)
+    per_seq = QWEN35.linear_state_bytes(tp=8)
+    assert plan.state_bytes == 128 * per_seq
+    without = plan_memory(QWEN35, b200, 8, max_num_seqs=128).__class__(
+        **{**plan.__dict__, "state_bytes": 0.0})
+    assert without.kv_cache_bytes - plan.kv_cache_bytes == pytest.approx(128 * per_seq, rel=1e-12)
+
+
+def test_a_decode_step_reads_and_writes_every_sequences_state(textbook_a100: HardwareProfile) -> None:
+    """On the textbook A100 (2.0 TB/s, efficiency 1, no overheads), the linear layers' state
+    traffic of 64 decodes at TP 2 is 45 layers x 64 x 2 (read, write) x 16-bit state elements; the
+    recurrence's arithmetic is 6 x 128 x 128 FLOPs per value head, 32 heads per GPU, per token."""
+    cost = CostModel(QWEN35, textbook_a100, tp=2)
+    step = cost.step(BatchShape.decode(64, 1000))
+    state = next(op for op in step.ops if op.name == "attn_decode" and op.flops == 0.0
+                 and op.bytes == 45 * 2 * 64 * QWEN35.linear_attention.state_elements(2) * LINEAR_STATE_BYTES)
+    assert state.memory_s == pytest.approx(state.bytes / 2.0e12, rel=1e-12)
+    recurrence = next(op for op in step.ops if op.name == "attn_prefill")
+    assert recurrence.flops == 45 * 64 * 6 * 32 * 128 * 128
+    # the full-attention layers' decode kernel reads 15 layers of KV, not 60
+    full = [op for op in step.ops if op.name == "attn_decode" and op.flops > 0]
+    assert len(full) == 1
+    kv_read = 64 * 1001 * QWEN35.kv_bytes_per_token("bf16", tp=2)
+    assert kv_read <= full[0].bytes < kv_read * 1.1  # whole KV tiles; 60 layers would be 4x
+    record = cost.step_record(BatchShape.decode(64, 1000))
+    assert record.attn_decode_s == pytest.approx(step.breakdown["attn_decode"], rel=1e-12)
+    assert record.attn_prefill_s == pytest.approx(step.breakdown["attn_prefill"], rel=1e-12)
+    assert record.time_s == step.time_s
+
+
+def test_a_fast_forwarded_run_prices_each_step_as_a_step() -> None:
+    cost = CostModel(NEXT, load_hardware("h200-sxm-141gb"), tp=2)
+    context = np.array([10, 500, 3000, 70])
+    run = cost.decode_run_records(context, 40, 3)
+    per_step = np.array([cost.step_record(BatchShape.decodes_only(context + j)) for j in range(3, 43)])
+    np.testing.assert_array_equal(run, per_step)
+    assert (run[:, 6] > 0).all()  # attention-decode seconds include the state traffic
+
+
+def test_qwen3_next_layer_types_come_from_the_interval_and_tp_must_split_the_linear_heads() -> None:
+    assert NEXT.layer_types.count("full_attention") == 12 and NEXT.layer_types[3] == "full_attention"
+    assert NEXT.attention_output_gate and NEXT.qk_norm
+    with pytest.raises(ServesimError, match=r"^deployment.tp: 32 does not divide qwen3-next-80b-a3b's 16 "):
+        NEXT.check_tensor_parallel(32)
+    bad = {"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 100, "full_attention_interval": 4,
+           "linear_num_key_heads": 3, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+           "linear_value_head_dim": 8}
+    with pytest.raises(ServesimError, match=r"^m: linear_num_value_heads: 4 is not a multiple of"):
+        model_from_hf_config(bad, "x", "m")
