@@ -57,6 +57,7 @@ from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
 from servesim.inputs.files import read_text
 from servesim.model_config import load_model
+from servesim.resources import model_configs_dir
 
 REQUIRED = ("backend", "model_path", "system", "mode", "isl", "osl", "tp_size", "silicon_data_source",
             "silicon_ttft_ms", "silicon_tpot_ms")
@@ -78,6 +79,36 @@ DeepSeek-V3's; NVIDIA's FP8/NVFP4 checkpoints are quantisations of the model the
 precision columns say which); Kimi-K2.5's language model is Kimi-K2's (an assumption: its
 ``text_config`` shapes, DeepSeek-V3 layout with 64 heads and 384 experts, were not read here; the
 vision encoder is not modelled, and these text prompts never run it)."""
+SAME_ARCHITECTURE = {
+    "llama-3.3-70b": "llama-3.1-70b", "deepseek-r1": "deepseek-v3", "deepseek-v3.1": "deepseek-v3",
+    "deepseek-v3-0324": "deepseek-v3", "deepseek-r1-0528": "deepseek-v3", "kimi-k2.5": "kimi-k2",
+    "minimax-m2": "minimax-m2.5", "minimax-m2.1": "minimax-m2.5",
+    "llama-4-maverick-17b-128e": "llama-4-maverick", "llama-4-scout-17b-16e": "llama-4-scout",
+    "glm-4.5": "glm-4.7", "glm-4.6": "glm-4.7"}
+"""Normalised checkpoint names -> the catalogue model of the same architecture (a later release
+or a fine-tune with the shapes of one already in the catalogue: Llama 3.3 70B is Llama 3.1 70B's,
+DeepSeek-R1 and V3.1 are V3's, MiniMax-M2 and M2.1 are M2.5's, GLM-4.5 and 4.6 are 4.7's).
+DeepSeek-V3.2 and GLM-5 are not: their sparse attention is another architecture."""
+CHECKPOINT_SUFFIX = re.compile(r"-(instruct|it|chat|base|hf|thinking|fp8|fp8-dynamic|fp4|nvfp4|mxfp4|awq|"
+                               r"gptq|int4|int8|w4a16|w8a8|w4a8|bf16|\d{4}|fp4-v\d|fp8-v\d)$")
+"""What a checkpoint's name adds to its architecture's (tuning, quantisation, a release date)."""
+
+
+def catalogue_model(hf_model: str) -> str | None:
+    """The catalogue model a serving file's ``model_path`` runs: :data:`MODELS` for the file's own,
+    else its name without the organisation, the checkpoint suffixes (:data:`CHECKPOINT_SUFFIX`,
+    as often as they repeat) and Meta's ``meta-`` prefix, read through :data:`SAME_ARCHITECTURE`;
+    None when that is not in the catalogue (the row is then listed as a model it cannot read)."""
+    if hf_model in MODELS:
+        return MODELS[hf_model]
+    name = hf_model.split("/")[-1].lower()
+    while (shorter := CHECKPOINT_SUFFIX.sub("", name)) != name:
+        name = shorter
+    name = name.removeprefix("meta-")
+    name = SAME_ARCHITECTURE.get(name, name)
+    return name if (model_configs_dir() / f"{name}.json").is_file() else None
+
+
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
 MEASURED_ON = re.compile(r"measured=([^;]*)")
@@ -258,11 +289,11 @@ class ServingFile:
 def alias_duplicates(raw: pd.DataFrame) -> np.ndarray:
     """Per row of ``raw`` (exact repeats already dropped), whether it repeats an earlier row in
     every column but ``id``, ``silicon_data_source`` and ``model_path``, with a model of the same
-    architecture (:data:`MODELS`; a model not in the catalogue is only itself) and the same
+    architecture (:func:`catalogue_model`; a model not in the catalogue is only itself) and the same
     ``measured=`` day in its source (one dump keeps the time of day, the other truncates it to
     midnight): one measurement filed under two names, kept once (the first)."""
     key = raw.drop(columns=[*KEY_EXCLUDED, "model_path"])
-    key["architecture"] = raw["model_path"].map(lambda name: MODELS.get(name, name))
+    key["architecture"] = raw["model_path"].map(lambda name: catalogue_model(name) or name)
     key["measured_on"] = raw["silicon_data_source"].map(lambda source: measured_day(source) or source)
     return key.duplicated(keep="first").to_numpy()
 
@@ -325,7 +356,7 @@ def _serving_row(line: int, row: pd.Series, campaigns: dict[tuple[str, str], str
     assert match is not None
     disaggregated = str(row["mode"]) == "disagg"
     return ServingRow(
-        row=line, engine=ENGINES[str(row["backend"])], model=MODELS[str(row["model_path"])],
+        row=line, engine=ENGINES[str(row["backend"])], model=str(catalogue_model(str(row["model_path"]))),
         hf_model=str(row["model_path"]), gpu=str(row["system"]), tp=_degree(row, "tp_size"),
         precision=precision_of(row),
         isl=int(_number(row["isl"])), osl=int(_number(row["osl"])), concurrency=int(match.group(1)),
@@ -416,7 +447,7 @@ def _reason(raw: pd.Series) -> str | None:
         return f"GPU system {raw['system']} has no profile"
     if precision_of(raw) == "fp4" and str(raw["system"]) not in FP4_SYSTEMS:
         return f"fp4 on {raw['system']} (no FP4 GEMMs)"
-    if str(raw["model_path"]) not in MODELS:
+    if catalogue_model(str(raw["model_path"])) is None:
         return f"model {raw['model_path']} not in the catalogue"
     if not CONCURRENCY.search(str(raw["silicon_data_source"])):
         return "no client concurrency recorded"

@@ -14,7 +14,7 @@ import pytest
 
 from servesim.calibration.engine_fit import loss, weighted_mean
 from servesim.calibration.replay import TRACE_FRONTEND_S, ZERO_CPU, Coefficients, simulate_document
-from servesim.calibration.serving_data import ServingRow, read_serving_file
+from servesim.calibration.serving_data import ServingRow, catalogue_model, read_serving_file
 from servesim.calibration.serving_validate import fit_serving, round_weights, trace_rows, validate_serving
 from servesim.calibration.stacked_means import StackedMeans
 from servesim.config import validate_document
@@ -530,3 +530,28 @@ def test_sglang_rows_measured_once_the_generator_mixed_chunks_replay_with_them(t
     assert (prompt_steps["prefill_tokens"] + prompt_steps["decode_tokens"] <= 2500).all()
     alone = simulate_document(rows[5].document(2)).steps
     assert (alone[alone["prefill_tokens"] > 0]["num_decodes"] == 0).all()
+
+
+def test_checkpoints_of_catalogue_architectures_are_read_and_a_hybrid_model_replays(tmp_path: Path) -> None:
+    """A serving file names models by checkpoint: a later release, a quantisation or a tuning of
+    an architecture the catalogue has is that architecture (``catalogue_model``); a sparse-attention
+    successor is not. A Qwen3.5 row (linear-attention layers, 512 experts, FP8 on four B200s under
+    SGLang) replays like any other."""
+    assert catalogue_model("Qwen/Qwen3.5-397B-A17B-FP8") == "qwen3.5-397b-a17b"
+    assert catalogue_model("nvidia/Llama-3.3-70B-Instruct-FP8") == "llama-3.1-70b"
+    assert catalogue_model("Qwen/Qwen3-235B-A22B-Thinking-2507") == "qwen3-235b-a22b"
+    assert catalogue_model("nvidia/DeepSeek-R1-0528-FP4-v2") == "deepseek-v3"
+    assert catalogue_model("deepseek-ai/DeepSeek-V3") == "deepseek-v3"  # the file's own table first
+    assert catalogue_model("deepseek-ai/DeepSeek-V3.2") is None
+    assert catalogue_model("zai-org/GLM-5-FP8") is None
+    qwen35 = line("Qwen/Qwen3.5-397B-A17B", 4, 8, 170.0, 9.0, backend="sglang", backend_version="0.5.9",
+                  system="b200_sxm", precision="fp8", gemm_quant_mode="fp8", moe_quant_mode="fp8_block",
+                  moe_tp_size=4, isl=1024, osl=64)
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [qwen35, line("zai-org/GLM-5-FP8", 8, 8, 1, 1)]))
+    assert [r.model for r in data.rows] == ["qwen3.5-397b-a17b"]
+    assert data.skipped_by_reason() == {"model zai-org/GLM-5-FP8 not in the catalogue": 1}
+    traced = trace_rows(data.rows, warmup=1, measured=1)[0]
+    assert traced.problem is None
+    ttft, tpot = traced.measurement(1).predicted(Coefficients())
+    # decode of 8 sequences: the experts hit (about 8 x 10 of 512) read once per layer, so a few ms
+    assert 2e-3 < float(tpot[0]) < 30e-3 and 0.02 < float(ttft[0]) < 2.0
