@@ -121,9 +121,11 @@ ALIAS = "repeats an earlier row's measurement under another name of the same arc
 PRECISIONS = {"bf16": {"weights": "bf16", "activations": "bf16"},
               "fp8": {"weights": "fp8", "activations": "fp8"},
               "fp4": {"weights": "nvfp4", "activations": "nvfp4"},
-              "int4": {"weights": "int4", "activations": "bf16"}}
+              "int4": {"weights": "int4", "activations": "bf16"},
+              "mxfp4": {"weights": "bf16", "activations": "bf16", "expert_weights": "mxfp4"}}
 """A row's precision -> servesim's weights and activations: fp8 and nvfp4 GEMMs quantise both
-(W8A8, W4A4); ``int4_wo`` is weight-only."""
+(W8A8, W4A4); ``int4_wo`` is weight-only; ``mxfp4`` experts (gpt-oss's checkpoint: ``w4a16_mxfp4``)
+beside 16-bit attention and dense layers, as the checkpoint ships them."""
 
 
 @dataclass(frozen=True)
@@ -422,10 +424,12 @@ def _group(raw: pd.Series, role: str) -> tuple[int, int, int, int] | None:
 
 
 def precision_of(raw: pd.Series) -> str:
-    """bf16, fp8, fp4 or int4, from the precision and quantisation columns (and an FP8/NVFP4
+    """bf16, fp8, fp4, int4 or mxfp4, from the precision and quantisation columns (and an FP8/NVFP4
     checkpoint's name when the columns are empty)."""
     quant = " ".join(str(raw.get(c, "")).lower() for c in ("precision", "gemm_quant_mode", "moe_quant_mode"))
     name = str(raw.get("model_path", "")).lower()
+    if "mxfp4" in quant:
+        return "mxfp4"
     if "fp4" in quant or "nvfp4" in name:
         return "fp4"
     if "int4" in quant:

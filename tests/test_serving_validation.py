@@ -555,3 +555,16 @@ def test_checkpoints_of_catalogue_architectures_are_read_and_a_hybrid_model_repl
     ttft, tpot = traced.measurement(1).predicted(Coefficients())
     # decode of 8 sequences: the experts hit (about 8 x 10 of 512) read once per layer, so a few ms
     assert 2e-3 < float(tpot[0]) < 30e-3 and 0.02 < float(ttft[0]) < 2.0
+
+
+def test_mxfp4_experts_replay_beside_sixteen_bit_layers_on_any_gpu(tmp_path: Path) -> None:
+    """gpt-oss ships MXFP4 experts and 16-bit attention: a row whose MoE mode is ``w4a16_mxfp4``
+    deploys exactly that (W4A16 experts run on Hopper too), not NVFP4 everywhere (which an H100
+    row would be refused for)."""
+    row = line("openai/gpt-oss-120b", 1, 16, 100.0, 5.0, backend="vllm", backend_version="0.19.0",
+               precision="", gemm_quant_mode="bf16", moe_quant_mode="w4a16_mxfp4", moe_tp_size=1)
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [row]))
+    assert [(r.model, r.precision) for r in data.rows] == [("gpt-oss-120b", "mxfp4")]
+    assert data.rows[0].document(1)["precision"] == {"weights": "bf16", "activations": "bf16",
+                                                     "expert_weights": "mxfp4", "kv_cache": "bf16"}
+    assert trace_rows(data.rows, warmup=1, measured=1)[0].problem is None
