@@ -88,7 +88,7 @@ SAME_ARCHITECTURE = {
 """Normalised checkpoint names -> the catalogue model of the same architecture (a later release
 or a fine-tune with the shapes of one already in the catalogue: Llama 3.3 70B is Llama 3.1 70B's,
 DeepSeek-R1 and V3.1 are V3's, MiniMax-M2 and M2.1 are M2.5's, GLM-4.5 and 4.6 are 4.7's).
-DeepSeek-V3.2 and GLM-5 are not: their sparse attention is another architecture."""
+DeepSeek-V3.2 and GLM-5 are their own (sparse attention) entries."""
 CHECKPOINT_SUFFIX = re.compile(r"-(instruct|it|chat|base|hf|thinking|fp8|fp8-dynamic|fp4|nvfp4|mxfp4|awq|"
                                r"gptq|int4|int8|w4a16|w8a8|w4a8|bf16|\d{4}|fp4-v\d|fp8-v\d)$")
 """What a checkpoint's name adds to its architecture's (tuning, quantisation, a release date)."""

@@ -18,7 +18,7 @@ from typing import Any
 from servesim.errors import ServesimError
 from servesim.inputs.files import file_version, read_json
 from servesim.inputs.hf_hub import find_config, looks_like_hf_id
-from servesim.model_spec import LinearAttentionSpec, MLASpec, ModelSpec, MoESpec
+from servesim.model_spec import LinearAttentionSpec, MLASpec, ModelSpec, MoESpec, SparseAttentionSpec
 from servesim.resources import model_configs_dir
 
 NON_GATED_FAMILIES = frozenset(
@@ -273,6 +273,15 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
                       qk_rope_head_dim=_positive_int(config, ("qk_rope_head_dim",), where),
                       v_head_dim=_positive_int(config, ("v_head_dim",), where))
 
+    sparse = None
+    if config.get("index_topk") is not None:
+        if mla is None:
+            raise ServesimError(f"{where}: index_topk", "sparse attention (DSA) is modelled over MLA only",
+                                "give the MLA keys (kv_lora_rank, ...) or drop index_topk")
+        sparse = SparseAttentionSpec(index_heads=_positive_int(config, ("index_n_heads",), where),
+                                     index_head_dim=_positive_int(config, ("index_head_dim",), where),
+                                     top_k=_positive_int(config, ("index_topk",), where))
+
     window = _sliding_window(config, max_context, where)
     kinds = _layer_types(config, layers, window, where)
     chunk = (_optional_int(config, "attention_chunk_size", where, minimum=1)
@@ -316,7 +325,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         norms_per_layer=4 if model_type in SANDWICH_NORM_FAMILIES else 2, expert_bias=gpt_oss,
         mtp_layers=_optional_int(config, "num_nextn_predict_layers", where)
         or _optional_int(config, "mtp_num_hidden_layers", where) or 0,
-        linear_attention=linear, attention_output_gate=output_gate,
+        linear_attention=linear, attention_output_gate=output_gate, sparse_attention=sparse,
     )
 
 

@@ -65,6 +65,25 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class SparseAttentionSpec:
+    """DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5): a lightning indexer scores every
+    earlier token with ``index_heads`` small heads of ``index_head_dim`` over its own cached key
+    (one ``index_head_dim`` vector per token and layer), and the MLA attention then reads only the
+    ``top_k`` best tokens. Its weights (``wq_b`` from the query latent, ``wk``, the per-head
+    weights and the key's LayerNorm) are replicated on every TP rank, as vLLM runs them."""
+
+    index_heads: int
+    index_head_dim: int
+    top_k: int
+
+    def params_per_layer(self, hidden: int, q_lora_rank: int | None) -> int:
+        query_in = q_lora_rank or hidden
+        width = self.index_heads * self.index_head_dim
+        return query_in * width + hidden * self.index_head_dim + 2 * self.index_head_dim \
+            + hidden * self.index_heads
+
+
+@dataclass(frozen=True)
 class LinearAttentionSpec:
     """Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5: ``linear_*`` keys of config.json).
 
@@ -164,6 +183,8 @@ class ModelSpec:
     mtp_layers: int = 0
     """Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``), used
     only by speculative decoding with ``method: mtp``."""
+    sparse_attention: SparseAttentionSpec | None = None
+    """DSA's indexer and top-k (an MLA model's every layer; :class:`SparseAttentionSpec`)."""
     linear_attention: LinearAttentionSpec | None = None
     """The Gated DeltaNet layers' shape (the layers ``layer_types`` marks ``linear_attention``)."""
     attention_output_gate: bool = False
@@ -286,7 +307,8 @@ class ModelSpec:
             kv_up = m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim)
             kv = h * m.cache_width + m.kv_lora_rank + kv_up
             o = nh * m.v_head_dim * h
-            return q + kv + o
+            indexer = self.sparse_attention.params_per_layer(h, m.q_lora_rank) if self.sparse_attention else 0
+            return q + kv + o + indexer
         qkv_width = (nh * (2 if self.attention_output_gate else 1) + 2 * self.num_kv_heads) * self.head_dim
         bias = qkv_width if self.attention_bias else 0
         extras = (h if self.attention_output_bias else 0) + (nh if self.attention_sinks else 0) \
@@ -370,13 +392,14 @@ class ModelSpec:
 
     @cached_property
     def mla_down_params(self) -> int:
-        """MLA's down-projections ``q_a`` and ``kv_a`` with their latent norms: replicated on
-        every TP rank, as vLLM shards them."""
+        """MLA's down-projections ``q_a`` and ``kv_a`` with their latent norms, and DSA's indexer:
+        replicated on every TP rank, as vLLM shards them."""
         if self.mla is None:
             return 0
         m, h = self.mla, self.hidden_size
         q_down = h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
-        return self.num_layers * (q_down + h * m.cache_width + m.kv_lora_rank)
+        indexer = self.sparse_attention.params_per_layer(h, m.q_lora_rank) if self.sparse_attention else 0
+        return self.num_layers * (q_down + h * m.cache_width + m.kv_lora_rank + indexer)
 
     def weight_bytes(self, dtype: DType | str = DType.BF16, group_size: int = 128,
                      tp: int = 1, expert_dtype: DType | str | None = None) -> float:
@@ -429,12 +452,21 @@ class ModelSpec:
             return self.mla.cache_width
         return 2 * max(1, self.num_kv_heads // tp) * self.head_dim
 
+    @property
+    def index_cache_bytes_per_token_per_layer(self) -> float:
+        """DSA's indexer key of one token in one layer: ``index_head_dim`` FP8 values and one fp32
+        scale, whatever the KV cache's dtype (vLLM's layout); 0 without DSA."""
+        if self.sparse_attention is None:
+            return 0.0
+        return self.sparse_attention.index_head_dim * 1.0 + 4.0
+
     def kv_bytes_per_token(self, dtype: DType | str = DType.BF16, tp: int = 1,
                            group_size: int = 128) -> float:
         """KV-cache bytes one token occupies on one GPU (all layers)."""
         dtype = DType.parse(dtype, "precision.kv_cache")
         per_layer = self.kv_elements_per_token_per_layer(tp)
-        return per_layer * self.kv_layers * dtype.bytes_per_element(group_size)
+        return (per_layer * dtype.bytes_per_element(group_size)
+                + self.index_cache_bytes_per_token_per_layer) * self.kv_layers
 
     # ----------------------------------------------------------------- FLOPs
     @property
@@ -448,6 +480,11 @@ class ModelSpec:
         ``2 * matmul params + attention FLOPs per context token * keys attended``, summed over the
         layers (a sliding layer sees at most its window, a chunked layer its chunk so far)."""
         keys = 0
+        if self.sparse_attention is not None:  # MLA over the top-k, the indexer over every key
+            dsa = self.sparse_attention
+            index = 2 * dsa.index_heads * dsa.index_head_dim * (context + 1) * self.num_layers
+            return 2.0 * self.matmul_params_per_token + self.attention_flops_per_context_token \
+                * min(context + 1, dsa.top_k) * self.num_layers + index
         for kind, layers in self.layer_counts().items():
             if kind == "full_attention":
                 keys += layers * (context + 1)

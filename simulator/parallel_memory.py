@@ -92,8 +92,9 @@ def stage_activation_bytes(model: ModelSpec, p: Parallelism, stage: StageLayers,
 
 def stage_kv_bytes_per_token(model: ModelSpec, p: Parallelism, precision: Precision,
                              stage: StageLayers) -> float:
-    per_layer = model.kv_elements_per_token_per_layer(p.tp)
-    return per_layer * model.kv_layers_in(stage.start, stage.stop) * precision.kv_bytes
+    per_layer = model.kv_elements_per_token_per_layer(p.tp) * precision.kv_bytes \
+        + model.index_cache_bytes_per_token_per_layer
+    return per_layer * model.kv_layers_in(stage.start, stage.stop)
 
 
 def plan_stages(model: ModelSpec, hardware: HardwareProfile, p: Parallelism, precision: Precision,

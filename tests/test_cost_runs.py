@@ -36,6 +36,7 @@ DEPLOYMENTS = [
     ("llama-4-scout", "h100-sxm-80gb", 4, "vllm"),  # chunked attention, MoE
     ("deepseek-v3", "h200-sxm-141gb", 8, "sglang"),  # MLA (absorbed decode), MoE, TP 8
     ("qwen3-next-80b-a3b", "h200-sxm-141gb", 2, "vllm"),  # linear-attention layers in the token part
+    ("deepseek-v3.2", "h200-sxm-141gb", 8, "vllm"),  # DSA: MLA over the top-k and the FP8 indexer
 ]
 
 

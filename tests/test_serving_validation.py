@@ -534,22 +534,24 @@ def test_sglang_rows_measured_once_the_generator_mixed_chunks_replay_with_them(t
 
 def test_checkpoints_of_catalogue_architectures_are_read_and_a_hybrid_model_replays(tmp_path: Path) -> None:
     """A serving file names models by checkpoint: a later release, a quantisation or a tuning of
-    an architecture the catalogue has is that architecture (``catalogue_model``); a sparse-attention
-    successor is not. A Qwen3.5 row (linear-attention layers, 512 experts, FP8 on four B200s under
-    SGLang) replays like any other."""
+    an architecture the catalogue has is that architecture (``catalogue_model``); a model of another
+    architecture is its own entry or none. A Qwen3.5 row (linear-attention layers, 512 experts, FP8
+    on four B200s under SGLang) replays like any other."""
     assert catalogue_model("Qwen/Qwen3.5-397B-A17B-FP8") == "qwen3.5-397b-a17b"
     assert catalogue_model("nvidia/Llama-3.3-70B-Instruct-FP8") == "llama-3.1-70b"
     assert catalogue_model("Qwen/Qwen3-235B-A22B-Thinking-2507") == "qwen3-235b-a22b"
     assert catalogue_model("nvidia/DeepSeek-R1-0528-FP4-v2") == "deepseek-v3"
     assert catalogue_model("deepseek-ai/DeepSeek-V3") == "deepseek-v3"  # the file's own table first
-    assert catalogue_model("deepseek-ai/DeepSeek-V3.2") is None
-    assert catalogue_model("zai-org/GLM-5-FP8") is None
+    assert catalogue_model("deepseek-ai/DeepSeek-V3.2") == "deepseek-v3.2"  # sparse attention: its own
+    assert catalogue_model("zai-org/GLM-5-FP8") == "glm-5"
+    assert catalogue_model("nvidia/NVIDIA-Nemotron-Nano-9B-v2") is None  # Mamba layers: not modelled
     qwen35 = line("Qwen/Qwen3.5-397B-A17B", 4, 8, 170.0, 9.0, backend="sglang", backend_version="0.5.9",
                   system="b200_sxm", precision="fp8", gemm_quant_mode="fp8", moe_quant_mode="fp8_block",
                   moe_tp_size=4, isl=1024, osl=64)
-    data = read_serving_file(write_lines(tmp_path / "s.csv", [qwen35, line("zai-org/GLM-5-FP8", 8, 8, 1, 1)]))
+    nemotron = line("nvidia/NVIDIA-Nemotron-Nano-9B-v2", 8, 8, 1, 1)
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [qwen35, nemotron]))
     assert [r.model for r in data.rows] == ["qwen3.5-397b-a17b"]
-    assert data.skipped_by_reason() == {"model zai-org/GLM-5-FP8 not in the catalogue": 1}
+    assert data.skipped_by_reason() == {"model nvidia/NVIDIA-Nemotron-Nano-9B-v2 not in the catalogue": 1}
     traced = trace_rows(data.rows, warmup=1, measured=1)[0]
     assert traced.problem is None
     ttft, tpot = traced.measurement(1).predicted(Coefficients())

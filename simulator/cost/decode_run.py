@@ -71,7 +71,7 @@ class _Kind:
     io_bytes: float
     """``n * (q_width + o_width) * ATTENTION_IO_BYTES``: Q read and O written, per layer."""
     compute_peak: float
-    """``peak_flops * compute_efficiency(n)``."""
+    """``peak * compute_efficiency(n)`` (the kind's peak: DSA's indexer computes in FP8)."""
     memory_peak: float | None
     """``bandwidth * memory_efficiency(n)`` when the memory curve reads tokens (None: it reads
     each step's bytes)."""
@@ -85,7 +85,7 @@ class DecodeRunPricer:
     def __init__(self, n: int, part_totals: tuple[float, float, float, float, float, float, float,
                                                     float, float, float, float],
                  attention: list[tuple[AttentionShape, int]], hardware: HardwareProfile,
-                 peak_flops: float, kv_bytes: float, step_overhead_s: float,
+                 peak_flops: list[float], kv_bytes: float, step_overhead_s: float,
                  engine: tuple[EngineRuntime, float, float, float | None] | None,
                  budget: MemoBudget) -> None:
         """``part_totals``: the memoised token part's (total, compute, memory, overhead, flops,
@@ -104,13 +104,13 @@ class DecodeRunPricer:
         self._tile = eff.key_tile
         self._bandwidth = hardware.memory.bandwidth_Bps
         kinds = []
-        for shape, layers in attention:
+        for (shape, layers), peak in zip(attention, peak_flops, strict=True):
             memory_peak = None
             if eff.memory.axis != "bytes":
                 memory_peak = hardware.memory.bandwidth_Bps * eff.memory.at(self._n)
             kinds.append(_Kind(shape, eff, layers,
                                self._n * (shape.decode_q_width + shape.decode_o_width) * ATTENTION_IO_BYTES,
-                               peak_flops * eff.compute.at(self._n), memory_peak, eff.fixed_s * layers))
+                               peak * eff.compute.at(self._n), memory_peak, eff.fixed_s * layers))
         self._kinds = tuple(kinds)
         self._scalars = tuple((kind.shape.decode_flops_per_key, kind.shape.cache_elements_per_token,
                                kind.io_bytes, kind.compute_peak, kind.memory_peak, kind.eff.memory.at,

@@ -364,6 +364,10 @@ class CostModel:
         self._weight_bytes = self.precision.weight_bytes
         self.attention = self._attention_shape()
         self._attention_groups = self._attention_kinds(counts)
+        self._kind_peaks = [self.bf16_peak] * len(self._attention_groups)
+        """The peak each attention kind computes at: 16-bit, but DSA's indexer runs in FP8."""
+        if model.sparse_attention is not None and self._attention_groups and DType.FP8 in hardware.peak_flops:
+            self._kind_peaks[-1] = hardware.peak(DType.FP8)
         self._attn_gemms = self._attention_projection_shapes()
         self._experts = self._expert_layer()
         self._gemm_formats = tuple(
@@ -406,6 +410,11 @@ class CostModel:
         m = self.model
         kinds = [kind for kind in ("full_attention", "sliding_attention", "chunked_attention")
                  if counts.get(kind)]
+        if m.sparse_attention is not None:
+            # DSA: MLA reads at most the indexer's top-k keys per query (a window's count, though
+            # chosen from the whole context, which stays cached), and the indexer scores every key
+            return [(replace(self.attention, window=m.sparse_attention.top_k), self._layers),
+                    (self._indexer_shape(), self._layers)] if self._layers else []
         if not m.layer_types:
             return [(self.attention, self._layers)] if self._layers else []
         groups = []
@@ -419,6 +428,27 @@ class CostModel:
                 shape = replace(shape, window=None)
             groups.append((shape, counts[kind]))
         return groups
+
+    def _indexer_shape(self) -> AttentionShape:
+        """DSA's lightning indexer as an attention kind: every GPU scores all ``index_heads`` (its
+        weights are replicated) against each cached index key, one ``index_head_dim`` dot product
+        per head and key (no value product; the per-head weights and the top-k are a small
+        reduction over the scores); it reads its own cache of one key per token. Priced by the
+        profile's attention classes at the FP8 peak (DeepGEMM's FP8 logits kernels; no indexer
+        kernel has been measured: an estimate)."""
+        m = self.model
+        dsa = m.sparse_attention
+        assert dsa is not None
+        width = dsa.index_heads * dsa.index_head_dim
+        per_key = 2 * width
+        # the kernels price a key at the cache's bytes per element: this many "elements" make the
+        # FP8 key and its scale (ModelSpec.index_cache_bytes_per_token_per_layer)
+        elements = m.index_cache_bytes_per_token_per_layer / self._kv_bytes
+        return AttentionShape(heads=dsa.index_heads, q_head_dim=dsa.index_head_dim, v_head_dim=0,
+                              cache_elements_per_token=elements,  # type: ignore[arg-type]
+                              prefill_kv_elements_per_token=elements,  # type: ignore[arg-type]
+                              prefill_flops_per_pair=per_key, decode_flops_per_key=per_key,
+                              decode_q_width=width, decode_o_width=dsa.index_heads, window=None)
 
     def _expert_layer(self) -> ExpertLayer | None:
         """The routed experts' layout when it differs from TP-sharding every expert on one group."""
@@ -438,6 +468,7 @@ class CostModel:
         cache = m.kv_elements_per_token_per_layer(tp)
         per_pair = 2 * heads * (m.q_head_dim + m.v_head_dim)
         if m.mla is not None:
+            cache = m.mla.cache_width  # what MLA's kernels read (DSA's indexer keys are its own kind's)
             latent, rope = m.mla.kv_lora_rank, m.mla.qk_rope_head_dim
             return AttentionShape(
                 heads=heads, q_head_dim=m.q_head_dim, v_head_dim=m.v_head_dim,
@@ -468,6 +499,10 @@ class CostModel:
             shapes = [(h, a.q_lora_rank + a.cache_width), (a.q_lora_rank, q_width)]
         else:
             shapes = [(h, q_width), (h, a.cache_width)]
+        dsa = m.sparse_attention
+        if dsa is not None:  # the indexer's query (from the query latent), its key and head weights
+            shapes += [(a.q_lora_rank or h, dsa.index_heads * dsa.index_head_dim),
+                       (h, dsa.index_head_dim + dsa.index_heads)]
         return [*shapes, (a.kv_lora_rank, self._mla_kv_up_width)]
 
     @property
@@ -631,7 +666,7 @@ class CostModel:
         ops = []
         chunk = self._one_chunk_ops(batch) if batch.num_prefills == 1 else None
         for kind, (shape, count) in enumerate(self._attention_groups):
-            args = (self.hardware, self.bf16_peak, self._kv_bytes, count)
+            args = (self.hardware, self._kind_peaks[kind], self._kv_bytes, count)
             if batch.num_prefills:
                 ops.append(prefill_attention(batch, shape, *args) if chunk is None else chunk[kind])
             if batch.num_decodes:
@@ -652,11 +687,11 @@ class CostModel:
         hardware = self.hardware
         keys = decode_keys(batch, shape, self._decode_tile)
         if keys is None:
-            return decode_attention(batch, shape, hardware, self.bf16_peak, self._kv_bytes, layers)
+            return decode_attention(batch, shape, hardware, self._kind_peaks[kind], self._kv_bytes, layers)
         key = (kind, batch.num_decodes, keys)
         op = self._decode_ops.get(key)
         if op is None:
-            op = decode_attention_of(float(batch.num_decodes), keys, shape, hardware, self.bf16_peak,
+            op = decode_attention_of(float(batch.num_decodes), keys, shape, hardware, self._kind_peaks[kind],
                                      self._kv_bytes, layers)
             if len(self._decode_ops) < DECODE_OP_ENTRIES:
                 self._decode_ops[key] = op
@@ -670,8 +705,9 @@ class CostModel:
         key = (int(batch.prefill_tokens[0]), int(batch.prefill_context[0]))
         cached = self._chunk_ops.get(key)
         if cached is None:
-            cached = tuple(prefill_attention(batch, shape, self.hardware, self.bf16_peak, self._kv_bytes,
-                                             count) for shape, count in self._attention_groups)
+            groups = zip(self._attention_groups, self._kind_peaks, strict=True)
+            cached = tuple(prefill_attention(batch, shape, self.hardware, peak, self._kv_bytes, count)
+                           for (shape, count), peak in groups)
             if len(self._chunk_ops) < CHUNK_MEMO_ENTRIES:
                 self._chunk_ops[key] = cached
         return cached
@@ -812,7 +848,7 @@ class CostModel:
         totals = (part.total_s, part.compute_s, part.memory_s, part.overhead_s, part.flops,
                   part.hbm_bytes, part.gemm_s, part.elementwise_s, part.comm_s, part.attn_prefill_s,
                   part.attn_decode_s)
-        return DecodeRunPricer(n, totals, self._attention_groups, self.hardware, self.bf16_peak,
+        return DecodeRunPricer(n, totals, self._attention_groups, self.hardware, self._kind_peaks,
                                self._kv_bytes, self._step_overhead_s, host, self._run_memo)
 
     def _token_ops(self, tokens: float, logits: float) -> list[OpCost]:
