@@ -84,9 +84,11 @@ SAME_ARCHITECTURE = {
     "deepseek-v3-0324": "deepseek-v3", "deepseek-r1-0528": "deepseek-v3", "kimi-k2.5": "kimi-k2",
     "minimax-m2": "minimax-m2.5", "minimax-m2.1": "minimax-m2.5",
     "llama-4-maverick-17b-128e": "llama-4-maverick", "llama-4-scout-17b-16e": "llama-4-scout",
-    "glm-4.5": "glm-4.7", "glm-4.6": "glm-4.7"}
+    "glm-4.5": "glm-4.7", "glm-4.6": "glm-4.7", "deepseek-v3.1-terminus": "deepseek-v3",
+    "deepseek-v3.2-exp": "deepseek-v3.2", "glm-5.1": "glm-5", "qwen3-vl-235b-a22b": "qwen3-235b-a22b"}
 """Normalised checkpoint names -> the catalogue model of the same architecture (a later release
-or a fine-tune with the shapes of one already in the catalogue: Llama 3.3 70B is Llama 3.1 70B's,
+or a fine-tune with the shapes of one already in the catalogue, or a vision model read for its
+language model: Llama 3.3 70B is Llama 3.1 70B's, Qwen3-VL-235B's is Qwen3-235B's,
 DeepSeek-R1 and V3.1 are V3's, MiniMax-M2 and M2.1 are M2.5's, GLM-4.5 and 4.6 are 4.7's).
 DeepSeek-V3.2 and GLM-5 are their own (sparse attention) entries."""
 CHECKPOINT_SUFFIX = re.compile(r"-(instruct|it|chat|base|hf|thinking|fp8|fp8-dynamic|fp4|nvfp4|mxfp4|awq|"

@@ -52,7 +52,9 @@ def reference_columns(ops: tuple[OpCost, ...]) -> _OpColumns:
                       tuple(op.side_s for op in ops), tuple(op.fixed_s for op in ops),
                       tuple(op.flops for op in ops), tuple(op.bytes for op in ops),
                       tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "gemm"),
-                      tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "elementwise"))
+                      tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "elementwise"),
+                      tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "attn_prefill"),
+                      tuple(op.time_s for op in ops if OP_CLASS_OF[op.name] == "attn_decode"))
 
 
 def assert_same_columns(fast: _OpColumns, reference: _OpColumns) -> None:
@@ -75,9 +77,9 @@ def test_op_columns_are_the_operator_properties(deployment: tuple[str, str, int,
     for tokens in (1, 2, 7, 64, 333, 2048, 8191):
         ops = tuple(cost._body_ops(float(tokens)))
         assert_same_columns(_OpColumns.of(ops), reference_columns(ops))
-        head = cost._head_op(float(tokens))
-        if head is not None:
-            assert_same_columns(_OpColumns.of((head,)), reference_columns((head,)))
+        head = tuple(cost._logits_ops(float(tokens)))  # a hybrid model's state traffic, the LM head
+        if head:
+            assert_same_columns(_OpColumns.of(head), reference_columns(head))
 
 
 def test_op_columns_of_quantised_gemms_keep_their_side_kernels() -> None:
@@ -225,7 +227,8 @@ def test_remembered_decode_kernels_are_the_kernels_priced_afresh(
         deployment: tuple[str, str, int, str]) -> None:
     """Mixed steps' decodes over contexts that repeat (so their key counts do), alone or beside a
     chunk, plain or verifying proposals: each kernel ``_batch_ops`` gives, remembered or not, is
-    the one ``decode_attention`` prices directly (KV tiles, windows, chunked attention, MLA)."""
+    the one ``decode_attention`` prices directly (KV tiles, windows, chunked attention, MLA, DSA's
+    indexer at its FP8 peak)."""
     cost = cost_model(*deployment)
     rng = np.random.default_rng(11)
     pool = [rng.integers(0, 20_000, int(size)).tolist() for size in rng.integers(1, 40, 12)]
@@ -234,8 +237,8 @@ def test_remembered_decode_kernels_are_the_kernels_priced_afresh(
         verified = [1 + int(rng.integers(0, 4)) for _ in decodes] if round_ % 7 == 6 else None
         batch = BatchShape.build(prefill_tokens=[int(rng.integers(1, 3000))] if round_ % 2 else [],
                                  decode_context=decodes, decode_tokens=verified)
-        direct = [decode_attention(batch, shape, cost.hardware, cost.bf16_peak, cost._kv_bytes, layers)
-                  for shape, layers in cost._attention_groups]
+        direct = [decode_attention(batch, shape, cost.hardware, peak, cost._kv_bytes, layers)
+                  for (shape, layers), peak in zip(cost._attention_groups, cost._kind_peaks, strict=True)]
         priced = [op for op in cost._batch_ops(batch) if op.name == "attn_decode"]
         assert priced == direct, (deployment, round_)
     assert len(cost._decode_ops) < 120 * len(cost._attention_groups)  # some were remembered

@@ -75,7 +75,9 @@ def reference_part(cost: CostModel, tokens: int, logits: int) -> tuple[object, .
             sum(op.fixed_s for op in ops) + step_s, sum(op.flops for op in ops),
             sum(op.bytes for op in ops),
             sum(op.time_s for op in ops if OP_CLASS_OF[op.name] == "gemm"),
-            sum(op.time_s for op in ops if OP_CLASS_OF[op.name] == "elementwise"))
+            sum(op.time_s for op in ops if OP_CLASS_OF[op.name] == "elementwise"),
+            sum(op.time_s for op in ops if OP_CLASS_OF[op.name] == "attn_prefill"),
+            sum(op.time_s for op in ops if OP_CLASS_OF[op.name] == "attn_decode"))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -139,8 +141,8 @@ def test_remembered_chunk_kernels_are_the_kernels_priced_afresh(name: str) -> No
         batch = BatchShape.build(prefill_tokens=[new], prefill_context=[context],
                                  decode_context=decodes, prefill_emits=[bool(rng.integers(2))])
         direct = []
-        for shape, layers in cost._attention_groups:
-            args = (shape, cost.hardware, cost.bf16_peak, cost._kv_bytes, layers)
+        for (shape, layers), peak in zip(cost._attention_groups, cost._kind_peaks, strict=True):
+            args = (shape, cost.hardware, peak, cost._kv_bytes, layers)
             direct.append(prefill_attention(batch, *args))
             if decodes:
                 direct.append(decode_attention(batch, *args))
