@@ -468,7 +468,6 @@ class CostModel:
         cache = m.kv_elements_per_token_per_layer(tp)
         per_pair = 2 * heads * (m.q_head_dim + m.v_head_dim)
         if m.mla is not None:
-            cache = m.mla.cache_width  # what MLA's kernels read (DSA's indexer keys are its own kind's)
             latent, rope = m.mla.kv_lora_rank, m.mla.qk_rope_head_dim
             return AttentionShape(
                 heads=heads, q_head_dim=m.q_head_dim, v_head_dim=m.v_head_dim,
