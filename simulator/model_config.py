@@ -222,6 +222,21 @@ def _layer_types(config: dict[str, Any], layers: int, window: int | None, where:
     return () if all(kind == uniform for kind in kinds) else tuple(kinds)
 
 
+SSM_STATE_BYTES = {"float32": 4.0, "fp32": 4.0, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0}
+FP32_STATE_FAMILIES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"})
+"""Families whose transformers config class defaults ``mamba_ssm_dtype`` to float32 (Qwen3.5)."""
+
+
+def _ssm_state_bytes(config: dict[str, Any], model_type: str, where: str) -> float:
+    """Bytes per element of a linear-attention layer's state: ``mamba_ssm_dtype`` (its family's
+    default where the config.json leaves it out: float32 for Qwen3.5), else 16-bit."""
+    value = config.get("mamba_ssm_dtype") or ("float32" if model_type in FP32_STATE_FAMILIES else "bfloat16")
+    if str(value).lower() not in SSM_STATE_BYTES:
+        raise ServesimError(f"{where}: mamba_ssm_dtype", f"{value!r} is not a state dtype",
+                            f"use one of {', '.join(SSM_STATE_BYTES)}")
+    return SSM_STATE_BYTES[str(value).lower()]
+
+
 def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model") -> ModelSpec:
     """Build a :class:`ModelSpec` from the dict of a Hugging Face ``config.json`` (a multimodal
     config is read for its language model, ``text_config``)."""
@@ -302,7 +317,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
             num_value_heads=_positive_int(config, ("linear_num_value_heads",), where),
             key_head_dim=_positive_int(config, ("linear_key_head_dim",), where),
             value_head_dim=_positive_int(config, ("linear_value_head_dim",), where),
-            conv_kernel=_positive_int(config, ("linear_conv_kernel_dim",), where, 4))
+            conv_kernel=_positive_int(config, ("linear_conv_kernel_dim",), where, 4),
+            ssm_state_bytes=_ssm_state_bytes(config, model_type, where))
         if linear.num_value_heads % linear.num_key_heads:
             raise ServesimError(f"{where}: linear_num_value_heads",
                                 f"{linear.num_value_heads} is not a multiple of linear_num_key_heads="

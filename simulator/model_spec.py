@@ -64,6 +64,10 @@ class MLASpec:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
+CONV_STATE_BYTES = 2.0
+"""A linear-attention layer's conv window is kept in the model's 16-bit dtype."""
+
+
 @dataclass(frozen=True)
 class SparseAttentionSpec:
     """DeepSeek sparse attention (DSA: DeepSeek-V3.2, GLM-5): a lightning indexer scores every
@@ -99,6 +103,11 @@ class LinearAttentionSpec:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    ssm_state_bytes: float = 2.0
+    """Bytes per element of the delta rule's state matrices: the checkpoint's ``mamba_ssm_dtype``
+    (Qwen3.5's config class says float32, 4 bytes; SGLang's ``--mamba-ssm-dtype`` and vLLM's
+    ``--mamba-ssm-cache-dtype auto`` follow it), else the model's 16 bits. The conv's window is
+    always 16-bit (:data:`CONV_STATE_BYTES`)."""
 
     @property
     def key_width(self) -> int:
@@ -121,12 +130,13 @@ class LinearAttentionSpec:
         conv = self.conv_width * self.conv_kernel
         return qkvz + ba + conv + 2 * self.num_value_heads + self.value_head_dim + self.value_width * hidden
 
-    def state_elements(self, tp: int = 1) -> int:
+    def state_bytes(self, tp: int = 1) -> float:
         """Recurrent state of one sequence in one layer on one GPU (value heads and conv channels
         split over ``tp``): the delta rule's matrices plus the conv's window."""
         heads = max(1, self.num_value_heads // tp)
         conv = ceil_div(self.conv_width, tp) * (self.conv_kernel - 1)
-        return heads * self.key_head_dim * self.value_head_dim + conv
+        matrices = heads * self.key_head_dim * self.value_head_dim
+        return matrices * self.ssm_state_bytes + conv * CONV_STATE_BYTES
 
     def flops_per_token(self) -> int:
         """The delta rule's arithmetic per token and layer (all heads): decay and read the state
@@ -262,13 +272,12 @@ class ModelSpec:
         stop = self.num_layers if stop is None else stop
         return sum(1 for i in range(start, stop) if self.attention_type(i) == "linear_attention")
 
-    def linear_state_bytes(self, tp: int = 1, start: int = 0, stop: int | None = None,
-                           state_bytes: float = 2.0) -> float:
+    def linear_state_bytes(self, tp: int = 1, start: int = 0, stop: int | None = None) -> float:
         """Recurrent state one running sequence holds on one GPU over layers ``[start, stop)``
-        (16-bit by default: vLLM's ``--mamba-ssm-cache-dtype auto`` keeps the model's dtype)."""
+        (:meth:`LinearAttentionSpec.state_bytes`)."""
         if self.linear_attention is None:
             return 0.0
-        return self.linear_layers_in(start, stop) * self.linear_attention.state_elements(tp) * state_bytes
+        return self.linear_layers_in(start, stop) * self.linear_attention.state_bytes(tp)
 
     @cached_property
     def num_dense_layers(self) -> int:

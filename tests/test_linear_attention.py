@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from servesim import BatchShape, CostModel, HardwareProfile, load_hardware, load_model
-from servesim.cost.step_cost import LINEAR_STATE_BYTES
 from servesim.errors import ServesimError
 from servesim.memory import plan_memory
 from servesim.model_config import model_from_hf_config
@@ -41,14 +40,16 @@ def test_qwen35_parameters_by_hand() -> None:
 def test_only_full_attention_layers_cache_kv_and_each_sequence_holds_its_state() -> None:
     """KV per token: 15 layers x K and V x 2 heads x 256 x 2 bytes = 30,720 B; at TP 4 each GPU
     keeps one (replicated) KV head. State per sequence at TP 4: 16 of the 64 value heads, each a
-    128 x 128 matrix, plus a quarter of the conv's 12,288 channels times its 3 remembered inputs,
-    16-bit, in each of the 45 linear layers."""
+    128 x 128 fp32 matrix (Qwen3.5's ``mamba_ssm_dtype``), plus a quarter of the conv's 12,288
+    channels times its 3 remembered inputs in 16 bits, in each of the 45 linear layers. Qwen3-Next
+    names no state dtype: 16-bit matrices."""
     assert QWEN35.kv_bytes_per_token("bf16") == 15 * 2 * 2 * 256 * 2 == 30_720
     assert QWEN35.kv_bytes_per_token("bf16", tp=4) == 15 * 2 * 1 * 256 * 2
-    state = (16 * 128 * 128 + 3072 * 3) * 2 * 45
-    assert state == 24_422_400
+    state = (16 * 128 * 128 * 4 + 3072 * 3 * 2) * 45
+    assert state == 48_015_360
     assert QWEN35.linear_state_bytes(tp=4) == state
     assert QWEN35.linear_state_bytes(tp=4, start=0, stop=4) == state / 45 * 3  # layers 0-2 linear, 3 full
+    assert NEXT.linear_state_bytes(tp=2) == (16 * 128 * 128 * 2 + 4096 * 3 * 2) * 36
     dense = load_model("llama-3-8b")
     assert dense.linear_state_bytes() == 0.0 and dense.kv_layers == 32
 
@@ -65,12 +66,12 @@ def test_the_state_of_the_largest_batch_comes_off_the_kv_pool() -> None:
 
 def test_a_decode_step_reads_and_writes_every_sequences_state(textbook_a100: HardwareProfile) -> None:
     """On the textbook A100 (2.0 TB/s, efficiency 1, no overheads), the linear layers' state
-    traffic of 64 decodes at TP 2 is 45 layers x 64 x 2 (read, write) x 16-bit state elements; the
+    traffic of 64 decodes at TP 2 is 45 layers x 64 x 2 (read, write) x each sequence's state; the
     recurrence's arithmetic is 6 x 128 x 128 FLOPs per value head, 32 heads per GPU, per token."""
     cost = CostModel(QWEN35, textbook_a100, tp=2)
     step = cost.step(BatchShape.decode(64, 1000))
     state = next(op for op in step.ops if op.name == "attn_decode" and op.flops == 0.0
-                 and op.bytes == 45 * 2 * 64 * QWEN35.linear_attention.state_elements(2) * LINEAR_STATE_BYTES)
+                 and op.bytes == 45 * 2 * 64 * (32 * 128 * 128 * 4 + 6144 * 3 * 2))
     assert state.memory_s == pytest.approx(state.bytes / 2.0e12, rel=1e-12)
     recurrence = next(op for op in step.ops if op.name == "attn_prefill")
     assert recurrence.flops == 45 * 64 * 6 * 32 * 128 * 128
@@ -105,3 +106,6 @@ def test_qwen3_next_layer_types_come_from_the_interval_and_tp_must_split_the_lin
            "linear_value_head_dim": 8}
     with pytest.raises(ServesimError, match=r"^m: linear_num_value_heads: 4 is not a multiple of"):
         model_from_hf_config(bad, "x", "m")
+    odd = {**bad, "linear_num_key_heads": 2, "mamba_ssm_dtype": "int3"}
+    with pytest.raises(ServesimError, match=r"^m: mamba_ssm_dtype: 'int3' is not a state dtype; use one of"):
+        model_from_hf_config(odd, "x", "m")

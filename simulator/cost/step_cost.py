@@ -73,9 +73,6 @@ BREAKDOWN_KEYS = ("embedding", "qkv_proj", "attn_prefill", "attn_decode", "o_pro
 IO_BYTES = 2.0
 """Bytes per element of the residual stream, GEMM outputs, elementwise kernels and TP collectives:
 16-bit whatever the GEMM precision (FP8 GEMMs quantise their input on the fly and write bf16)."""
-LINEAR_STATE_BYTES = 2.0
-"""Bytes per element of a linear-attention layer's recurrent state: vLLM's default
-``--mamba-ssm-cache-dtype auto`` keeps the model's 16-bit dtype (``ModelSpec.linear_state_bytes``)."""
 FP32_BYTES = 4.0
 """A QK-norm's sums of squares travel in fp32 (:meth:`CostModel._communication_s`)."""
 
@@ -960,7 +957,7 @@ class CostModel:
         class (an estimate, like the arithmetic)."""
         m = self.model
         assert m.linear_attention is not None
-        nbytes = 2.0 * rows * m.linear_attention.state_elements(self.tp) * LINEAR_STATE_BYTES
+        nbytes = 2.0 * rows * m.linear_attention.state_bytes(self.tp)
         return roofline("attn_decode", 0.0, nbytes, peak_flops=self.bf16_peak, bandwidth=self.bandwidth,
                         eff=self.hardware.efficiency.attention_decode, compute_axis=rows,
                         repeat=self._linear_layers)
