@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from servesim import BatchShape, CostModel, HardwareProfile, load_hardware, load_model
+from servesim.dtypes import Precision
 from servesim.errors import ServesimError
 from servesim.memory import plan_memory
 from servesim.model_config import model_from_hf_config
+from servesim.speculative.proposer import resolve_proposer
+from servesim.speculative.schema import SpeculativeConfig
 
 QWEN35 = load_model("qwen3.5-397b-a17b")
 NEXT = load_model("qwen3-next-80b-a3b")
@@ -109,3 +112,13 @@ def test_qwen3_next_layer_types_come_from_the_interval_and_tp_must_split_the_lin
     odd = {**bad, "linear_num_key_heads": 2, "mamba_ssm_dtype": "int3"}
     with pytest.raises(ServesimError, match=r"^m: mamba_ssm_dtype: 'int3' is not a state dtype; use one of"):
         model_from_hf_config(odd, "x", "m")
+
+
+def test_a_hybrid_models_mtp_layer_attends_fully() -> None:
+    """Qwen3.5's multi-token-prediction layer is a full-attention layer (with the MoE): the
+    proposer's one layer caches 2 x 2 KV heads x 256 x 2 bytes per token, and holds no state."""
+    config = SpeculativeConfig(method="mtp", num_speculative_tokens=1, acceptance={"rate": 0.8})
+    proposer = resolve_proposer(config, QWEN35, load_hardware("b200"), 1, Precision())
+    assert proposer.spec is not None and proposer.spec.linear_attention is None
+    assert proposer.kv_bytes_per_token == 2 * 2 * 256 * 2
+    assert proposer.spec.linear_state_bytes() == 0.0

@@ -74,8 +74,16 @@ def _shared_vocab_bytes(spec: ModelSpec, tp: int, lm_head: bool) -> float:
 
 def _head_layer(target: ModelSpec, name: str, vocab: int) -> ModelSpec:
     """One decoder layer shaped like the target's, with a dense MLP, sampling over ``vocab``."""
-    return replace(target, name=name, num_layers=1, moe=None, vocab_size=vocab,
-                   tie_word_embeddings=False, mtp_layers=0)
+    return _softmax_layer(replace(target, name=name, num_layers=1, moe=None, vocab_size=vocab,
+                                  tie_word_embeddings=False, mtp_layers=0))
+
+
+def _softmax_layer(spec: ModelSpec) -> ModelSpec:
+    """A one-layer head of a hybrid model attends with the target's full (gated) attention, not
+    its linear attention (Qwen3-Next's and Qwen3.5's MTP layer is a full-attention layer)."""
+    if spec.linear_attention is None:
+        return spec
+    return replace(spec, layer_types=(), linear_attention=None)
 
 
 def _head_from_config(path: str, target: ModelSpec, method: str) -> tuple[ModelSpec, int]:
@@ -130,7 +138,7 @@ def resolve_proposer(config: SpeculativeConfig, target: ModelSpec, hardware: Har
                                 "layers (its config has no num_nextn_predict_layers)",
                                 "use eagle3, a draft_model or ngram for this model")
         moe = replace(target.moe, layers=(0,)) if target.moe is not None else None
-        spec = replace(target, name=f"{target.name}-mtp", num_layers=1, moe=moe, mtp_layers=0)
+        spec = _softmax_layer(replace(target, name=f"{target.name}-mtp", num_layers=1, moe=moe, mtp_layers=0))
         fusion = ((2 * h, h),)  # eh_proj over [embedding, hidden]
         shared = _shared_vocab_bytes(spec, tp, lm_head=not spec.tie_word_embeddings)
     else:
