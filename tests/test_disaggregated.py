@@ -299,3 +299,20 @@ def test_cli_runs_quickstart_disaggregated_with_report(tmp_path: Path) -> None:
     again = servesim("run", str(out / "config.resolved.yaml"), "--out", str(tmp_path / "again"), "--quiet")
     assert again.returncode == 0, again.stderr
     assert json.loads((tmp_path / "again" / "summary.json").read_text())["ttft_s"] == summary["ttft_s"]
+
+
+def test_a_hybrid_models_recurrent_state_crosses_the_link_with_its_kv() -> None:
+    """Qwen3-Next: a prompt's KV (12 full-attention layers x 2 x 2 heads x 256 x 2 bytes = 24 KiB
+    per token) plus the request's recurrent state (36 linear layers x (32 x 128 x 128 + 8,192 x 3)
+    x 2 bytes, all shards) cross the link, timed by the link's own formula."""
+    model = load_model("qwen3-next-80b-a3b")
+    state = 36 * (32 * 128 * 128 + 8192 * 3) * 2
+    assert model.linear_state_bytes(1) == state
+    config = experiment({"tp": 4}, model="qwen3-next-80b-a3b",
+                        policy=disaggregated(link={"kind": "ethernet"}))
+    deployment = resolve_topology(config)
+    assert deployment.kv_bytes_per_token == 12 * 2 * 2 * 256 * 2
+    prompt = 1000
+    result = tabulate(run(config, table([0.0], prompt, 8)))
+    transfer = result.summary["disaggregation"]["transfer_s"]["max"]
+    assert transfer == pytest.approx(deployment.link.seconds(prompt * 24_576 + state), rel=1e-12)

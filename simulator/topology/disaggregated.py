@@ -198,7 +198,8 @@ class Disaggregated(Topology):
                                 "aggregated deployments, not disaggregated ones",
                                 "leave it 0 (unset) for this deployment")
         link = KvLink(sim.env, self.link)
-        handoff = Handoff(sim.env, sim.requests, link, self.kv_bytes_per_token, self.decode.runtime.handoff_s)
+        handoff = Handoff(sim.env, sim.requests, link, self.kv_bytes_per_token, self.decode.runtime.handoff_s,
+                          state_bytes=self.model.linear_state_bytes(1))
         prefill = build_group(sim, self.prefill, 0, partial(
             _prefill_state, sim, self.prefill, reject_codes))
         for replica in prefill.replicas:
@@ -326,15 +327,17 @@ class Handoff:
     decisions are the decode router's and the :class:`KvReceiver`'s)."""
 
     def __init__(self, env: simpy.Environment, requests: RequestState, link: KvLink,
-                 kv_bytes_per_token: float, handoff_s: float = 0.0) -> None:
+                 kv_bytes_per_token: float, handoff_s: float = 0.0, state_bytes: float = 0.0) -> None:
         """``handoff_s``: the engine's hand-off latency per request
         (:attr:`~servesim.engines.base.CpuCosts.handoff_s`): a transfer's KV lands on its decode
-        replica this long after its last byte left the link."""
+        replica this long after its last byte left the link. ``state_bytes``: a hybrid model's
+        recurrent state of one request (all shards), which crosses with its KV."""
         self.env = env
         self.requests = requests
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
         self.handoff_s = handoff_s
+        self.state_bytes = state_bytes
         self.prefill: list[ServingUnit] = []
         self.decode: list[ServingUnit] = []
         self.receivers: list[KvReceiver] = []
@@ -365,7 +368,7 @@ class Handoff:
 
     def _transfer(self, request: int) -> Generator[simpy.Event, Any, None]:
         r = self.requests
-        nbytes = float(r.prompt[request]) * self.kv_bytes_per_token
+        nbytes = float(r.prompt[request]) * self.kv_bytes_per_token + self.state_bytes
         start, end = yield from self.link.transfer(nbytes)
         r.transfer_start[request] = start
         source = self.prefill[int(r.replica[request])]
