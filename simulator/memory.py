@@ -16,9 +16,9 @@ Each engine reads its memory fraction (``gpu_memory_utilization`` here) its own 
   are allocated.
 
 What is left holds KV blocks of ``block_size`` tokens, once a hybrid model (Qwen3-Next, Qwen3.5)
-has set aside its linear-attention layers' recurrent state for ``max_num_seqs`` sequences (fixed
-per sequence, not per token: vLLM's hybrid allocator takes it from the same pool as each request
-is scheduled; reserving it for the largest batch is the same limit on a full batch).
+has set aside its linear-attention layers' recurrent state (fixed per sequence, not per token) for
+``max_num_seqs`` sequences, or for as many as :data:`STATE_SHARE` of the pool holds
+(:func:`with_state`), which then caps the sequences the engine runs.
 
 The activation estimate is the largest set of tensors alive at once in one layer: the hidden
 state and the residual, plus the widest of the QKV output and the MLP's up-projection output
@@ -30,7 +30,7 @@ The logits are gathered, so every GPU holds the full vocabulary's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from servesim.dtypes import Precision
 from servesim.errors import ServesimError
@@ -58,9 +58,13 @@ class MemoryPlan:
     budget_rule: str = "whole_gpu"
     """How ``gpu_memory_utilization`` is read (:data:`BUDGET_RULES`)."""
     state_bytes: float = 0.0
-    """A hybrid model's recurrent state for ``max_num_seqs`` running sequences (its
+    """A hybrid model's recurrent state for :attr:`state_seqs` running sequences (its
     linear-attention layers keep a fixed-size state per sequence instead of KV per token), set
     aside before the KV pool is cut into blocks; 0 for every other model."""
+    state_seqs: int | None = None
+    """How many sequences' state is set aside (:func:`with_state`): ``max_num_seqs``, or fewer when
+    that much state would take more than :data:`STATE_SHARE` of the pool, and then the engine runs
+    at most that many sequences. None for a model without recurrent state."""
 
     @property
     def budget_bytes(self) -> float:
@@ -104,6 +108,27 @@ class MemoryPlan:
                 "kv_token_capacity": self.kv_token_capacity}
 
 
+STATE_SHARE = 0.9 / 1.9
+"""The most of the memory left for the KV pool a hybrid model's recurrent state may take: SGLang's
+``--mamba-full-memory-ratio`` default (0.9: state memory 0.9 x the full-attention KV memory)
+caps its running requests at the state slots that share buys. vLLM's hybrid allocator draws both
+from one pool per request; the same share stands in for it (an estimate)."""
+
+
+def with_state(plan: MemoryPlan, per_seq: float, max_num_seqs: int) -> MemoryPlan:
+    """``plan`` with a hybrid model's recurrent state set aside (``per_seq`` bytes per sequence on
+    this GPU): for ``max_num_seqs`` sequences when that takes at most :data:`STATE_SHARE` of the
+    pool, else for as many as that share holds (at least one, so that a pool too small for any
+    state still reports it)."""
+    if per_seq <= 0:
+        return plan
+    free = plan.kv_cache_bytes
+    seqs = max_num_seqs
+    if free > 0 and max_num_seqs * per_seq > STATE_SHARE * free:
+        seqs = max(1, math.floor(STATE_SHARE * free / per_seq))
+    return replace(plan, state_bytes=seqs * per_seq, state_seqs=seqs)
+
+
 def activation_workspace_bytes(model: ModelSpec, tp: int, max_num_batched_tokens: int,
                                max_num_seqs: int) -> float:
     """Peak activation memory of the largest step (see the module docstring)."""
@@ -129,7 +154,7 @@ def activation_workspace_bytes(model: ModelSpec, tp: int, max_num_batched_tokens
 def _build_plan(model: ModelSpec, hardware: HardwareProfile, tp: int, precision: Precision,
                 gpu_memory_utilization: float, max_num_batched_tokens: int,
                 max_num_seqs: int, budget_rule: str = "whole_gpu") -> MemoryPlan:
-    return MemoryPlan(
+    plan = MemoryPlan(
         capacity_bytes=hardware.memory.capacity_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
         reserved_bytes=hardware.memory.reserved_bytes,
@@ -137,8 +162,9 @@ def _build_plan(model: ModelSpec, hardware: HardwareProfile, tp: int, precision:
         activation_bytes=activation_workspace_bytes(model, tp, max_num_batched_tokens,
                                                     max_num_seqs),
         kv_bytes_per_token=model.kv_bytes_per_token(precision.kv_cache, tp, precision.group_size),
-        budget_rule=budget_rule, state_bytes=max_num_seqs * model.linear_state_bytes(tp),
+        budget_rule=budget_rule,
     )
+    return with_state(plan, model.linear_state_bytes(tp), max_num_seqs)
 
 
 def check_group_size(model: ModelSpec, precision: Precision, tp: int) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from servesim.dtypes import Precision
 from servesim.errors import ServesimError
 from servesim.hardware import HardwareProfile
-from servesim.memory import ACTIVATION_BYTES, LOGIT_BYTES, MemoryPlan, plan_memory
+from servesim.memory import ACTIVATION_BYTES, LOGIT_BYTES, MemoryPlan, plan_memory, with_state
 from servesim.model_spec import ModelSpec, ceil_div
 from servesim.parallelism import Parallelism, StageLayers, stages_of
 
@@ -109,8 +109,9 @@ def plan_stages(model: ModelSpec, hardware: HardwareProfile, p: Parallelism, pre
             weight_bytes=stage_weight_bytes(model, p, precision, stage),
             activation_bytes=stage_activation_bytes(model, p, stage, max_num_batched_tokens, max_num_seqs,
                                                     p.expert_imbalance),
-            kv_bytes_per_token=kv if kv > 0 else 1.0, budget_rule=budget_rule,
-            state_bytes=max_num_seqs * model.linear_state_bytes(p.tp, stage.start, stage.stop))))
+            kv_bytes_per_token=kv if kv > 0 else 1.0, budget_rule=budget_rule)))
+        state = model.linear_state_bytes(p.tp, stage.start, stage.stop)
+        out[-1] = StageMemory(stage, with_state(out[-1].plan, state, max_num_seqs))
     return out
 
 

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from servesim import BatchShape, CostModel, HardwareProfile, load_hardware, load_model
+from servesim.config import validate_document
 from servesim.dtypes import Precision
 from servesim.errors import ServesimError
-from servesim.memory import plan_memory
+from servesim.memory import STATE_SHARE, plan_memory
 from servesim.model_config import model_from_hf_config
 from servesim.speculative.proposer import resolve_proposer
 from servesim.speculative.schema import SpeculativeConfig
+from servesim.topology.resolve import resolve_topology
 
 QWEN35 = load_model("qwen3.5-397b-a17b")
 NEXT = load_model("qwen3-next-80b-a3b")
@@ -65,6 +67,29 @@ def test_the_state_of_the_largest_batch_comes_off_the_kv_pool() -> None:
     without = plan_memory(QWEN35, b200, 8, max_num_seqs=128).__class__(
         **{**plan.__dict__, "state_bytes": 0.0})
     assert without.kv_cache_bytes - plan.kv_cache_bytes == pytest.approx(128 * per_seq, rel=1e-12)
+
+
+def test_state_beyond_its_share_of_the_pool_caps_the_running_sequences() -> None:
+    """Qwen3.5 in FP8 on four B200s: 4,096 sequences' state (45.8 MiB each per GPU) would take
+    far more than the state's share (0.9 / 1.9, SGLang's default ratio) of the 59 GiB left, so
+    the plan sets aside that share and the engine runs as many sequences as it holds."""
+    b200 = load_hardware("b200")
+    fp8 = Precision.from_names("fp8", "fp8")
+    per_seq = QWEN35.linear_state_bytes(tp=4)
+    small = plan_memory(QWEN35, b200, 4, fp8, max_num_seqs=64)
+    assert (small.state_seqs, small.state_bytes) == (64, 64 * per_seq)
+    big = plan_memory(QWEN35, b200, 4, fp8, max_num_seqs=4096)
+    free = big.kv_cache_bytes + big.state_bytes  # the pool before the state came off
+    assert big.state_seqs == int(STATE_SHARE * free // per_seq) < 4096
+    assert big.state_bytes <= STATE_SHARE * free < big.state_bytes + per_seq
+    document = {"model": "qwen3.5-397b-a17b", "hardware": "b200", "engine": "vllm",
+                "deployment": {"tp": 4, "max_num_seqs": 4096, "max_num_batched_tokens": 8192},
+                "precision": {"weights": "fp8", "activations": "fp8"},
+                "workload": {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 10,
+                             "lengths": {"preset": "azure-conversation"}}}
+    group = resolve_topology(validate_document(document)).groups[0]
+    assert group.limits.max_num_seqs == group.memory.state_seqs < 4096
+    assert plan_memory(load_model("llama-3-8b"), b200).state_seqs is None
 
 
 def test_a_decode_step_reads_and_writes_every_sequences_state(textbook_a100: HardwareProfile) -> None:

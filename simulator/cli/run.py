@@ -79,8 +79,9 @@ def describe_plan(plan: RunPlan) -> None:
                       f"engine {engine.name} {engine.version}, policy [bold]{g.policy.name}[/], router "
                       f"{config.router.name}")
         outside = " (outside the engine fraction)" if m.budget_rule == "weights_and_kv" else ""
+        state = f", recurrent state {m.state_bytes / GIB:.1f} GiB" if m.state_bytes else ""
         console.print(f"memory per GPU: weights {m.weight_bytes / GIB:.1f} GiB, activations "
-                      f"{m.activation_bytes / GIB:.1f} GiB{outside}, {_group_line(g)}, max_model_len "
+                      f"{m.activation_bytes / GIB:.1f} GiB{outside}{state}, {_group_line(g)}, max_model_len "
                       f"{lim.max_model_len:,}")
         if g.speculation is not None:
             console.print(escape(speculation_plan_line(g.speculation)))

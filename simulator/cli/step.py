@@ -143,6 +143,7 @@ def render(report: StepReport) -> None:
         f"memory per GPU: weights {mem.weight_bytes / GIB:.1f} GiB, activations "
         f"{mem.activation_bytes / GIB:.1f} GiB"
         f"{' (outside the engine fraction)' if mem.budget_rule == 'weights_and_kv' else ''}, "
+        f"{f'recurrent state {mem.state_bytes / GIB:.1f} GiB, ' if mem.state_bytes else ''}"
         f"KV pool {mem.kv_cache_bytes / GIB:.1f} GiB = "
         f"{mem.kv_token_capacity:,} tokens; this batch holds {report.batch_kv_tokens:,} "
         f"({report.batch_kv_tokens / max(1, mem.kv_token_capacity):.0%})")

@@ -213,6 +213,8 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                                  engine.memory_budget)
     if speculation is not None:
         memory = speculation.memory(memory, max_num_seqs, budget, model.vocab_size)
+    if memory.state_seqs is not None and memory.state_seqs < max_num_seqs:
+        max_num_seqs = memory.state_seqs  # a hybrid model runs as many sequences as it has state for
     block_size = keys.block_size or defaults.block_size
     if block_size > max_model_len:
         raise ServesimError("deployment.block_size", f"{block_size} tokens per KV block exceeds "
