@@ -67,3 +67,17 @@ def test_sparse_attention_needs_mla() -> None:
               "vocab_size": 100, "index_topk": 2048, "index_n_heads": 4, "index_head_dim": 16}
     with pytest.raises(ServesimError, match=r"^m: index_topk: sparse attention \(DSA\) is modelled over MLA"):
         model_from_hf_config(config, "x", "m")
+
+
+def test_a_prefill_chunk_attends_to_the_top_k_in_absorbed_form_and_the_indexer_to_everything(
+        textbook_a100: HardwareProfile) -> None:
+    """A 100-token chunk over 50,000 cached tokens at TP 8: each query's MLA attends to 2,048
+    latents in the absorbed (MQA) form FlashMLA's sparse prefill runs (2 x 16 heads x (2 x 512 +
+    64) FLOPs per pair), with no re-expansion of the cached latents; the indexer scores all
+    50,000 + its causal share of keys for every query (2 x 64 x 128 FLOPs per pair)."""
+    cost = CostModel(V32, textbook_a100, tp=8)
+    ops = cost._batch_ops(BatchShape.build(prefill_tokens=[100], prefill_context=[50_000]))
+    assert [op.name for op in ops] == ["attn_prefill", "attn_prefill"]  # no kv_b re-expansion GEMM
+    mla, indexer = ops
+    assert mla.flops == 61 * 100 * 2048 * (2 * 16 * (2 * 512 + 64))
+    assert indexer.flops == 61 * (100 * 50_000 + 100 * 101 / 2) * (2 * 64 * 128)

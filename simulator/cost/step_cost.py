@@ -409,9 +409,14 @@ class CostModel:
                  if counts.get(kind)]
         if m.sparse_attention is not None:
             # DSA: MLA reads at most the indexer's top-k keys per query (a window's count, though
-            # chosen from the whole context, which stays cached), and the indexer scores every key
-            return [(replace(self.attention, window=m.sparse_attention.top_k), self._layers),
-                    (self._indexer_shape(), self._layers)] if self._layers else []
+            # chosen from the whole context, which stays cached), in prefill too in its absorbed
+            # form over the cached latents (FlashMLA's sparse prefill is MQA over 576-wide keys and
+            # 512-wide values, as its decode is); the indexer scores every key
+            mla = self.attention
+            sparse = replace(mla, window=m.sparse_attention.top_k,
+                             prefill_flops_per_pair=mla.decode_flops_per_key,
+                             prefill_kv_elements_per_token=mla.cache_elements_per_token)
+            return [(sparse, self._layers), (self._indexer_shape(), self._layers)] if self._layers else []
         if not m.layer_types:
             return [(self.attention, self._layers)] if self._layers else []
         groups = []
@@ -667,8 +672,10 @@ class CostModel:
                 ops.append(prefill_attention(batch, shape, *args) if chunk is None else chunk[kind])
             if batch.num_decodes:
                 ops.append(self._decode_op(batch, kind, shape, count))
-        if self.model.mla is not None and batch.num_prefills and layers:
-            # MLA prefill over earlier context re-expands the cached latents into K and V.
+        dense_mla = self.model.mla is not None and self.model.sparse_attention is None
+        if dense_mla and batch.num_prefills and layers:
+            # MLA prefill over earlier context re-expands the cached latents into K and V (DSA's
+            # sparse prefill reads the latents as they are).
             context_rows = float(batch.prefill_context.sum())
             ops.append(self._gemm("qkv_proj", context_rows, self.model.mla.kv_lora_rank,
                                   self._mla_kv_up_width, layers))
