@@ -672,13 +672,12 @@ class CostModel:
                 ops.append(prefill_attention(batch, shape, *args) if chunk is None else chunk[kind])
             if batch.num_decodes:
                 ops.append(self._decode_op(batch, kind, shape, count))
-        dense_mla = self.model.mla is not None and self.model.sparse_attention is None
-        if dense_mla and batch.num_prefills and layers:
+        mla = self.model.mla
+        if mla is not None and self.model.sparse_attention is None and batch.num_prefills and layers:
             # MLA prefill over earlier context re-expands the cached latents into K and V (DSA's
             # sparse prefill reads the latents as they are).
             context_rows = float(batch.prefill_context.sum())
-            ops.append(self._gemm("qkv_proj", context_rows, self.model.mla.kv_lora_rank,
-                                  self._mla_kv_up_width, layers))
+            ops.append(self._gemm("qkv_proj", context_rows, mla.kv_lora_rank, self._mla_kv_up_width, layers))
         return ops
 
     def _decode_op(self, batch: BatchShape, kind: int, shape: AttentionShape, layers: int) -> OpCost:
