@@ -63,8 +63,10 @@ REQUIRED = ("backend", "model_path", "system", "mode", "isl", "osl", "tp_size", 
             "silicon_ttft_ms", "silicon_tpot_ms")
 KEY_EXCLUDED = ("id", "silicon_data_source")
 HARDWARE = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "b200_sxm": "b200", "b300_sxm": "b300",
-            "gb200": "gb200-nvl72", "gb300": "gb300-nvl72"}
-"""AIConfigurator systems -> hardware profiles."""
+            "gb200": "gb200-nvl72", "gb300": "gb300-nvl72", "a100_sxm": "a100-sxm-80gb", "l40s": "l40s",
+            "h20": "h20", "h100_pcie": "h100-pcie-80gb"}
+"""AIConfigurator systems -> hardware profiles (its ``systems/`` names; A100 SXM is one of its
+kernel-data systems, the others are the profiles servesim has for the same parts)."""
 FP4_SYSTEMS = frozenset({"b200_sxm", "b300_sxm", "gb200", "gb300"})
 """Systems whose profiles price FP4 GEMMs (Blackwell; with the FP8 GEMM curve, an estimate)."""
 MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
@@ -226,6 +228,15 @@ class ServingRow:
             return f"max_prefill_tokens {knobs['max_prefill_tokens']}"
         return budget if budget is not None else "engine default"
 
+    def formats(self) -> dict[str, str]:
+        """Weights and activations as the row's precision deploys them on its GPU: an FP8
+        checkpoint on a GPU without FP8 tensor cores (A100) runs weight-only, as vLLM's Marlin
+        kernels run it."""
+        formats = dict(PRECISIONS[self.precision])
+        if formats["activations"] == "fp8" and DType.FP8 not in load_hardware(HARDWARE[self.gpu]).peak_flops:
+            formats["activations"] = "bf16"
+        return formats
+
     def kv_cache(self) -> str:
         """The KV cache dtype the replay assumes (AIConfigurator's, from the checkpoint)."""
         return kv_cache_dtype(self.hf_model, self.engine, self.precision)
@@ -258,7 +269,7 @@ class ServingRow:
             "engine": {"name": self.engine, **knobs, **(engine_knobs or {})},
             **({"policy": policy} if policy is not None else {}),
             "deployment": deployment,
-            "precision": {**PRECISIONS[self.precision], "kv_cache": self.kv_cache()},
+            "precision": {**self.formats(), "kv_cache": self.kv_cache()},
             "workload": {"arrival": {"process": "closed", "concurrency": self.concurrency},
                          "num_requests": self.concurrency * requests_per_client,
                          "prompt": {"dist": "fixed", "value": self.isl},

@@ -570,3 +570,15 @@ def test_mxfp4_experts_replay_beside_sixteen_bit_layers_on_any_gpu(tmp_path: Pat
     assert data.rows[0].document(1)["precision"] == {"weights": "bf16", "activations": "bf16",
                                                      "expert_weights": "mxfp4", "kv_cache": "bf16"}
     assert trace_rows(data.rows, warmup=1, measured=1)[0].problem is None
+
+
+def test_an_fp8_checkpoint_on_a_gpu_without_fp8_tensor_cores_runs_weight_only(tmp_path: Path) -> None:
+    """AIConfigurator's A100 rows: an FP8 checkpoint there runs as FP8 weights with 16-bit math
+    (vLLM's Marlin kernels), not refused for lacking FP8 tensor cores; on an H100 it stays W8A8."""
+    a100 = line("meta-llama/Llama-3.1-8B-Instruct", 1, 8, 100.0, 10.0, backend="vllm",
+                backend_version="0.14.0", system="a100_sxm", precision="fp8", gemm_quant_mode="fp8")
+    h100 = dict(a100, id="h100", system="h100_sxm")
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [a100, h100]))
+    formats = [(r.gpu, r.document(1)["precision"]["activations"]) for r in data.rows]
+    assert formats == [("a100_sxm", "bf16"), ("h100_sxm", "fp8")]
+    assert all(t.problem is None for t in trace_rows(data.rows, warmup=1, measured=1))
