@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +99,13 @@ CHECKPOINT_SUFFIX = re.compile(r"-(instruct|it|chat|base|hf|thinking|fp8|fp8-dyn
 """What a checkpoint's name adds to its architecture's (tuning, quantisation, a release date)."""
 
 
+@cache
 def catalogue_model(hf_model: str) -> str | None:
     """The catalogue model a serving file's ``model_path`` runs: :data:`MODELS` for the file's own,
     else its name without the organisation, the checkpoint suffixes (:data:`CHECKPOINT_SUFFIX`,
     as often as they repeat) and Meta's ``meta-`` prefix, read through :data:`SAME_ARCHITECTURE`;
-    None when that is not in the catalogue (the row is then listed as a model it cannot read)."""
+    None when that is not in the catalogue (the row is then listed as a model it cannot read).
+    Remembered per name: a file asks for each of its thousands of rows three times."""
     if hf_model in MODELS:
         return MODELS[hf_model]
     name = hf_model.split("/")[-1].lower()

@@ -25,14 +25,14 @@ NON_GATED_FAMILIES = frozenset(
     {"gpt2", "gpt_neox", "opt", "falcon", "gpt_bigcode", "bloom", "phi", "gptj", "starcoder2"})
 """Model types whose MLP is ``down(act(up(x)))``; every other family is gated (SwiGLU-style)."""
 
-QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5_moe",
-                              "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"})
+QWEN3_5_FAMILIES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"})
+"""Qwen3.5's model types (the multimodal config's and its language model's)."""
+QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", *QWEN3_5_FAMILIES})
 """Families with a learned RMSNorm over each query and key head (Llama 4's is weightless)."""
 SANDWICH_NORM_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text"})
 """Families that normalise before and after attention and MLP: four norms per layer."""
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
-GATED_ATTENTION_FAMILIES = frozenset({"qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5",
-                                      "qwen3_5_text"})
+GATED_ATTENTION_FAMILIES = frozenset({"qwen3_next", *QWEN3_5_FAMILIES})
 """Families whose full-attention layers gate their output (``attn_output_gate``, on by default in
 their transformers config classes)."""
 
@@ -223,7 +223,7 @@ def _layer_types(config: dict[str, Any], layers: int, window: int | None, where:
 
 
 SSM_STATE_BYTES = {"float32": 4.0, "fp32": 4.0, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0}
-FP32_STATE_FAMILIES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"})
+FP32_STATE_FAMILIES = QWEN3_5_FAMILIES
 """Families whose transformers config class defaults ``mamba_ssm_dtype`` to float32 (Qwen3.5)."""
 
 
