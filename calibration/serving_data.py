@@ -88,11 +88,16 @@ SAME_ARCHITECTURE = {
     "minimax-m2": "minimax-m2.5", "minimax-m2.1": "minimax-m2.5",
     "llama-4-maverick-17b-128e": "llama-4-maverick", "llama-4-scout-17b-16e": "llama-4-scout",
     "glm-4.5": "glm-4.7", "glm-4.6": "glm-4.7", "deepseek-v3.1-terminus": "deepseek-v3",
-    "deepseek-v3.2-exp": "deepseek-v3.2", "glm-5.1": "glm-5", "qwen3-vl-235b-a22b": "qwen3-235b-a22b"}
+    "deepseek-v3.2-exp": "deepseek-v3.2", "deepseek-v3.2-speciale": "deepseek-v3.2", "glm-5.1": "glm-5",
+    "qwen3-vl-235b-a22b": "qwen3-235b-a22b", "qwen3-coder-30b-a3b": "qwen3-30b-a3b",
+    "deepseek-r1-distill-llama-70b": "llama-3.1-70b", "deepseek-r1-distill-llama-8b": "llama-3.1-8b"}
 """Normalised checkpoint names -> the catalogue model of the same architecture (a later release
 or a fine-tune with the shapes of one already in the catalogue, or a vision model read for its
 language model: Llama 3.3 70B is Llama 3.1 70B's, Qwen3-VL-235B's is Qwen3-235B's,
-DeepSeek-R1 and V3.1 are V3's, MiniMax-M2 and M2.1 are M2.5's, GLM-4.5 and 4.6 are 4.7's).
+DeepSeek-R1 and V3.1 are V3's, MiniMax-M2 and M2.1 are M2.5's, GLM-4.5 and 4.6 are 4.7's,
+Qwen3-Coder-30B-A3B is Qwen3-30B-A3B's with a longer context, DeepSeek's R1 distillations of Llama
+are the Llama they were distilled into). GLM-4.5-Air and GLM-4.7-Flash are smaller architectures
+of their own (entries of their own), as is Qwen3-Coder-480B-A35B.
 DeepSeek-V3.2 and GLM-5 are their own (sparse attention) entries."""
 CHECKPOINT_SUFFIX = re.compile(r"-(instruct|it|chat|base|hf|thinking|fp8|fp8-dynamic|fp4|nvfp4|mxfp4|awq|"
                                r"gptq|int4|int8|w4a16|w8a8|w4a8|bf16|\d{4}|fp4-v\d|fp8-v\d)$")
