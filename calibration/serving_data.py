@@ -108,7 +108,8 @@ CHECKPOINT_SUFFIX = re.compile(r"-(instruct|it|chat|base|hf|thinking|fp8|fp8-dyn
 def catalogue_model(hf_model: str) -> str | None:
     """The catalogue model a serving file's ``model_path`` runs: :data:`MODELS` for the file's own,
     else its name without the organisation, the checkpoint suffixes (:data:`CHECKPOINT_SUFFIX`,
-    as often as they repeat) and Meta's ``meta-`` prefix, read through :data:`SAME_ARCHITECTURE`;
+    as often as they repeat) and Meta's ``meta-`` and NVIDIA's ``nvidia-`` prefixes, read through
+    :data:`SAME_ARCHITECTURE`;
     None when that is not in the catalogue (the row is then listed as a model it cannot read).
     Remembered per name: a file asks for each of its thousands of rows three times."""
     if hf_model in MODELS:
@@ -116,7 +117,7 @@ def catalogue_model(hf_model: str) -> str | None:
     name = hf_model.split("/")[-1].lower()
     while (shorter := CHECKPOINT_SUFFIX.sub("", name)) != name:
         name = shorter
-    name = name.removeprefix("meta-")
+    name = name.removeprefix("meta-").removeprefix("nvidia-")
     name = SAME_ARCHITECTURE.get(name, name)
     return name if (model_configs_dir() / f"{name}.json").is_file() else None
 

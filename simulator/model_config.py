@@ -31,7 +31,13 @@ QK_NORM_FAMILIES = frozenset({"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qw
 """Families with a learned RMSNorm over each query and key head (Llama 4's is weightless)."""
 SANDWICH_NORM_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text"})
 """Families that normalise before and after attention and MLP: four norms per layer."""
-ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+NORMS_PER_LAYER = {**dict.fromkeys(SANDWICH_NORM_FAMILIES, 4), "nemotron_h": 1}
+"""RMSNorms per layer where not two: sandwich norms (four), Nemotron-H's one per block."""
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention", "none")
+"""``none``: a layer without a token mixer (Nemotron-H's MLP and MoE blocks)."""
+NEMOTRON_H_BLOCKS = {"M": "linear_attention", "*": "full_attention", "-": "none", "E": "none"}
+"""Nemotron-H's ``hybrid_override_pattern`` characters -> each block's mixer: Mamba2, attention,
+or none (an MLP or a MoE block)."""
 GATED_ATTENTION_FAMILIES = frozenset({"qwen3_next", *QWEN3_5_FAMILIES})
 """Families whose full-attention layers gate their output (``attn_output_gate``, on by default in
 their transformers config classes)."""
@@ -228,13 +234,52 @@ FP32_STATE_FAMILIES = QWEN3_5_FAMILIES
 
 
 def _ssm_state_bytes(config: dict[str, Any], model_type: str, where: str) -> float:
-    """Bytes per element of a linear-attention layer's state: ``mamba_ssm_dtype`` (its family's
-    default where the config.json leaves it out: float32 for Qwen3.5), else 16-bit."""
-    value = config.get("mamba_ssm_dtype") or ("float32" if model_type in FP32_STATE_FAMILIES else "bfloat16")
+    """Bytes per element of a linear-attention layer's state: ``mamba_ssm_dtype`` (Nemotron-H's
+    ``mamba_ssm_cache_dtype``; its family's default where the config.json leaves it out: float32
+    for Qwen3.5), else 16-bit."""
+    value = config.get("mamba_ssm_dtype") or config.get("mamba_ssm_cache_dtype") \
+        or ("float32" if model_type in FP32_STATE_FAMILIES else "bfloat16")
     if str(value).lower() not in SSM_STATE_BYTES:
         raise ServesimError(f"{where}: mamba_ssm_dtype", f"{value!r} is not a state dtype",
                             f"use one of {', '.join(SSM_STATE_BYTES)}")
     return SSM_STATE_BYTES[str(value).lower()]
+
+
+def _nemotron_h(config: dict[str, Any], where: str) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """A Nemotron-H config.json in the keys the rest of the reader takes, and its mixer-only
+    blocks. Each of its ``num_hidden_layers`` blocks is one character of
+    ``hybrid_override_pattern`` (:data:`NEMOTRON_H_BLOCKS`): Mamba2 blocks read as linear-attention
+    layers (``n_groups`` key heads of ``ssm_state_size``, ``mamba_num_heads`` value heads of
+    ``mamba_head_dim``), ``E`` blocks are the MoE layers (with the shared expert of
+    ``moe_shared_expert_intermediate_size``), ``-`` blocks dense MLPs; ``M`` and ``*`` blocks have no
+    MLP. Its MLPs are ``down(relu(up(x))^2)``: not gated. One RMSNorm per block."""
+    pattern = config.get("hybrid_override_pattern")
+    layers = config.get("num_hidden_layers")
+    if not isinstance(pattern, str) or not isinstance(layers, int) or len(pattern) != layers:
+        raise ServesimError(f"{where}: hybrid_override_pattern",
+                            f"must have one character per layer ({layers}), got {pattern!r}",
+                            "fix the config.json")
+    unknown = sorted(set(pattern) - set(NEMOTRON_H_BLOCKS))
+    if unknown:
+        raise ServesimError(f"{where}: hybrid_override_pattern", f"block type {unknown[0]!r} is not modelled",
+                            f"use {', '.join(NEMOTRON_H_BLOCKS)} (Mamba2, attention, MLP, MoE)")
+    if config.get("moe_latent_size"):
+        raise ServesimError(f"{where}: moe_latent_size", "latent MoE (experts on a compressed projection, "
+                            "Nemotron-3-Super) is not modelled", "use a Nemotron-H model without it")
+    translated = {**config, "layer_types": [NEMOTRON_H_BLOCKS[c] for c in pattern],
+                  "moe_layers": [i for i, c in enumerate(pattern) if c == "E"]}
+    if "M" in pattern:
+        translated.update(linear_num_key_heads=config.get("n_groups"),
+                          linear_num_value_heads=config.get("mamba_num_heads"),
+                          linear_key_head_dim=config.get("ssm_state_size"),
+                          linear_value_head_dim=config.get("mamba_head_dim"),
+                          linear_conv_kernel_dim=config.get("conv_kernel", 4))
+    if config.get("moe_shared_expert_intermediate_size") is not None:
+        translated["shared_expert_intermediate_size"] = config["moe_shared_expert_intermediate_size"]
+    if "E" not in pattern:
+        for key in ("n_routed_experts", "num_experts", "num_local_experts"):
+            translated.pop(key, None)
+    return translated, tuple(i for i, c in enumerate(pattern) if c in "M*")
 
 
 def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model") -> ModelSpec:
@@ -244,6 +289,9 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         raise ServesimError(where, "config.json must hold a JSON object", "check the file")
     config = text_config(config)
     model_type = str(config.get("model_type", "")).lower()
+    ffn_free: tuple[int, ...] = ()
+    if model_type == "nemotron_h":
+        config, ffn_free = _nemotron_h(config, where)
     extra = _extension(config, where)
     hidden = _positive_int(config, ("hidden_size", "n_embd", "d_model"), where)
     layers = _positive_int(config, ("num_hidden_layers", "n_layer", "num_layers"), where,
@@ -303,7 +351,7 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
              if "chunked_attention" in kinds else None)
     if window and kinds and "sliding_attention" not in kinds:
         window = None
-    gated_default = model_type not in NON_GATED_FAMILIES
+    gated_default = model_type not in NON_GATED_FAMILIES and str(config.get("mlp_hidden_act", "")) != "relu2"
     gated = _flag(extra, "gated_mlp", f"{where}: _servesim", gated_default)
     sharing = extra.get("cross_layer_kv_sharing", 1)
     if isinstance(sharing, bool) or not isinstance(sharing, int) or not 1 <= sharing <= layers:
@@ -318,7 +366,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
             key_head_dim=_positive_int(config, ("linear_key_head_dim",), where),
             value_head_dim=_positive_int(config, ("linear_value_head_dim",), where),
             conv_kernel=_positive_int(config, ("linear_conv_kernel_dim",), where, 4),
-            ssm_state_bytes=_ssm_state_bytes(config, model_type, where))
+            ssm_state_bytes=_ssm_state_bytes(config, model_type, where),
+            kind="mamba2" if model_type == "nemotron_h" else "gated_deltanet")
         if linear.num_value_heads % linear.num_key_heads:
             raise ServesimError(f"{where}: linear_num_value_heads",
                                 f"{linear.num_value_heads} is not a multiple of linear_num_key_heads="
@@ -338,7 +387,8 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         attention_chunk_size=chunk, kv_sharing=sharing,
         attention_output_bias=gpt_oss and attention_bias,
         attention_sinks=gpt_oss, qk_norm=qk_norm, qk_norm_across_heads=qk_norm_across_heads,
-        norms_per_layer=4 if model_type in SANDWICH_NORM_FAMILIES else 2, expert_bias=gpt_oss,
+        norms_per_layer=NORMS_PER_LAYER.get(model_type, 2),
+        expert_bias=gpt_oss, ffn_free_layers=ffn_free,
         mtp_layers=_optional_int(config, "num_nextn_predict_layers", where)
         or _optional_int(config, "mtp_num_hidden_layers", where) or 0,
         linear_attention=linear, attention_output_gate=output_gate, sparse_attention=sparse,

@@ -67,6 +67,9 @@ class MLASpec:
 CONV_STATE_BYTES = 2.0
 """A linear-attention layer's conv window is kept in the model's 16-bit dtype."""
 
+NO_KV_TYPES = frozenset({"linear_attention", "none"})
+"""Layer types that keep no KV cache: linear attention (a recurrent state) and no mixer at all."""
+
 
 @dataclass(frozen=True)
 class SparseAttentionSpec:
@@ -96,7 +99,13 @@ class LinearAttentionSpec:
     and the decay, one per value head), a causal depthwise conv of ``conv_kernel`` taps over q, k,
     v, and ``out_proj``. Each sequence carries a ``key_head_dim x value_head_dim`` state per value
     head (read and written once per step it runs in) and the conv's last ``conv_kernel - 1``
-    inputs."""
+    inputs.
+
+    Mamba2 (Nemotron-H's ``M`` blocks) has the same shape and is read into it: ``n_groups`` key
+    heads of ``ssm_state_size`` (its B and C), ``mamba_num_heads`` value heads of
+    ``mamba_head_dim`` (x and the gate z), the conv over x, B and C, and a ``ssm_state_size x
+    mamba_head_dim`` state per head; its in_proj emits one time step per head where Gated DeltaNet
+    emits beta and a decay (``kind``)."""
 
     num_key_heads: int
     num_value_heads: int
@@ -108,6 +117,14 @@ class LinearAttentionSpec:
     (Qwen3.5's config class says float32, 4 bytes; SGLang's ``--mamba-ssm-dtype`` and vLLM's
     ``--mamba-ssm-cache-dtype auto`` follow it), else the model's 16 bits. The conv's window is
     always 16-bit (:data:`CONV_STATE_BYTES`)."""
+    kind: str = "gated_deltanet"
+    """``gated_deltanet`` or ``mamba2``: what the per-head projections and parameters are."""
+
+    @property
+    def head_scalars(self) -> int:
+        """Scalars per value head that the input projection emits besides q/k/v/z: Gated
+        DeltaNet's beta and decay (``in_proj_ba``), Mamba2's time step ``dt``."""
+        return 1 if self.kind == "mamba2" else 2
 
     @property
     def key_width(self) -> int:
@@ -124,11 +141,17 @@ class LinearAttentionSpec:
 
     def params_per_layer(self, hidden: int) -> int:
         """``in_proj_qkvz``, ``in_proj_ba``, the conv taps, per-head decay and bias (``A_log``,
-        ``dt_bias``), the gated RMSNorm's weight and ``out_proj``."""
+        ``dt_bias``), the gated RMSNorm's weight and ``out_proj``; Mamba2: one ``in_proj`` (x, z,
+        B, C and dt), the conv's taps and bias, ``A_log``, ``D`` and ``dt_bias`` per head, the gated
+        RMSNorm over every channel and ``out_proj``."""
         qkvz = hidden * (2 * self.key_width + 2 * self.value_width)
-        ba = hidden * 2 * self.num_value_heads
+        scalars = hidden * self.head_scalars * self.num_value_heads
         conv = self.conv_width * self.conv_kernel
-        return qkvz + ba + conv + 2 * self.num_value_heads + self.value_head_dim + self.value_width * hidden
+        if self.kind == "mamba2":
+            return qkvz + scalars + conv + self.conv_width + 3 * self.num_value_heads + self.value_width \
+                + self.value_width * hidden
+        return qkvz + scalars + conv + 2 * self.num_value_heads + self.value_head_dim \
+            + self.value_width * hidden
 
     def state_bytes(self, tp: int = 1) -> float:
         """Recurrent state of one sequence in one layer on one GPU (value heads and conv channels
@@ -141,7 +164,9 @@ class LinearAttentionSpec:
     def flops_per_token(self) -> int:
         """The delta rule's arithmetic per token and layer (all heads): decay and read the state
         (``k^T S``), write it back (the rank-one update) and read the output (``q^T S``): three
-        ``key_head_dim x value_head_dim`` products of two FLOPs per element per value head."""
+        ``key_head_dim x value_head_dim`` products of two FLOPs per element per value head. Mamba2's
+        recurrence (decay, the ``B x`` update, the ``C`` read) is counted alike: an estimate of its
+        chunked scan, which also computes a chunk-local attention-like product."""
         return 6 * self.num_value_heads * self.key_head_dim * self.value_head_dim
 
 
@@ -201,6 +226,11 @@ class ModelSpec:
     """Gated attention (Qwen3-Next, Qwen3.5): ``q_proj`` also emits a sigmoid gate per query
     element, which scales the attention output before ``o_proj``: the query projection is twice
     as wide."""
+    ffn_free_layers: tuple[int, ...] = ()
+    """Layers with a token mixer and no MLP or MoE: Nemotron-H's blocks each hold one of Mamba2
+    (``M``), attention (``*``), an MLP (``-``) or a MoE (``E``); its ``M`` and ``*`` blocks are
+    these, its ``-`` and ``E`` blocks are layers whose ``layer_types`` entry is ``none`` (no
+    mixer). Every other family: each layer has both."""
 
     # ----------------------------------------------------------------- attention layout
     @property
@@ -231,8 +261,8 @@ class ModelSpec:
         return len(self.moe.layers) if self.moe is not None else 0
 
     def attention_type(self, layer: int) -> str:
-        """``full_attention``, ``sliding_attention``, ``chunked_attention`` or ``linear_attention``
-        for layer ``layer``."""
+        """``full_attention``, ``sliding_attention``, ``chunked_attention``, ``linear_attention``
+        or ``none`` (no mixer: a Nemotron-H MLP or MoE block) for layer ``layer``."""
         if self.layer_types:
             return self.layer_types[layer]
         return "sliding_attention" if self.sliding_window else "full_attention"
@@ -242,10 +272,12 @@ class ModelSpec:
         return self.sliding_window if kind == "sliding_attention" else None
 
     def layer_counts(self, start: int = 0, stop: int | None = None) -> dict[str, int]:
-        """Layers ``[start, stop)`` by kind: ``moe`` and ``dense`` MLPs, and each attention type."""
+        """Layers ``[start, stop)`` by kind: ``moe`` and ``dense`` MLPs (a mixer-only block has
+        neither), and each attention type (``none``: an MLP- or MoE-only block)."""
         stop = self.num_layers if stop is None else stop
         moe = sum(1 for i in self.moe.layers if start <= i < stop) if self.moe is not None else 0
-        counts = {"moe": moe, "dense": stop - start - moe}
+        bare = sum(1 for i in self.ffn_free_layers if start <= i < stop)
+        counts = {"moe": moe, "dense": stop - start - moe - bare}
         for i in range(start, stop):
             kind = self.attention_type(i)
             counts[kind] = counts.get(kind, 0) + 1
@@ -254,16 +286,29 @@ class ModelSpec:
     @cached_property
     def kv_layers(self) -> int:
         """Layers that own a KV cache: all of them, or one per CLA group (a linear-attention layer
-        keeps a recurrent state instead)."""
-        if self.linear_attention is not None:
+        keeps a recurrent state instead, a layer without attention nothing)."""
+        if self.linear_attention is not None or self.has_mixer_free_layers:
             return self.kv_layers_in(0, self.num_layers)
         return -(-self.num_layers // self.kv_sharing)
 
+    @cached_property
+    def has_mixer_free_layers(self) -> bool:
+        """Whether some layer has no token mixer (``layer_types`` ``none``: Nemotron-H's MLP and
+        MoE blocks)."""
+        return "none" in self.layer_types
+
     def kv_layers_in(self, start: int, stop: int) -> int:
         """KV-owning layers among ``[start, stop)`` (the first layer of each CLA group owns it)."""
-        hybrid = self.linear_attention is not None
+        hybrid = self.linear_attention is not None or self.has_mixer_free_layers
         return sum(1 for i in range(start, stop) if i % self.kv_sharing == 0
-                   and not (hybrid and self.attention_type(i) == "linear_attention"))
+                   and not (hybrid and self.attention_type(i) in NO_KV_TYPES))
+
+    def mixer_free_layers_in(self, start: int = 0, stop: int | None = None) -> int:
+        """Layers among ``[start, stop)`` without a token mixer (``layer_types`` ``none``)."""
+        if not self.has_mixer_free_layers:
+            return 0
+        stop = self.num_layers if stop is None else stop
+        return sum(1 for i in range(start, stop) if self.layer_types[i] == "none")
 
     def linear_layers_in(self, start: int = 0, stop: int | None = None) -> int:
         """Linear-attention layers among ``[start, stop)``."""
@@ -281,7 +326,15 @@ class ModelSpec:
 
     @cached_property
     def num_dense_layers(self) -> int:
-        return self.num_layers - self.num_moe_layers
+        """Layers with a dense MLP: those with neither MoE nor only a mixer."""
+        return self.num_layers - self.num_moe_layers - len(self.ffn_free_layers)
+
+    @cached_property
+    def residual_reductions_per_pass(self) -> int:
+        """Tensor-parallel all-reduces of the residual stream per forward pass over every layer:
+        one after each mixer and one after each MLP or MoE (two per layer, one per Nemotron-H
+        block)."""
+        return 2 * self.num_layers - self.mixer_free_layers_in() - len(self.ffn_free_layers)
 
     # ----------------------------------------------------------------- parameter counts
     @cached_property
@@ -296,10 +349,12 @@ class ModelSpec:
         """Attention weights of layers ``[start, stop)``: every layer's, less the K/V projections of
         layers that read a shared KV (CLA); a hybrid model's linear-attention layers hold their
         own (:meth:`LinearAttentionSpec.params_per_layer`)."""
-        if self.linear_attention is not None:
+        if self.linear_attention is not None or self.has_mixer_free_layers:
             linear = self.linear_layers_in(start, stop)
-            return (stop - start - linear) * self.attention_params_per_layer \
-                + linear * self.linear_attention.params_per_layer(self.hidden_size)
+            softmax = stop - start - linear - self.mixer_free_layers_in(start, stop)
+            own = linear * self.linear_attention.params_per_layer(self.hidden_size) \
+                if self.linear_attention is not None else 0
+            return softmax * self.attention_params_per_layer + own
         layers = stop - start
         return layers * self.attention_params_per_layer \
             - (layers - self.kv_layers_in(start, stop)) * self.kv_projection_params
@@ -527,6 +582,9 @@ class ModelSpec:
                 "deployment.tp", f"{tp} neither divides nor is a multiple of {self.name}'s {kv} KV heads",
                 "use a TP degree that divides the KV-head count or is a multiple of it")
 
+    def _attention_summary(self) -> str:
+        return _attention_summary_of(self)
+
     def summary(self) -> dict[str, Any]:
         """Headline figures, for ``servesim models`` and reports."""
         return {
@@ -535,14 +593,24 @@ class ModelSpec:
             "active_params_b": round(self.active_param_count / 1e9, 2),
             "layers": self.num_layers,
             "hidden": self.hidden_size,
-            "attention": self.attention_kind if self.linear_attention is None
-            else f"{self.attention_kind} + linear ({self.linear_layers_in()} of {self.num_layers} layers)",
+            "attention": self._attention_summary(),
             "heads": f"{self.num_heads}/{self.num_kv_heads if self.mla is None else 'latent'}",
             "mlp": (f"moe {self.moe.num_experts}x top-{self.moe.top_k}" if self.moe
                     else ("gated" if self.gated_mlp else "plain")),
             "kv_kib_per_token_bf16": round(self.kv_bytes_per_token("bf16") / 1024, 1),
             "max_context": self.max_context,
         }
+
+
+def _attention_summary_of(model: ModelSpec) -> str:
+    """``servesim models``' attention column: the kind, and a hybrid's linear or Mamba2 layers."""
+    if model.linear_attention is None:
+        return model.attention_kind
+    linear = model.linear_layers_in()
+    if model.has_mixer_free_layers:  # Nemotron-H: blocks of one mixer or one FFN each
+        softmax = model.num_layers - linear - model.mixer_free_layers_in()
+        return f"{model.attention_kind} {softmax} + mamba2 {linear} (of {model.num_layers} blocks)"
+    return f"{model.attention_kind} + linear ({linear} of {model.num_layers} layers)"
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -37,6 +37,7 @@ DEPLOYMENTS = [
     ("deepseek-v3", "h200-sxm-141gb", 8, "sglang"),  # MLA (absorbed decode), MoE, TP 8
     ("qwen3-next-80b-a3b", "h200-sxm-141gb", 2, "vllm"),  # linear-attention layers in the token part
     ("deepseek-v3.2", "h200-sxm-141gb", 8, "vllm"),  # DSA: MLA over the top-k and the FP8 indexer
+    ("nemotron-3-nano-30b-a3b", "h100-sxm-80gb", 2, "trtllm"),  # Nemotron-H: Mamba2, attention, MoE blocks
 ]
 
 

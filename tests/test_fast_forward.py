@@ -103,7 +103,7 @@ def sessions_workload(rate: float, count: int = 10) -> dict[str, Any]:
        block_size=st.sampled_from([1, 16, 32]), max_num_seqs=st.sampled_from([4, 32, 256]),
        blocks=st.sampled_from([None, 60, 400]),
        model=st.sampled_from(["llama-3-8b", "mistral-7b", "gemma-3-27b", "qwen3-30b-a3b",
-                              "qwen3-next-80b-a3b"]),
+                              "qwen3-next-80b-a3b", "nemotron-3-nano-30b-a3b"]),
        variant=st.sampled_from([None, None, "speculative", "sessions", "prefix"]),
        engine=st.sampled_from(ENGINES), hardware=st.sampled_from(["h100-sxm-80gb", "a100-sxm-80gb"]))
 def test_fast_forward_matches_step_by_step(seed: int, policy: dict[str, Any], rate: float, replicas: int,
@@ -116,13 +116,15 @@ def test_fast_forward_matches_step_by_step(seed: int, policy: dict[str, Any], ra
     MoE models, KV tiles (A100), prefix caching, session workloads (requests released by
     completions, announced to ``NextArrival``): the same results both ways. Speculative groups
     cannot be read ahead (their accepted tokens are drawn per step): they run step by step, and
-    stay exact. A hybrid model's linear-attention layers (Qwen3-Next) too."""
+    stay exact. A hybrid model's linear-attention layers (Qwen3-Next) and Nemotron-H's blocks too."""
     deployment: dict[str, Any] = {"replicas": replicas, "block_size": block_size,
                                   "max_num_seqs": max_num_seqs}
     if model == "gemma-3-27b":
         deployment["tp"] = 2
     if model == "qwen3-next-80b-a3b":
         deployment["tp"] = 4  # 160 GB of bf16 weights; its linear layers' state rides in the token part
+    if model == "nemotron-3-nano-30b-a3b":
+        deployment["tp"] = 2  # 63 GB of bf16 weights in blocks of Mamba2, attention or MoE
     if model == "qwen3-30b-a3b" and engine == "sglang":
         # 57 GiB of bf16 weights: SGLang's own fraction for unchunked prompts (it reserves 1.5 x
         # max_prefill_tokens MiB, 24 GiB) leaves 54.6 GiB of an 80 GB GPU, so set it as a user would

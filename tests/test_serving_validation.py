@@ -544,7 +544,8 @@ def test_checkpoints_of_catalogue_architectures_are_read_and_a_hybrid_model_repl
     assert catalogue_model("deepseek-ai/DeepSeek-V3") == "deepseek-v3"  # the file's own table first
     assert catalogue_model("deepseek-ai/DeepSeek-V3.2") == "deepseek-v3.2"  # sparse attention: its own
     assert catalogue_model("zai-org/GLM-5-FP8") == "glm-5"
-    assert catalogue_model("nvidia/NVIDIA-Nemotron-Nano-9B-v2") is None  # Mamba layers: not modelled
+    assert catalogue_model("tiiuae/Falcon-H1-34B-Instruct") is None  # parallel SSM + attention: not modelled
+    assert catalogue_model("nvidia/NVIDIA-Nemotron-Nano-9B-v2") == "nemotron-nano-9b-v2"
     assert catalogue_model("Qwen/Qwen3-Coder-480B-A35B-Instruct-FP8") == "qwen3-coder-480b-a35b"
     assert catalogue_model("Qwen/Qwen3-Coder-30B-A3B-Instruct") == "qwen3-30b-a3b"
     assert catalogue_model("zai-org/GLM-4.5-Air-FP8") == "glm-4.5-air"  # not GLM-4.5's 355B
@@ -553,10 +554,10 @@ def test_checkpoints_of_catalogue_architectures_are_read_and_a_hybrid_model_repl
     qwen35 = line("Qwen/Qwen3.5-397B-A17B", 4, 8, 170.0, 9.0, backend="sglang", backend_version="0.5.9",
                   system="b200_sxm", precision="fp8", gemm_quant_mode="fp8", moe_quant_mode="fp8_block",
                   moe_tp_size=4, isl=1024, osl=64)
-    nemotron = line("nvidia/NVIDIA-Nemotron-Nano-9B-v2", 8, 8, 1, 1)
-    data = read_serving_file(write_lines(tmp_path / "s.csv", [qwen35, nemotron]))
+    falcon = line("tiiuae/Falcon-H1-34B-Instruct", 8, 8, 1, 1)
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [qwen35, falcon]))
     assert [r.model for r in data.rows] == ["qwen3.5-397b-a17b"]
-    assert data.skipped_by_reason() == {"model nvidia/NVIDIA-Nemotron-Nano-9B-v2 not in the catalogue": 1}
+    assert data.skipped_by_reason() == {"model tiiuae/Falcon-H1-34B-Instruct not in the catalogue": 1}
     traced = trace_rows(data.rows, warmup=1, measured=1)[0]
     assert traced.problem is None
     ttft, tpot = traced.measurement(1).predicted(Coefficients())

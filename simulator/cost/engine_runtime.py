@@ -51,10 +51,10 @@ class EngineRuntime:
         self.runtime = runtime
         self.layers = model.num_layers
         self._kernels = kernels_per_step(model, len(attention_gemms))
-        per_layer = 3 if model.qk_norm_across_heads else 2
-        self._collectives = (per_layer * model.num_layers + 2) if tp > 1 else 0
-        """Two residual all-reduces per layer (three with a QK-norm over all heads), the
-        embedding's and the logits gather."""
+        norms = model.num_layers if model.qk_norm_across_heads else 0
+        self._collectives = (model.residual_reductions_per_pass + norms + 2) if tp > 1 else 0
+        """Two residual all-reduces per layer (one per Nemotron-H block; plus one with a QK-norm
+        over all heads), the embedding's and the logits gather."""
         eager_call = hardware.collectives.eager_call_s if hardware.collectives is not None else 0.0
         self._eager_collectives_s = self._collectives * eager_call
 
@@ -108,7 +108,9 @@ def kernels_per_step(model: ModelSpec, attention_gemms: int) -> int:
     a MoE layer's router, two grouped expert GEMMs and the shared expert's two) and the fused
     elementwise kernels (two add+RMSNorm, RoPE, activation; two more in a MoE layer), and around
     the layers the embedding, the final norm and the LM head, as the cost model prices them."""
-    per_dense = attention_gemms + 1 + 2 + 4
+    per_mixer = attention_gemms + 1 + 2  # the projections, o_proj, add+RMSNorm and RoPE
+    per_dense = 2 + 2  # up/gate and down, add+RMSNorm and the activation
     moe = model.moe
-    per_moe = attention_gemms + 1 + 3 + (2 if moe is not None and moe.shared_intermediate else 0) + 6
-    return model.num_dense_layers * per_dense + model.num_moe_layers * per_moe + 3
+    per_moe = 3 + (2 if moe is not None and moe.shared_intermediate else 0) + 4
+    mixers = model.num_layers - model.mixer_free_layers_in()
+    return mixers * per_mixer + model.num_dense_layers * per_dense + model.num_moe_layers * per_moe + 3

@@ -334,9 +334,12 @@ class CostModel:
         self._layers = self.stage.layers
         self._linear_layers = counts.get("linear_attention", 0) if model.linear_attention is not None else 0
         """A hybrid model's linear-attention layers in this stage (:meth:`_linear_attention_ops`)."""
-        self._attention_layers = self._layers - self._linear_layers
+        self._attention_layers = self._layers - self._linear_layers - counts.get("none", 0)
         """Layers with softmax attention: their Q/K/V/O projections and attention kernels."""
         self._dense, self._sparse = counts["dense"], counts["moe"]
+        self._residual_reduces = self._layers - counts.get("none", 0) + self._dense + self._sparse
+        """All-reduces of the residual stream per step under TP: one after each mixer and one
+        after each MLP or MoE (two per layer; one per Nemotron-H block)."""
         self.model = model
         self.hardware = hardware
         self.tp = tp
@@ -944,7 +947,7 @@ class CostModel:
         heads = la.num_value_heads // tp
         conv = ceil_div(la.conv_width, tp)
         ops = [self._gemm("qkv_proj", tokens, h, 2 * key + 2 * value, layers),
-               self._gemm("qkv_proj", tokens, h, 2 * heads, layers)]
+               self._gemm("qkv_proj", tokens, h, la.head_scalars * heads, layers)]
         # conv: read and write q, k, v; gated norm: read the output and the gate z, write it
         ops.append(self._elementwise("elementwise", tokens * (2 * conv + 3 * value), tokens, 2, layers))
         flops = tokens * la.flops_per_token() / tp
@@ -1020,7 +1023,7 @@ class CostModel:
         if self.tp == 1:
             return None, extra
         m, stage = self.model, self.stage
-        reduces = 2 * self._layers + (1 if stage.first else 0)
+        reduces = self._residual_reduces + (1 if stage.first else 0)
         norms = self._layers * self._all_reduce(tokens * 2 * FP32_BYTES) if m.qk_norm_across_heads else 0.0
         return reduces * self._all_reduce(tokens * m.hidden_size * IO_BYTES) + norms, extra
 
