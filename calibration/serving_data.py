@@ -90,10 +90,12 @@ SAME_ARCHITECTURE = {
     "glm-4.5": "glm-4.7", "glm-4.6": "glm-4.7", "deepseek-v3.1-terminus": "deepseek-v3",
     "deepseek-v3.2-exp": "deepseek-v3.2", "deepseek-v3.2-speciale": "deepseek-v3.2", "glm-5.1": "glm-5",
     "qwen3-vl-235b-a22b": "qwen3-235b-a22b", "qwen3-coder-30b-a3b": "qwen3-30b-a3b",
-    "deepseek-r1-distill-llama-70b": "llama-3.1-70b", "deepseek-r1-distill-llama-8b": "llama-3.1-8b"}
+    "deepseek-r1-distill-llama-70b": "llama-3.1-70b", "deepseek-r1-distill-llama-8b": "llama-3.1-8b",
+    "qwen3-vl-8b": "qwen3-8b", "qwen3-vl-32b": "qwen3-32b", "qwen3-vl-30b-a3b": "qwen3-30b-a3b"}
 """Normalised checkpoint names -> the catalogue model of the same architecture (a later release
 or a fine-tune with the shapes of one already in the catalogue, or a vision model read for its
-language model: Llama 3.3 70B is Llama 3.1 70B's, Qwen3-VL-235B's is Qwen3-235B's,
+language model: Llama 3.3 70B is Llama 3.1 70B's, Qwen3-VL-235B's is Qwen3-235B's (and the
+8B's, 32B's and 30B-A3B's are Qwen3's of that size),
 DeepSeek-R1 and V3.1 are V3's, MiniMax-M2 and M2.1 are M2.5's, GLM-4.5 and 4.6 are 4.7's,
 Qwen3-Coder-30B-A3B is Qwen3-30B-A3B's with a longer context, DeepSeek's R1 distillations of Llama
 are the Llama they were distilled into). GLM-4.5-Air and GLM-4.7-Flash are smaller architectures

@@ -551,6 +551,7 @@ def test_checkpoints_of_catalogue_architectures_are_read_and_a_hybrid_model_repl
     assert catalogue_model("zai-org/GLM-4.5-Air-FP8") == "glm-4.5-air"  # not GLM-4.5's 355B
     assert catalogue_model("zai-org/GLM-4.7-Flash") == "glm-4.7-flash"
     assert catalogue_model("deepseek-ai/DeepSeek-R1-Distill-Llama-70B") == "llama-3.1-70b"
+    assert catalogue_model("Qwen/Qwen3-VL-32B-Instruct-FP8") == "qwen3-32b"  # its language model
     qwen35 = line("Qwen/Qwen3.5-397B-A17B", 4, 8, 170.0, 9.0, backend="sglang", backend_version="0.5.9",
                   system="b200_sxm", precision="fp8", gemm_quant_mode="fp8", moe_quant_mode="fp8_block",
                   moe_tp_size=4, isl=1024, osl=64)
