@@ -18,6 +18,7 @@ from servesim.speculative.schema import SpeculativeConfig
 from servesim.topology.resolve import resolve_topology
 
 QWEN35 = load_model("qwen3.5-397b-a17b")
+QWEN35_SMALL = load_model("qwen3.5-35b-a3b")
 NEXT = load_model("qwen3-next-80b-a3b")
 
 
@@ -147,3 +148,28 @@ def test_a_hybrid_models_mtp_layer_attends_fully() -> None:
     assert proposer.spec is not None and proposer.spec.linear_attention is None
     assert proposer.kv_bytes_per_token == 2 * 2 * 256 * 2
     assert proposer.spec.linear_state_bytes() == 0.0
+
+
+def group_of(model: str, engine: str, tp: int = 1, kv_cache: str = "bf16", **deployment: object):
+    document = {"model": model, "hardware": "h200-sxm-141gb", "engine": engine,
+                "deployment": {"tp": tp, "max_model_len": 8192, **deployment},
+                "precision": {"kv_cache": kv_cache},
+                "workload": {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 10,
+                             "lengths": {"preset": "azure-conversation"}}}
+    return resolve_topology(validate_document(document)).groups[0]
+
+
+def test_vllm_raises_a_hybrid_models_block_until_one_layers_block_holds_one_layers_state() -> None:
+    """vLLM V1 pages a hybrid's state beside its KV: Qwen3.5-35B's state per layer and sequence is
+    32 x 128 x 128 fp32 plus the conv's 3 x 8,192 16-bit inputs (2,146,304 B) and one attention
+    layer caches 2 x 2 x 256 x 2 B per token, so blocks of 16 x ceil(2,146,304 / (16 x 2,048)) =
+    1,056 tokens; an fp8 cache halves the page and doubles the block (2,096); a larger block than
+    that stays; SGLang keeps its state in a pool of its own and its block of 1; a dense model 16."""
+    state = 32 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 32 * 128) * 2
+    assert QWEN35_SMALL.linear_attention is not None
+    assert QWEN35_SMALL.linear_attention.state_bytes(1) == state == 2_146_304
+    assert group_of("qwen3.5-35b-a3b", "vllm").limits.block_size == 16 * -(-state // (16 * 2048)) == 1056
+    assert group_of("qwen3.5-35b-a3b", "vllm", kv_cache="fp8").limits.block_size == 2096
+    assert group_of("qwen3.5-35b-a3b", "vllm", block_size=4096).limits.block_size == 4096
+    assert group_of("qwen3.5-35b-a3b", "sglang").limits.block_size == 1
+    assert group_of("llama-3-8b", "vllm").limits.block_size == 16

@@ -16,7 +16,7 @@ from bisect import bisect_left
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -24,6 +24,9 @@ from servesim.errors import ServesimError
 from servesim.inputs.files import read_yaml
 from servesim.inputs.schema import FrozenModel, StrictModel, parse_model
 from servesim.resources import configs_dir
+
+if TYPE_CHECKING:
+    from servesim.model_spec import ModelSpec
 
 DEFAULT_ENGINE = "vllm"
 """The engine an experiment runs when it names none: vLLM's current (V1) engine, what users run.
@@ -433,6 +436,12 @@ class Engine(ABC):
         """The engine arguments a deployment inherits on this GPU at this TP degree (engines
         whose defaults depend on the GPU override this)."""
         return self.defaults
+
+    def hybrid_block_size(self, model: ModelSpec, tp: int, kv_bytes: float) -> int | None:
+        """The smallest KV block (tokens) the engine uses for a hybrid model whose recurrent state
+        shares the KV pool's pages, or None: the deployment's block size stands (every engine
+        but vLLM V1, which keeps that state in a pool of its own or has no hybrid models)."""
+        return None
 
     def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int | None,
                         speculative: str | None) -> float | None:

@@ -32,7 +32,8 @@ Runtime:
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import math
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
@@ -48,6 +49,9 @@ from servesim.engines.base import (
     register_engine,
     vllm_fitted_speculation,
 )
+
+if TYPE_CHECKING:
+    from servesim.model_spec import ModelSpec
 
 GIB = 2**30
 LAUNCH_S = 18e-6
@@ -82,6 +86,10 @@ def vllm_capture_sizes(max_size: int) -> tuple[int, ...]:
     return tuple(v for v in capture_sizes([1, 2, 4], range(8, 256, 8), range(256, max_size + 1, 16))
                  if v <= max_size)
 
+
+HYBRID_BLOCK_ALIGNMENT = 16
+"""Tokens a hybrid model's raised attention block is a multiple of (vLLM's kernel block
+alignment for its FlashAttention and FlashInfer backends)."""
 
 ASYNC_DEFAULT_SINCE = (0, 14)
 """The first vLLM release with async scheduling on by default (release notes of v0.14.0)."""
@@ -120,6 +128,21 @@ class Vllm(Engine):
         "launch_s": "measured: 18 us of host time per GPU kernel of an eager torch 2.11 Llama-3-8B "
                     "decode step on an H100 and an H200 (servesim calibrate launch, 2026-11-28)",
     }
+
+    def hybrid_block_size(self, model: ModelSpec, tp: int, kv_bytes: float) -> int | None:
+        """vLLM V1 keeps a hybrid model's recurrent state (Gated DeltaNet, Mamba2) in the same
+        pages as its attention layers' KV, and every page must be as large: it raises the attention
+        block size until one layer's block of K and V holds one layer's state of a sequence, in
+        whole multiples of the kernel's 16-token alignment
+        (``HybridAttentionMambaModelConfig``: "Setting attention block size to N tokens to ensure
+        that attention page size is >= mamba page size"). A request then holds KV in blocks of
+        that many tokens, and prefix caching matches whole blocks of it (vLLM issue 40696:
+        Qwen3.5-4B at 528 tokens, no hit below)."""
+        la = model.linear_attention
+        if la is None:
+            return None
+        page = model.kv_elements_per_token_per_layer(tp) * kv_bytes
+        return HYBRID_BLOCK_ALIGNMENT * math.ceil(la.state_bytes(tp) / (HYBRID_BLOCK_ALIGNMENT * page))
 
     @property
     def async_scheduling(self) -> bool:

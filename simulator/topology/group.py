@@ -216,7 +216,10 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
     if memory.state_seqs is not None and memory.state_seqs < max_num_seqs:
         max_num_seqs = memory.state_seqs  # a hybrid model runs as many sequences as it has state for
     block_size = keys.block_size or defaults.block_size
-    if block_size > max_model_len:
+    raised = engine.hybrid_block_size(model, keys.tp, precision.kv_bytes)
+    if raised is not None and raised > block_size:
+        block_size = raised  # vLLM raises it itself, whatever was asked (see Vllm.hybrid_block_size)
+    elif block_size > max_model_len:
         raise ServesimError("deployment.block_size", f"{block_size} tokens per KV block exceeds "
                             f"max_model_len {max_model_len}, so every request would hold one mostly "
                             "empty block", f"use a block size of at most {max_model_len} (vLLM uses 16)")
