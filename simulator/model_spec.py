@@ -583,7 +583,14 @@ class ModelSpec:
                 "use a TP degree that divides the KV-head count or is a multiple of it")
 
     def _attention_summary(self) -> str:
-        return _attention_summary_of(self)
+        """``servesim models``' attention column: the kind, and a hybrid's linear or Mamba2 layers."""
+        if self.linear_attention is None:
+            return self.attention_kind
+        linear = self.linear_layers_in()
+        if self.has_mixer_free_layers:  # Nemotron-H: blocks of one mixer or one FFN each
+            softmax = self.num_layers - linear - self.mixer_free_layers_in()
+            return f"{self.attention_kind} {softmax} + mamba2 {linear} (of {self.num_layers} blocks)"
+        return f"{self.attention_kind} + linear ({linear} of {self.num_layers} layers)"
 
     def summary(self) -> dict[str, Any]:
         """Headline figures, for ``servesim models`` and reports."""
@@ -600,17 +607,6 @@ class ModelSpec:
             "kv_kib_per_token_bf16": round(self.kv_bytes_per_token("bf16") / 1024, 1),
             "max_context": self.max_context,
         }
-
-
-def _attention_summary_of(model: ModelSpec) -> str:
-    """``servesim models``' attention column: the kind, and a hybrid's linear or Mamba2 layers."""
-    if model.linear_attention is None:
-        return model.attention_kind
-    linear = model.linear_layers_in()
-    if model.has_mixer_free_layers:  # Nemotron-H: blocks of one mixer or one FFN each
-        softmax = model.num_layers - linear - model.mixer_free_layers_in()
-        return f"{model.attention_kind} {softmax} + mamba2 {linear} (of {model.num_layers} blocks)"
-    return f"{model.attention_kind} + linear ({linear} of {model.num_layers} layers)"
 
 
 def ceil_div(a: int, b: int) -> int:

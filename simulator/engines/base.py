@@ -438,9 +438,9 @@ class Engine(ABC):
         return self.defaults
 
     def hybrid_block_size(self, model: ModelSpec, tp: int, kv_bytes: float) -> int | None:
-        """The smallest KV block (tokens) the engine uses for a hybrid model whose recurrent state
-        shares the KV pool's pages, or None: the deployment's block size stands (every engine
-        but vLLM V1, which keeps that state in a pool of its own or has no hybrid models)."""
+        """The smallest KV block (tokens) the engine uses for ``model`` when its recurrent state
+        shares the KV pool's pages, or None: the deployment's block size stands (a dense model;
+        every engine but vLLM V1 keeps the state in a pool of its own)."""
         return None
 
     def memory_fraction(self, hbm_bytes: float, *, tp: int, pp: int, dp: int, chunk: int | None,
