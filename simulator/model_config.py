@@ -268,12 +268,16 @@ def _nemotron_h(config: dict[str, Any], where: str) -> tuple[dict[str, Any], tup
                             "Nemotron-3-Super) is not modelled", "use a Nemotron-H model without it")
     translated = {**config, "layer_types": [NEMOTRON_H_BLOCKS[c] for c in pattern],
                   "moe_layers": [i for i, c in enumerate(pattern) if c == "E"]}
-    if "M" in pattern:
-        translated.update(linear_num_key_heads=config.get("n_groups"),
-                          linear_num_value_heads=config.get("mamba_num_heads"),
-                          linear_key_head_dim=config.get("ssm_state_size"),
-                          linear_value_head_dim=config.get("mamba_head_dim"),
-                          linear_conv_kernel_dim=config.get("conv_kernel", 4))
+    if "M" in pattern:  # its own key names in the errors, read before they are translated
+        heads = _positive_int(config, ("mamba_num_heads",), where)
+        groups = _positive_int(config, ("n_groups",), where)
+        if heads % groups:
+            raise ServesimError(f"{where}: mamba_num_heads",
+                                f"{heads} is not a multiple of n_groups={groups}", "fix the config.json")
+        translated.update(linear_num_key_heads=groups, linear_num_value_heads=heads,
+                          linear_key_head_dim=_positive_int(config, ("ssm_state_size",), where),
+                          linear_value_head_dim=_positive_int(config, ("mamba_head_dim",), where),
+                          linear_conv_kernel_dim=_positive_int(config, ("conv_kernel",), where, 4))
     if config.get("moe_shared_expert_intermediate_size") is not None:
         translated["shared_expert_intermediate_size"] = config["moe_shared_expert_intermediate_size"]
     if "E" not in pattern:

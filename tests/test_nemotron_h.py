@@ -105,6 +105,9 @@ def test_a_small_pattern_reads_block_by_block() -> None:
     ({"hybrid_override_pattern": "M*-"}, r"^m: hybrid_override_pattern: must have one character per layer"),
     ({"hybrid_override_pattern": "M*-X"}, r"^m: hybrid_override_pattern: block type 'X' is not modelled"),
     ({"moe_latent_size": 1024}, r"^m: moe_latent_size: latent MoE"),
+    ({"mamba_num_heads": None}, r"^m: mamba_num_heads: missing"),  # named as the config names it
+    ({"mamba_num_heads": 7}, r"^m: mamba_num_heads: 7 is not a multiple of n_groups=2"),
+    ({"ssm_state_size": 0}, r"^m: ssm_state_size: "),
 ])
 def test_bad_patterns_are_one_line(change: dict, message: str) -> None:
     with pytest.raises(ServesimError, match=message):
