@@ -57,6 +57,16 @@ def test_vllm_flags_are_the_simulated_engine_arguments() -> None:
     assert unquote(server.shell()) == ["VLLM_USE_V1=0", *server.argv]
 
 
+def test_a_hybrid_models_raised_block_is_left_to_vllm() -> None:
+    """vLLM raises a hybrid model's KV block itself (1,056 tokens for Qwen3.5-35B on one GPU), and
+    its CLI accepts only block sizes up to 256: the command leaves the flag out and says why."""
+    doc = {**experiment(tp=1, replicas=1, max_model_len=8192), "model": "qwen3.5-35b-a3b",
+           "hardware": "h200-sxm-141gb", "engine": "vllm"}
+    server = plans(doc)["vllm"].servers[0]
+    assert "--block-size" not in flags(server.argv)
+    assert any("raises this hybrid model's KV block to 1056 tokens" in note for note in server.notes)
+
+
 def test_async_scheduling_is_written_where_it_is_not_the_release_default() -> None:
     """vLLM schedules asynchronously by default from 0.14: the command says so only where the
     simulation ran otherwise."""

@@ -68,14 +68,23 @@ def _precision(group: ReplicaGroup) -> tuple[list[str], list[str]]:
     return argv, notes
 
 
+BLOCK_SIZES = frozenset({1, 8, 16, 32, 64, 128, 256})
+"""``--block-size`` values vLLM's CLI accepts (``CacheConfig.BlockSize``, 0.11-0.16)."""
+
+
 def _scheduler(group: ReplicaGroup) -> tuple[list[str], list[str]]:
     s, policy = group.settings, group.policy
     argv = ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}",
             "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
-            "--max-num-batched-tokens", str(s.max_num_batched_tokens), "--block-size", str(s.block_size),
-            "--enable-chunked-prefill" if policy.cls.chunks_prefills else "--no-enable-chunked-prefill",
-            "--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching"]
+            "--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     notes: list[str] = []
+    if s.block_size in BLOCK_SIZES:
+        argv += ["--block-size", str(s.block_size)]
+    else:  # a hybrid model's block, which vLLM raises to itself and its CLI would refuse
+        notes.append(f"vLLM raises this hybrid model's KV block to {s.block_size} tokens itself "
+                     "(attention page >= state page), as simulated; no --block-size flag")
+    argv += ["--enable-chunked-prefill" if policy.cls.chunks_prefills else "--no-enable-chunked-prefill",
+             "--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching"]
     if s.num_gpu_blocks is not None:
         argv += ["--num-gpu-blocks-override", str(s.num_gpu_blocks)]
     options = policy.options
