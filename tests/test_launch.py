@@ -65,6 +65,9 @@ def test_a_hybrid_models_raised_block_is_left_to_vllm() -> None:
     server = plans(doc)["vllm"].servers[0]
     assert "--block-size" not in flags(server.argv)
     assert any("raises this hybrid model's KV block to 1056 tokens" in note for note in server.notes)
+    sglang = plans(doc)["sglang"].servers[0]  # nor is it SGLang's page
+    assert "--page-size" not in flags(sglang.argv)
+    assert any("1056-token KV block is vLLM's" in note for note in sglang.notes)
 
 
 def test_async_scheduling_is_written_where_it_is_not_the_release_default() -> None:

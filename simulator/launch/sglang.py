@@ -58,8 +58,12 @@ def _group_argv(group: ReplicaGroup) -> tuple[list[str], list[str]]:
     if p.kv_cache is DType.FP8:
         argv += ["--kv-cache-dtype", "fp8_e4m3"]
     argv += ["--mem-fraction-static", f"{mem_fraction_static(group):g}",
-             "--context-length", str(s.max_model_len), "--max-running-requests", str(s.max_num_seqs),
-             "--page-size", str(s.block_size)]
+             "--context-length", str(s.max_model_len), "--max-running-requests", str(s.max_num_seqs)]
+    if group.engine.hybrid_block_size(group.model, group.parallelism.tp, p.kv_bytes) == s.block_size:
+        notes.append(f"the simulated {s.block_size}-token KV block is vLLM's for this hybrid model; "
+                     "SGLang keeps the state in a pool of its own and its own page size")
+    else:
+        argv += ["--page-size", str(s.block_size)]
     budget = str(s.max_num_batched_tokens)
     if policy.cls.chunks_prefills:
         argv += ["--chunked-prefill-size", budget, "--max-prefill-tokens", budget]
