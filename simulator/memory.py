@@ -15,10 +15,10 @@ Each engine reads its memory fraction (``gpu_memory_utilization`` here) its own 
   takes that fraction of what is free once the reserve, the weights and the activation workspace
   are allocated.
 
-What is left holds KV blocks of ``block_size`` tokens, once a hybrid model (Qwen3-Next, Qwen3.5)
-has set aside its linear-attention layers' recurrent state (fixed per sequence, not per token) for
-``max_num_seqs`` sequences, or for as many as :data:`STATE_SHARE` of the pool holds
-(:func:`with_state`), which then caps the sequences the engine runs.
+What is left holds KV blocks of ``block_size`` tokens, once a hybrid model (Qwen3-Next, Qwen3.5,
+Nemotron-H) has set aside its linear-attention layers' recurrent state (fixed per sequence, not
+per token) for ``max_num_seqs`` sequences, or for as many as :data:`STATE_SHARE` of the pool
+holds (:func:`with_state`), which then caps the sequences the engine runs.
 
 The activation estimate is the largest set of tensors alive at once in one layer: the hidden
 state and the residual, plus the widest of the QKV output and the MLP's up-projection output

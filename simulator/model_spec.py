@@ -329,12 +329,13 @@ class ModelSpec:
         """Layers with a dense MLP: those with neither MoE nor only a mixer."""
         return self.num_layers - self.num_moe_layers - len(self.ffn_free_layers)
 
-    @cached_property
-    def residual_reductions_per_pass(self) -> int:
-        """Tensor-parallel all-reduces of the residual stream per forward pass over every layer:
-        one after each mixer and one after each MLP or MoE (two per layer, one per Nemotron-H
-        block)."""
-        return 2 * self.num_layers - self.mixer_free_layers_in() - len(self.ffn_free_layers)
+    def residual_reductions_in(self, start: int = 0, stop: int | None = None) -> int:
+        """Tensor-parallel all-reduces of the residual stream in one forward pass over layers
+        ``[start, stop)``: one after each mixer and one after each MLP or MoE (two per layer, one
+        per Nemotron-H block)."""
+        stop = self.num_layers if stop is None else stop
+        bare = sum(1 for i in self.ffn_free_layers if start <= i < stop)
+        return 2 * (stop - start) - self.mixer_free_layers_in(start, stop) - bare
 
     # ----------------------------------------------------------------- parameter counts
     @cached_property

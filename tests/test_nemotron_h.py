@@ -81,7 +81,7 @@ def test_a_decode_step_prices_each_block_once() -> None:
     cost = CostModel(model, hw, 2, runtime=runtime)
     record = cost.step_record(BatchShape.decode(16, 1000))
     assert record.flops == pytest.approx(16 * model.flops_per_token(1000) / 2, rel=0.005)
-    assert model.residual_reductions_per_pass == 52
+    assert model.residual_reductions_in() == 52
     assert cost._residual_reduces == 52 and cost._engine is not None and cost._engine._collectives == 54
     dense = CostModel(load_model("llama-3.1-8b"), hw, 2, runtime=runtime)
     assert dense._residual_reduces == 64  # two per layer, as before

@@ -52,7 +52,7 @@ class EngineRuntime:
         self.layers = model.num_layers
         self._kernels = kernels_per_step(model, len(attention_gemms))
         norms = model.num_layers if model.qk_norm_across_heads else 0
-        self._collectives = (model.residual_reductions_per_pass + norms + 2) if tp > 1 else 0
+        self._collectives = (model.residual_reductions_in() + norms + 2) if tp > 1 else 0
         """Two residual all-reduces per layer (one per Nemotron-H block; plus one with a QK-norm
         over all heads), the embedding's and the logits gather."""
         eager_call = hardware.collectives.eager_call_s if hardware.collectives is not None else 0.0

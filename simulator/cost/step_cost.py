@@ -337,9 +337,8 @@ class CostModel:
         self._attention_layers = self._layers - self._linear_layers - counts.get("none", 0)
         """Layers with softmax attention: their Q/K/V/O projections and attention kernels."""
         self._dense, self._sparse = counts["dense"], counts["moe"]
-        self._residual_reduces = self._layers - counts.get("none", 0) + self._dense + self._sparse
-        """All-reduces of the residual stream per step under TP: one after each mixer and one
-        after each MLP or MoE (two per layer; one per Nemotron-H block)."""
+        self._residual_reduces = model.residual_reductions_in(self.stage.start, self.stage.stop)
+        """All-reduces of the residual stream per step under TP (this stage's layers)."""
         self.model = model
         self.hardware = hardware
         self.tp = tp
