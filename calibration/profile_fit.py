@@ -10,6 +10,7 @@ profile's provenance is measured both in sample and out of sample.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -117,14 +118,15 @@ sequence's keys into blocks of 64-256)."""
 
 
 def fit_with_tile(family: str, rows: pd.DataFrame, profile: HardwareProfile, prior: OperatorEfficiency,
-                  memory_tail: bool) -> FitResult:
+                  memory_tail: bool, row_tile: int = 1) -> FitResult:
     """:func:`fit_operator` on ``rows``; for decode attention also the KV tile, the candidate whose
     fit has the lowest mean |log error| on these (fitted) rows."""
     bandwidth = profile.memory.bandwidth_Bps
     if family not in TILED_FAMILIES or len(rows) < MIN_ROWS_FULL_FIT:
         lock = None if family in UNLOCKED_FAMILIES else RIDGE_LOCK
-        return fit_operator(work(family, rows, profile, prior.key_tile), bandwidth, prior, memory_tail,
-                            ridge_lock=lock)
+        result = fit_operator(work(family, rows, profile, prior.key_tile, row_tile=row_tile), bandwidth,
+                              prior, memory_tail, ridge_lock=lock)
+        return replace(result, efficiency=result.efficiency.model_copy(update={"row_tile": row_tile}))
     best: tuple[float, FitResult] | None = None
     for tile in KEY_TILES:
         w = work(family, rows, profile, tile)
@@ -139,16 +141,21 @@ def fit_with_tile(family: str, rows: pd.DataFrame, profile: HardwareProfile, pri
 
 def fit_family(family: str, rows: pd.DataFrame, tables: dict[str, pd.DataFrame],
                profile: HardwareProfile, prior: OperatorEfficiency,
-               memory_tail: bool) -> tuple[FitResult, OperatorEfficiency | None]:
-    """One family's fit, and for FP8 GEMMs the quantisation class fitted with it."""
+               memory_tail: bool, row_tile: int = 1) -> tuple[FitResult, OperatorEfficiency | None]:
+    """One family's fit, and for FP8 GEMMs the quantisation class fitted with it; a GEMM family
+    whose kernels pad their rows is fitted on the padded rows (``row_tile``,
+    :func:`~servesim.cost.roofline.padded_rows`)."""
     if family == "gemm_fp8":  # fitted net of the input quantisation its times include
-        return fit_gemm_fp8(rows, tables.get("gemm"), profile, prior, memory_tail)
-    return fit_with_tile(family, rows, profile, prior, memory_tail), None
+        result, quantise = fit_gemm_fp8(rows, tables.get("gemm"), profile, prior, memory_tail, row_tile)
+        tiled = result.efficiency.model_copy(update={"row_tile": row_tile})
+        return replace(result, efficiency=tiled), quantise
+    return fit_with_tile(family, rows, profile, prior, memory_tail, row_tile), None
 
 
 def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, source: str,
                 date: str | None = None, families: tuple[str, ...] | None = None,
-                memory_tail: bool = True) -> tuple[HardwareProfile, FitReport]:
+                memory_tail: bool = True, row_tiles: Mapping[str, int] | None = None
+                ) -> tuple[HardwareProfile, FitReport]:
     """``profile`` with every family in ``tables`` fitted, and the report of errors.
 
     ``memory_tail``: beyond the measured sizes, memory curves rejoin the profile's previous ones
@@ -173,7 +180,8 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         op = OPERATOR_OF[family]
         prior = efficiency.get(op) or efficiency_of(profile, family)
         assert prior is not None
-        result, quantise = fit_family(family, fit_rows, usable_tables, profile, prior, memory_tail)
+        result, quantise = fit_family(family, fit_rows, usable_tables, profile, prior, memory_tail,
+                                      (row_tiles or {}).get(family, 1))
         if quantise is not None:
             efficiency["quantise"] = quantise
         efficiency[op] = result.efficiency

@@ -60,7 +60,8 @@ def fixed_per_kernel_s(fp8: pd.DataFrame, bf16: pd.DataFrame) -> float:
 
 
 def fit_gemm_fp8(rows: pd.DataFrame, bf16: pd.DataFrame | None, profile: HardwareProfile,
-                 prior: OperatorEfficiency, memory_tail: bool) -> tuple[FitResult, OperatorEfficiency]:
+                 prior: OperatorEfficiency, memory_tail: bool, row_tile: int = 1
+                 ) -> tuple[FitResult, OperatorEfficiency]:
     """(the FP8 GEMM fit, the quantisation class): the elementwise class's memory curve with the
     fixed cost per kernel measured on the tiny linears of ``rows`` and ``bf16`` (the bf16 GEMM
     table) and the cost per row that fits ``rows`` best (:data:`PER_ROW_GRID_S`, then refined to
@@ -74,7 +75,7 @@ def fit_gemm_fp8(rows: pd.DataFrame, bf16: pd.DataFrame | None, profile: Hardwar
         per_row_s = round(max(per_row_s, 0.0), 12)
         if per_row_s not in tried:
             quantise = base.model_copy(update={"per_row_s": per_row_s})
-            w = work("gemm_fp8", rows, with_quantise(profile, quantise))
+            w = work("gemm_fp8", rows, with_quantise(profile, quantise), row_tile=row_tile)
             result = fit_operator(w, bandwidth, prior, memory_tail)
             tried[per_row_s] = (log_error(fast_predict(w, result.efficiency, bandwidth), w.time_s),
                                 result, quantise)

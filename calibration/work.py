@@ -25,7 +25,7 @@ from servesim.cost.attention import (
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allreduce_s
 from servesim.cost.quantise import input_quantisation_s, input_quantisation_s_array
-from servesim.cost.roofline import OpCost, memory_bound_s_many, roofline
+from servesim.cost.roofline import OpCost, memory_bound_s_many, padded_rows, padded_rows_array, roofline
 from servesim.dtypes import DType
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 
@@ -125,9 +125,11 @@ def _gemm_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
     width = DTYPE_BYTES[str(row["dtype"])]
     nbytes = k * n * width + m * k * width + m * n * OUT_BYTES
     math = DType(row["dtype"])
+    eff = profile.efficiency.gemm_for(math)
+    rows = padded_rows(m, eff.row_tile)
     op = roofline("gemm", 2.0 * m * k * n, nbytes, peak_flops=profile.peak(math),
-                  bandwidth=profile.memory.bandwidth_Bps, eff=profile.efficiency.gemm_for(math),
-                  compute_axis=m, outputs=m * n, depth=k)
+                  bandwidth=profile.memory.bandwidth_Bps, eff=eff, compute_axis=rows, outputs=rows * n,
+                  depth=k, useful=m / rows)
     if width >= 2.0:
         return op
     side = input_quantisation_s(m, k, width, profile.efficiency.quantisation, profile.memory.bandwidth_Bps)
@@ -168,7 +170,8 @@ def predict(family: str, table: pd.DataFrame, profile: HardwareProfile) -> np.nd
         return np.array([ring_allreduce_s(float(b), int(w), link)
                          for b, w in zip(table["bytes"], table["world"], strict=True)])
     eff = efficiency_of(profile, family)
-    return fast_predict(work(family, table, profile, eff.key_tile), eff, profile.memory.bandwidth_Bps)
+    return fast_predict(work(family, table, profile, eff.key_tile, row_tile=eff.row_tile), eff,
+                        profile.memory.bandwidth_Bps)
 
 
 def efficiency_of(profile: HardwareProfile, family: str) -> OperatorEfficiency:
@@ -185,14 +188,15 @@ def efficiency_of(profile: HardwareProfile, family: str) -> OperatorEfficiency:
 
 
 def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: int = 1,
-         shape_factors: bool = True) -> Work:
+         shape_factors: bool = True, row_tile: int = 1) -> Work:
     """FLOPs, bytes, peak and curve positions of every row (not for all-reduce).
 
     Every family uses the cost model's formulas in vectorised form (attention without a sliding
     window, KV bytes per element from an optional ``kv_bytes`` column, 2 by default, decode keys
-    rounded up to ``key_tile``; GEMMs and prefill attention carry their outputs and depth for the
-    class's shape factors unless ``shape_factors`` is false, which fits and prices them by their
-    tokens curve alone);
+    rounded up to ``key_tile``, GEMM rows padded to ``row_tile`` on the compute side
+    (:func:`~servesim.cost.roofline.padded_rows`); GEMMs and prefill attention carry their outputs
+    and depth for the class's shape factors unless ``shape_factors`` is false, which fits and
+    prices them by their tokens curve alone);
     ``tests/test_calibration_fit.py`` checks that they agree with :func:`operator_cost`, which
     calls :mod:`servesim.cost.attention` itself."""
     time_s = table["time_s"].to_numpy(float)
@@ -211,9 +215,10 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: i
             quantised &= table["input_quantised"].astype(bool).to_numpy()
         side = np.where(quantised, input_quantisation_s_array(
             m, k, width, profile.efficiency.quantisation, profile.memory.bandwidth_Bps), 0.0)
-        return Work(2.0 * m * k * nn, nbytes, peak, m, nbytes, m, time_s,
+        rows = padded_rows_array(m, row_tile)  # what the compute side runs (bytes: the real rows)
+        return Work(2.0 * rows * k * nn, nbytes, peak, rows, nbytes, m, time_s,
                     side_s=side if quantised.any() else None,
-                    outputs=nn * m if shape_factors else None, depth=k if shape_factors else None)
+                    outputs=nn * rows if shape_factors else None, depth=k if shape_factors else None)
     peak = np.full(n, profile.peak(DType.BF16))
     if family == "memory":
         nbytes = table["bytes"].to_numpy(float)

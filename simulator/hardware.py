@@ -175,6 +175,11 @@ class OperatorEfficiency(FrozenModel):
         1, ge=1, le=1 << 20, description="decode attention: each sequence's keys are processed in "
         "tiles of this many (the kernel's KV block, 16-256 in FlashAttention and FlashInfer), so its "
         "work is rounded up to a whole tile")
+    row_tile: int = Field(
+        1, ge=1, le=1 << 12, description="GEMM classes: the largest row (M) granule the kernels pad to: "
+        "above 64 rows they are computed as whole granules of their next power of two, at most this "
+        "many, on the compute side only (servesim.cost.roofline.padded_rows: CUTLASS dispatch by "
+        "next_pow2(M), set from the dispatcher's tile shapes, not fitted); 1: no padding (cuBLAS)")
     per_row_s: float = Field(
         0.0, ge=0.0, allow_inf_nan=False,
         description="seconds per input row (token) of a kernel that gives each row its own thread "

@@ -125,9 +125,12 @@ def dump_profile_yaml(data: dict[str, Any]) -> str:
 
 def profile_to_yaml(profile: HardwareProfile) -> str:
     """Serialise a profile in the shipped layout (used by calibration to write fitted tables); a
-    class's ``per_row_s`` is written only where it is set (only the quantise class has one)."""
+    class's ``per_row_s`` and ``row_tile`` are written only where they are set (the quantise class
+    has one, GEMM classes whose kernels pad their rows the other)."""
     data = profile.model_dump(mode="json", exclude_none=True)
     for efficiency in data.get("efficiency", {}).values():
         if efficiency.get("per_row_s") == 0.0:
             del efficiency["per_row_s"]
+        if efficiency.get("row_tile") == 1:
+            del efficiency["row_tile"]
     return dump_profile_yaml(data)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from servesim import BatchShape, CostModel, load_hardware, load_model
-from servesim.cost.roofline import OpCost, roofline
+from servesim.cost.roofline import OpCost, padded_rows, roofline
 from servesim.cost.step_cost import IO_BYTES, OP_CLASS_OF, _OpColumns
 from servesim.dtypes import DType, Precision
 from servesim.engines import make_engine
@@ -50,10 +50,12 @@ def general_gemm(cost: CostModel, name: str, m: float, k: int, n: int, repeat: f
     if weight_bytes is None:
         weight_bytes = k * n * (IO_BYTES if sixteen_bit else cost._weight_bytes)
     nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
+    eff = cost._gemm16_eff if sixteen_bit else cost._gemm_eff
+    rows = padded_rows(m, eff.row_tile)  # the FP8 class pads to CUTLASS's 256-row granules
     op = roofline(name, 2.0 * m * k * n, nbytes,
                   peak_flops=cost.bf16_peak if sixteen_bit else cost.peak_flops,
-                  bandwidth=cost.bandwidth, eff=cost._gemm16_eff if sixteen_bit else cost._gemm_eff,
-                  compute_axis=m, outputs=m * n, depth=k, repeat=repeat)
+                  bandwidth=cost.bandwidth, eff=eff, compute_axis=rows, outputs=rows * n, depth=k,
+                  repeat=repeat, useful=m / rows if rows else 1.0)
     if in_bytes >= IO_BYTES:
         return op
     return replace(op, side_s=repeat * cost._quantise_s(m, k))

@@ -58,7 +58,7 @@ from servesim.cost.decode_run import DecodeRunPricer, MemoBudget
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
 from servesim.cost.quantise import input_quantisation_s
-from servesim.cost.roofline import OpCost, memory_efficiency, roofline, roofline_at
+from servesim.cost.roofline import OpCost, memory_efficiency, padded_rows, roofline, roofline_at
 from servesim.cost.routing import experts_hit
 from servesim.dtypes import DType, Precision
 from servesim.engines.base import RuntimeCosts, default_runtime
@@ -372,14 +372,15 @@ class CostModel:
         self._gemm_formats = tuple(
             (in_bytes, weight_element, peak, eff.compute.at,
              None if eff.outputs is None else eff.outputs.at, None if eff.depth is None else eff.depth.at,
-             eff.memory.at, eff.memory.axis == "bytes", eff.fixed_s, self.bandwidth)
+             eff.memory.at, eff.memory.axis == "bytes", eff.fixed_s, self.bandwidth, eff.row_tile)
             for in_bytes, weight_element, peak, eff in (
                 (self._act_bytes, self._weight_bytes, self.peak_flops, self._gemm_eff),
                 (IO_BYTES, IO_BYTES, self.bf16_peak, self._gemm16_eff)))
         """What :meth:`_gemm` reads of the deployment's format (index 0) and of 16 bits (index 1, the
         ``sixteen_bit`` GEMMs): input and weight bytes per element, peak, the tokens curve's
         ``at``, the outputs and depth factors' (None where the class has none), the memory curve's,
-        whether it reads bytes (else rows), the launch floor, the bandwidth."""
+        whether it reads bytes (else rows), the launch floor, the bandwidth, the row tile the
+        kernels pad their rows to (1: none, :func:`~servesim.cost.roofline.padded_rows`)."""
         self._gemm_rows_at: dict[tuple[bool, float], float] = {}
         """The GEMM tokens curve's value by (16-bit, rows) (:meth:`_gemm`)."""
         self._gemm_depth_at: dict[tuple[bool, int], float] = {}
@@ -534,29 +535,32 @@ class CostModel:
         if m <= 0:
             return OpCost(name, 0.0, 0.0, 0.0, 0.0, 0.0)
         in_bytes, weight_element, peak, compute_at, outputs_at, depth_at, memory_at, by_bytes, fixed_s, \
-            bandwidth = self._gemm_formats[sixteen_bit]
+            bandwidth, row_tile = self._gemm_formats[sixteen_bit]
         if weight_bytes is None:
             weight_bytes = k * n * weight_element
         nbytes = weight_bytes + m * k * in_bytes + m * n * IO_BYTES
-        flops = 2.0 * m * k * n
+        rows = m if row_tile == 1 else padded_rows(m, row_tile)  # what the compute side runs
+        flops = 2.0 * m * k * n  # useful work: the padding shows as a lower efficiency
         efficiency = 1.0
         if flops > 0:
-            # eff.compute_at(m, m * n, k): the tokens curve, times the outputs then depth factor
-            key = (sixteen_bit, m)
+            # eff.compute_at(rows, rows * n, k): the tokens curve, times the outputs then depth factor
+            key = (sixteen_bit, rows)
             rows_eff = self._gemm_rows_at.get(key)
             if rows_eff is None:
-                rows_eff = compute_at(m)
+                rows_eff = compute_at(rows)
                 if len(self._gemm_rows_at) < GEMM_AT_ENTRIES:
                     self._gemm_rows_at[key] = rows_eff
             efficiency = rows_eff
             if outputs_at is not None:
-                efficiency *= outputs_at(m * n)
+                efficiency *= outputs_at(rows * n)
             if depth_at is not None:
                 key = (sixteen_bit, k)
                 depth = self._gemm_depth_at.get(key)
                 if depth is None:
                     depth = self._gemm_depth_at[key] = depth_at(k)
                 efficiency *= depth
+            if rows != m:  # roofline(..., useful=m / rows)
+                efficiency *= m / rows
         return roofline_at(name, flops, nbytes, peak_flops=peak, bandwidth=bandwidth, compute_eff=efficiency,
                            memory_eff=memory_at(nbytes if by_bytes else m), fixed_s=fixed_s, repeat=repeat,
                            side_s=0.0 if in_bytes >= IO_BYTES else repeat * self._quantise_s(m, k))
