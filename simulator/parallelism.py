@@ -197,9 +197,10 @@ def _listing(values: list[int]) -> str:
 
 
 def check_parallelism(model: ModelSpec, hardware: HardwareProfile, p: Parallelism,
-                      where: str = "deployment") -> None:
+                      where: str = "deployment", hybrid_experts: bool = False) -> None:
     """Every combination checked before anything runs; each mistake is one line naming the key and
-    suggesting values that work."""
+    suggesting values that work. ``hybrid_experts``: the engine lets data-parallel attention's MoE
+    layers split the stage into ``ep`` groups of ``moe_tp`` GPUs (``Engine.hybrid_experts``)."""
     for key in ("tp", "pp", "dp", "ep"):
         if getattr(p, key) < 1:
             raise ServesimError(f"{where}.{key}", f"must be at least 1, got {getattr(p, key)}",
@@ -207,7 +208,7 @@ def check_parallelism(model: ModelSpec, hardware: HardwareProfile, p: Parallelis
     model.check_tensor_parallel(p.tp)
     _check_fast_domain(model, hardware, p, where)
     _check_stages(model, p, where)
-    _check_experts(model, p, where)
+    _check_experts(model, p, where, hybrid_experts)
 
 
 def _check_fast_domain(model: ModelSpec, hardware: HardwareProfile, p: Parallelism, where: str) -> None:
@@ -262,7 +263,7 @@ def _check_stages(model: ModelSpec, p: Parallelism, where: str) -> None:
                             f"{model.name}'s {layers} layers", f"e.g. [{example}]")
 
 
-def _check_experts(model: ModelSpec, p: Parallelism, where: str) -> None:
+def _check_experts(model: ModelSpec, p: Parallelism, where: str, hybrid: bool = False) -> None:
     moe = model.moe
     if moe is None:
         if p.dp > 1:
@@ -281,11 +282,17 @@ def _check_experts(model: ModelSpec, p: Parallelism, where: str) -> None:
                 f"{where}.ep", f"{p.ep} does not divide tp {p.tp}: without data-parallel ranks the "
                 "experts are split over the GPUs of the TP group", f"use {_listing(good)}, or "
                 "set dp so that ep = tp x dp (DeepSeek's layout)")
-    elif p.ep not in (1, gpus):
+    elif hybrid and gpus % p.ep:
+        good = [e for e in _divisors(gpus) if moe.num_experts % e == 0]
+        raise ServesimError(
+            f"{where}.ep", f"{p.ep} does not divide the stage's {gpus} GPUs (tp {p.tp} x dp {p.dp}): "
+            "its MoE layers run ep expert-parallel groups of tp x dp / ep GPUs", f"use {_listing(good)}")
+    elif not hybrid and p.ep not in (1, gpus):
         raise ServesimError(
             f"{where}.ep", f"{p.ep} with tp {p.tp} x dp {p.dp}: with data-parallel attention the MoE "
             f"layers span all {gpus} GPUs of the stage, tensor-parallel (ep 1) or expert-parallel "
-            f"(ep {gpus}), as vLLM's --enable-expert-parallel does", f"use ep 1 or {gpus}")
+            f"(ep {gpus}), as vLLM's --enable-expert-parallel does", f"use ep 1 or {gpus} (TensorRT-LLM "
+            "and SGLang also take an ep that divides them)")
     if moe.num_experts % p.ep:
         good = [e for e in _divisors(gpus) if moe.num_experts % e == 0]
         raise ServesimError(f"{where}.ep", f"{p.ep} does not divide {model.name}'s {moe.num_experts} "
@@ -297,6 +304,11 @@ def _check_experts(model: ModelSpec, p: Parallelism, where: str) -> None:
     if p.all2all_backend not in ALL2ALL_BACKENDS:
         raise ServesimError(f"{where}.all2all_backend", f"unknown backend {p.all2all_backend!r}",
                             f"use one of {', '.join(ALL2ALL_BACKENDS)}")
+    if p.all2all_backend.startswith("deepep") and p.dp > 1 and p.ep > 1 and p.moe_tp > 1:
+        raise ServesimError(f"{where}.all2all_backend", f"{p.all2all_backend} sends each token to the "
+                            f"GPU holding its expert, and ep {p.ep} over {gpus} GPUs slices every "
+                            f"expert {p.moe_tp} ways",
+                            f"set ep = tp x dp = {gpus}, or use allgather_reducescatter")
     if p.all2all_backend.startswith("deepep") and not (p.dp > 1 and p.ep > 1):
         raise ServesimError(f"{where}.all2all_backend", f"{p.all2all_backend} dispatches tokens "
                             "between data-parallel ranks to expert-parallel GPUs, and this layout has "

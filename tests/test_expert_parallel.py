@@ -204,6 +204,35 @@ def test_expert_layouts_are_checked_with_one_line_that_suggests_values() -> None
                                         precision={"weights": "fp8", "activations": "fp8"}))
 
 
+def test_tensorrt_llm_and_sglang_split_the_stage_into_expert_groups_of_tp_gpus() -> None:
+    """DP 8 attention with ep 2: two expert-parallel groups of 4 GPUs (TensorRT-LLM's
+    moe_expert_parallel_size 2 x moe_tensor_parallel_size 4). Each GPU holds 128 of 256 experts,
+    each sliced 4 ways (2,048 / 4 = 512 intermediate columns), and runs every one of its group's
+    routed rows: 4,096 tokens x top-8 / 2 = 16,384 rows over 58 MoE layers."""
+    hybrid = layer(DEEPSEEK, H200, tp=1, dp=8, ep=2)
+    assert (hybrid.parallelism.moe_tp, hybrid.local_experts, hybrid.local_intermediate) == (4, 128, 512)
+    tokens = 4096
+    assert hybrid.assignments(tokens) == tokens * 8 / 2
+    flops = 2 * 16384 * 7168 * (2 * 512 + 512) * 58  # up (gate and up fused) and down, per row
+    assert hybrid.gemms(tokens, 58, H200.efficiency.gemm).flops == pytest.approx(flops)
+    # the tokens still reach every GPU by all-gather: the traffic of the all-expert-parallel layout
+    assert hybrid.dispatch_bytes(800) == layer(DEEPSEEK, H200, tp=1, dp=8, ep=8).dispatch_bytes(800)
+    for engine in ("trtllm", "sglang"):
+        group = resolve_topology(experiment({"tp": 1, "dp": 8, "ep": 2}, engine=engine, model="deepseek-v3",
+                                            hardware="h200-sxm-141gb",
+                                            precision={"weights": "fp8", "activations": "fp8"})).groups[0]
+        assert group.parallelism.moe_tp == 4
+    fp8 = {"weights": "fp8", "activations": "fp8"}
+    with pytest.raises(ServesimError, match=r"^deployment\.ep: 3 does not divide the stage's 8 GPUs"):
+        resolve_topology(experiment({"tp": 1, "dp": 8, "ep": 3}, engine="trtllm", model="deepseek-v3",
+                                    hardware="h200-sxm-141gb", precision=fp8))
+    with pytest.raises(ServesimError, match=r"^deployment\.all2all_backend: deepep_low_latency sends each "
+                                            r"token .* slices every expert 4 ways"):
+        resolve_topology(experiment({"tp": 1, "dp": 8, "ep": 2, "all2all_backend": "deepep_low_latency"},
+                                    engine="sglang", model="deepseek-v3", hardware="h200-sxm-141gb",
+                                    precision=fp8))
+
+
 def test_data_parallel_steps_log_their_op_classes_summing_to_the_duration() -> None:
     config = experiment({"tp": 1, "dp": 2, "ep": 2, "max_num_seqs": 16}, engine="vllm-v0",
                         model="mixtral-8x7b")

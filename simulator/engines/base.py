@@ -388,6 +388,12 @@ class Engine(ABC):
     engine that says nothing runs step by step."""
     speculation: ClassVar[SpeculationDefaults] = SpeculationDefaults()
     """Its defaults for speculative decoding (``speculative:`` in the experiment)."""
+    hybrid_experts: ClassVar[bool] = False
+    """With data-parallel attention, whether its MoE layers may split the stage's GPUs into ``ep``
+    expert-parallel groups of ``moe_tp`` GPUs each (TensorRT-LLM's ``moe_expert_parallel_size`` x
+    ``moe_tensor_parallel_size``; SGLang's ``--ep-size`` below ``--tp-size``, dispatching by
+    all-gather). vLLM's ``--enable-expert-parallel`` makes every GPU of the stage an expert rank,
+    so off by default: ep is 1 or all of them."""
     memory_budget: ClassVar[str] = "whole_gpu"
     """How it reads its memory fraction (``deployment.gpu_memory_utilization``): one of
     :data:`servesim.memory.BUDGET_RULES` (vLLM's: of the whole GPU, activations included)."""

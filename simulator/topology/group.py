@@ -204,7 +204,7 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
         speculative=speculative.method if speculation is not None and speculative is not None else None,
     ) or defaults.gpu_memory_utilization
     parallelism = parallelism_of(keys, model)
-    check_parallelism(model, hardware, parallelism)
+    check_parallelism(model, hardware, parallelism, hybrid_experts=engine.hybrid_experts)
     if speculation is not None and parallelism.pp * parallelism.dp > 1:
         raise ServesimError("speculative", "is not modelled with pipeline stages or data-parallel "
                             "attention ranks (deployment.pp or deployment.dp above 1)",
