@@ -159,7 +159,9 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
     """``profile`` with every family in ``tables`` fitted, and the report of errors.
 
     ``memory_tail``: beyond the measured sizes, memory curves rejoin the profile's previous ones
-    (right for a GPU whose shipped curves came from larger kernels; off for a new profile)."""
+    (right for a GPU whose shipped curves came from larger kernels; off for a new profile).
+    ``row_tiles``: the row granule of each GEMM family's kernels (:func:`~servesim.cost.roofline.
+    padded_rows`), set by what dispatches them; a family not named keeps its class's own."""
     date = date or dt.date.today().isoformat()
     efficiency = dict(profile.efficiency)
     link = profile.interconnect
@@ -181,7 +183,7 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         prior = efficiency.get(op) or efficiency_of(profile, family)
         assert prior is not None
         result, quantise = fit_family(family, fit_rows, usable_tables, profile, prior, memory_tail,
-                                      (row_tiles or {}).get(family, 1))
+                                      (row_tiles or {}).get(family, prior.row_tile))
         if quantise is not None:
             efficiency["quantise"] = quantise
         efficiency[op] = result.efficiency

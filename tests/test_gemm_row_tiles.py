@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from servesim import load_hardware, load_model
+from servesim.calibration.profile_fit import fit_profile
 from servesim.calibration.work import predict
 from servesim.cost import BatchShape, CostModel
 from servesim.cost.roofline import OpCost, padded_rows, padded_rows_array
@@ -77,3 +78,16 @@ def test_only_padding_classes_write_a_row_tile() -> None:
     text = profile_to_yaml(H100)
     assert text.count("row_tile: 256") == 1  # efficiency.gemm_fp8
     assert "row_tile: 1\n" not in text
+
+
+def test_a_refit_keeps_the_class_row_tile_unless_told() -> None:
+    """A user's own FP8 GEMMs (``calibrate bench``) refit H100's class and keep its 256-row granule
+    (cuBLASLt's FP8 GEMMs on our H100 step as CUTLASS's do); the import names it explicitly."""
+    grid = [(m, n, k) for m in (1, 16, 100, 129, 300, 1025, 2500, 8192) for n in (1024, 4096, 14336)
+            for k in (1024, 4096)]
+    table = pd.DataFrame(grid, columns=["m", "n", "k"]).assign(dtype="fp8", time_s=0.0)
+    table["time_s"] = predict("gemm_fp8", table, H100)
+    kept, _ = fit_profile({"gemm_fp8": table}, H100, "synthetic")
+    told, _ = fit_profile({"gemm_fp8": table}, H100, "synthetic", row_tiles={"gemm_fp8": 1})
+    assert kept.efficiency.gemm_fp8 is not None and kept.efficiency.gemm_fp8.row_tile == 256
+    assert told.efficiency.gemm_fp8 is not None and told.efficiency.gemm_fp8.row_tile == 1
