@@ -43,14 +43,15 @@ def test_shipped_profile_prices_our_own_bf16_gemms_within_ten_percent(shipped_su
 def test_shipped_fp8_gemm_class_beats_the_spec_sheet_on_torch_fp8_gemms(shipped_summary) -> None:
     """The 2,200 fp8 GEMMs (``torch._scaled_mm`` on inputs already in fp8, so no activation
     quantisation is priced) against the profile's FP8 GEMM class, fitted to vLLM's Cutlass FP8
-    linears: median H100 14.3% (spec 33.2%; 15.0% before the GEMM shape factors), H200 16.9%
-    (20.3% before them, 28.3% before the quantisation's cost per row was fitted apart; spec 34.0%).
-    Predictions run a median 1.06x (H100) and 1.15x (H200) the measured time, about 1x at 4,096+
-    rows: at fewer, cuBLAS's fp8 GEMM is faster than the kernel vLLM's tables time."""
+    linears with their rows padded to 256-row granules (``row_tile``): median / p90 H100 9.9% /
+    27.3% (14.3% / 54.6% unpadded; spec 33.2%), H200 10.3% / 37.2% (16.9% / 61.4%; spec 34.0%).
+    These token counts are off AIConfigurator's grid (which pairs 1,024 with 1,025), so they test
+    the padding between its sizes: cuBLASLt's fp8 GEMM steps as CUTLASS's does."""
     fp8 = shipped_summary.loc["gemm_fp8"]
     assert fp8["rows"] == 2200
-    assert fp8["all_median_%"] < 25.0
-    assert fp8["all_median_%"] < fp8["spec_median_%"] - 10.0
+    assert fp8["all_median_%"] < 12.0
+    assert fp8["all_p90_%"] < 40.0
+    assert fp8["all_median_%"] < fp8["spec_median_%"] - 20.0
 
 
 def test_shipped_attention_beats_the_spec_sheet_on_torch_kernels(shipped_summary) -> None:
