@@ -114,6 +114,30 @@ def test_sglang_names_and_the_static_memory_fraction_by_hand() -> None:
     assert server.router_argv[-2:] == ("--policy", "cache_aware")
 
 
+def test_data_parallel_attention_is_sglangs_dp_attention_over_every_gpu() -> None:
+    """servesim's dp is attention DP inside one replica: SGLang runs it as --enable-dp-attention
+    with --tp-size counting all of the stage's GPUs (a bare --dp-size would start 8 one-GPU
+    replicas), and its --ep-size divides that; vLLM's --data-parallel-size with
+    --enable-expert-parallel is the same layout."""
+    doc = {**experiment(tp=1, dp=8, ep=8, replicas=1), "model": "deepseek-v3", "hardware": "h200-sxm-141gb",
+           "precision": {"weights": "fp8", "activations": "fp8"}}
+    launch = plans(doc)
+    sglang = flags(launch["sglang"].servers[0].argv)
+    assert (sglang["--tp-size"], sglang["--dp-size"], sglang["--ep-size"]) == ("8", "8", "8")
+    assert "--enable-dp-attention" in sglang and sglang["--enable-dp-attention"] is None
+    assert launch["sglang"].servers[0].gpus_each == 8
+    vllm = flags(launch["vllm"].servers[0].argv)
+    assert (vllm["--tensor-parallel-size"], vllm["--data-parallel-size"]) == ("1", "8")
+    assert "--enable-expert-parallel" in vllm
+    # a hybrid layout (SGLang's --ep-size below --tp-size): 2 attention ranks of TP 4, EP 2
+    hybrid = {**doc, "engine": "sglang", "deployment": {"tp": 4, "dp": 2, "ep": 2, "replicas": 1}}
+    both = plans(hybrid)
+    argv = flags(both["sglang"].servers[0].argv)
+    assert (argv["--tp-size"], argv["--dp-size"], argv["--ep-size"]) == ("8", "2", "2")
+    assert any("vLLM's --enable-expert-parallel spreads them over all 8" in note
+               for note in both["vllm"].servers[0].notes)
+
+
 def test_disaggregated_groups_get_their_kv_roles() -> None:
     doc = experiment()
     doc["deployment"] = {"kind": "disaggregated", "tp": 1, "prefill": {"replicas": 3},

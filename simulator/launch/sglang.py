@@ -29,10 +29,22 @@ from servesim.topology.group import ReplicaGroup
 PARALLELISM_FLAGS: dict[str, Callable[[int], list[str]]] = {
     "tp": lambda n: ["--tp-size", str(n)],
     "pp": lambda n: ["--pp-size", str(n)],
-    "dp": lambda n: ["--dp-size", str(n)],
+    "dp": lambda n: ["--dp-size", str(n), "--enable-dp-attention"] if n > 1 else [],
     "ep": lambda n: ["--ep-size", str(n)] if n > 1 else [],
 }
-"""servesim's parallelism keys -> SGLang's server arguments."""
+"""servesim's parallelism keys -> SGLang's server arguments. servesim's ``dp`` is data-parallel
+attention inside one replica, which SGLang runs as ``--enable-dp-attention`` with ``--dp-size``
+ranks over a ``--tp-size`` that counts every GPU of the stage (:func:`sglang_degrees`); a bare
+``--dp-size`` would start independent replicas instead."""
+
+
+def sglang_degrees(degrees: dict[str, int]) -> dict[str, int]:
+    """A layout's degrees as SGLang counts them: its ``--tp-size`` is ``tp x dp`` (the attention
+    ranks share the stage's GPUs, and the MoE layers span them: ``--ep-size`` divides it)."""
+    out = dict(degrees)
+    if out.get("dp", 1) > 1:
+        out["tp"] = out.get("tp", 1) * out["dp"]
+    return out
 
 DTYPE_FLAG = {DType.BF16: "bfloat16", DType.FP16: "float16"}
 
@@ -47,7 +59,8 @@ def mem_fraction_static(group: ReplicaGroup) -> float:
 
 def _group_argv(group: ReplicaGroup) -> tuple[list[str], list[str]]:
     s, policy, p = group.settings, group.policy, group.precision
-    argv, notes = parallelism_argv(group.parallelism.describe(), PARALLELISM_FLAGS, "servesim.launch.sglang")
+    argv, notes = parallelism_argv(sglang_degrees(group.parallelism.describe()), PARALLELISM_FLAGS,
+                                   "servesim.launch.sglang")
     if p.activation in DTYPE_FLAG:
         argv += ["--dtype", DTYPE_FLAG[p.activation]]
     if p.weight is DType.FP8 or p.activation is DType.FP8:

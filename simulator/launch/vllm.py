@@ -42,7 +42,13 @@ ENGINE_ENV = {"vllm-v0": (("VLLM_USE_V1", "0"),)}
 
 
 def _parallelism(group: ReplicaGroup) -> tuple[list[str], list[str]]:
-    return parallelism_argv(group.parallelism.describe(), PARALLELISM_FLAGS, "servesim.launch.vllm")
+    argv, notes = parallelism_argv(group.parallelism.describe(), PARALLELISM_FLAGS, "servesim.launch.vllm")
+    par = group.parallelism
+    if par.dp > 1 and 1 < par.ep < par.stage_gpus:
+        notes.append(f"simulated ep {par.ep} over tp {par.tp} x dp {par.dp} GPUs (experts sliced "
+                     f"{par.moe_tp} ways, as TensorRT-LLM and SGLang run it); vLLM's "
+                     f"--enable-expert-parallel spreads them over all {par.stage_gpus}")
+    return argv, notes
 
 
 def _precision(group: ReplicaGroup) -> tuple[list[str], list[str]]:
