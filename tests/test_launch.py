@@ -7,6 +7,8 @@ import json
 import shlex
 from typing import Any
 
+import yaml
+
 from servesim.config import validate_document
 from servesim.launch import launch_plans
 from servesim.resources import model_configs_dir
@@ -136,6 +138,37 @@ def test_data_parallel_attention_is_sglangs_dp_attention_over_every_gpu() -> Non
     assert (argv["--tp-size"], argv["--dp-size"], argv["--ep-size"]) == ("8", "2", "2")
     assert any("vLLM's --enable-expert-parallel spreads them over all 8" in note
                for note in both["vllm"].servers[0].notes)
+
+
+def test_trtllm_serve_takes_the_simulated_limits_and_its_options_yaml() -> None:
+    """trtllm-serve's flags carry the parallelism and limits; the options YAML written before it
+    carries attention DP, the KV cache and the CUDA-graph sizes; its KV fraction is the simulated
+    pool over the memory free after loading (TensorRT-LLM's free_gpu_memory_fraction), by hand."""
+    doc = {**experiment(tp=1, dp=8, ep=2, replicas=1, max_num_seqs=64), "model": "deepseek-v3",
+           "hardware": "h200-sxm-141gb", "engine": "trtllm",
+           "precision": {"weights": "fp8", "activations": "fp8", "kv_cache": "fp8"}}
+    config = validate_document(doc)
+    topology = resolve_topology(config)
+    launch = launch_plans(topology, "round_robin", config.model)["trtllm"]
+    server = launch.servers[0]
+    argv = flags(server.argv)
+    assert server.argv[:2] == ("trtllm-serve", "deepseek-ai/DeepSeek-V3")
+    assert (argv["--tp_size"], argv["--pp_size"], argv["--ep_size"]) == ("8", "1", "2")
+    assert (argv["--max_batch_size"], argv["--backend"]) == ("64", "pytorch")
+    m = topology.groups[0].memory
+    free = m.capacity_bytes - m.reserved_bytes - m.weight_bytes - m.activation_bytes
+    fraction = int(1000 * m.kv_cache_bytes / free) / 1000
+    assert argv["--kv_cache_free_gpu_memory_fraction"] == f"{fraction:g}"
+    assert 0.5 < fraction <= 0.9  # TensorRT-LLM's default 0.9 of the free memory, as simulated
+    path, text = server.files[0]
+    assert argv["--extra_llm_api_options"] == path == "extra-llm-api-options.yaml"
+    options = yaml.safe_load(text)
+    assert options["enable_attention_dp"] is True
+    assert options["kv_cache_config"]["dtype"] == "fp8"
+    assert options["cuda_graph_config"]["batch_sizes"][:3] == [1, 2, 3]
+    assert "pre-quantised checkpoint" in " ".join(server.notes)
+    script = launch.text()
+    assert f"cat > {path} <<'EOF'" in script and script.index("EOF") < script.index("trtllm-serve")
 
 
 def test_disaggregated_groups_get_their_kv_roles() -> None:

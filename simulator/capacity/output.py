@@ -1,6 +1,7 @@
 """Writing a capacity answer: ``capacity.json`` (everything, including every simulated rate of
 every search, for plots), ``capacity.csv`` (one row per candidate, in rank order) and the
-winner's launch commands (``launch-vllm.sh``, ``launch-sglang.sh``), each written atomically.
+winner's launch commands (``launch-vllm.sh``, ``launch-sglang.sh``, ``launch-trtllm.sh``), each written
+atomically.
 Infinite or undefined latencies (a request never served) are written as ``null``, since JSON has
 no infinity.
 
@@ -27,7 +28,7 @@ CSV_COLUMNS = ("rank", "candidate", "kind", "hardware", "tp", "policy", "replica
                "usd_per_1m_output_tokens_at_max_rate", "on_frontier", "breaks_first", "step_bound",
                "kv_limited", "peak_kv_use", "margins", "tpot_batch", "kv_batch", "largest_decode_batch",
                "decode_batch_binding", "why")
-LAUNCH_FILES = {"vllm": "launch-vllm.sh", "sglang": "launch-sglang.sh"}
+LAUNCH_FILES = {"vllm": "launch-vllm.sh", "sglang": "launch-sglang.sh", "trtllm": "launch-trtllm.sh"}
 
 
 def json_safe(value: Any) -> Any:

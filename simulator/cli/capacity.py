@@ -277,7 +277,8 @@ def render(answer: dict[str, Any]) -> None:
     launch = answer.get("launch")
     if launch:
         console.print(f"[bold]launch the winner as simulated[/] ({escape(launch['candidate'])}, "
-                      f"{launch['replica_sets']} replica set(s)); SGLang in launch-sglang.sh")
+                      f"{launch['replica_sets']} replica set(s)); SGLang in launch-sglang.sh, "
+                      "TensorRT-LLM in launch-trtllm.sh")
         console.print(escape(launch["vllm"]["text"]), highlight=False)
 
 

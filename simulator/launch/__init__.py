@@ -2,9 +2,10 @@
 
 :func:`launch_configs` turns a resolved topology (:func:`servesim.topology.resolve.resolve_topology`)
 into one :class:`~servesim.launch.command.LaunchConfig` per engine family (``vllm serve``, SGLang's
-``launch_server``), generated from each replica group's parallelism, memory plan, engine limits,
-policy and precision, so a plan can be tried on a real cluster as it was simulated. One function
-per family (:data:`FAMILIES`); a new family is one module and one entry.
+``launch_server``, TensorRT-LLM's ``trtllm-serve``), generated from each replica group's
+parallelism, memory plan, engine limits, policy and precision, so a plan can be tried on a real
+cluster as it was simulated. One function per family (:data:`FAMILIES`); a new family is one
+module and one entry.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import Any
 
 from servesim.launch.command import LaunchConfig, ServerCommand, served_model
 from servesim.launch.sglang import sglang_launch
+from servesim.launch.trtllm import trtllm_launch
 from servesim.launch.vllm import vllm_launch
 from servesim.topology.base import Topology
 
 FAMILIES: dict[str, Callable[[Topology, str, str], LaunchConfig]] = {
     "vllm": vllm_launch,
     "sglang": sglang_launch,
+    "trtllm": trtllm_launch,
 }
 
 

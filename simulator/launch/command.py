@@ -30,6 +30,8 @@ class ServerCommand:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()
+    """(path, text) of files the command reads, written before it (TensorRT-LLM's options YAML)."""
 
     def shell(self) -> str:
         """The command as a shell line per flag (``\\`` continuations), every word quoted: the
@@ -51,7 +53,8 @@ class ServerCommand:
     def to_dict(self) -> dict[str, Any]:
         return {"role": self.role, "copies": self.copies, "gpus_each": self.gpus_each,
                 "hardware": self.hardware, "argv": list(self.argv), "env": dict(self.env),
-                "command": self.shell(), "notes": list(self.notes)}
+                "command": self.shell(), "notes": list(self.notes),
+                **({"files": dict(self.files)} if self.files else {})}
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class LaunchConfig:
     """A fleet for one engine family: its servers, how requests reach them, and caveats."""
 
     family: str
-    """``vllm`` or ``sglang``."""
+    """``vllm``, ``sglang`` or ``trtllm``."""
     servers: tuple[ServerCommand, ...]
     routing: str
     """How requests are spread over the servers (the simulated router, in words)."""
@@ -81,6 +84,8 @@ class LaunchConfig:
                          f"{server.hardware} GPU(s), each on its own GPUs and port")
             for note in server.notes:
                 lines.append(f"# note: {note}")
+            for path, text in server.files:
+                lines += [f"cat > {shlex.quote(path)} <<'EOF'", text, "EOF"]
             lines.append(server.shell())
         if self.router_argv:
             lines.append("# router in front of the servers (one --prefill/--decode per server URL)")

@@ -148,7 +148,8 @@ def _launch(data: CapacityData) -> str:
             blocks.append(f"<h3>{label}</h3><pre>{escape(launch[family]['text'])}</pre>")
     return (f'<section class="launch" id="launch"><h2>Launch the winner as simulated</h2><p class="note">'
             f"{escape(launch['candidate'])}, {launch['replica_sets']} replica set(s): the engine arguments "
-            "the simulation ran with, as each engine's flags (also in launch-vllm.sh and launch-sglang.sh). "
+            "the simulation ran with, as each engine's flags (also in launch-vllm.sh, launch-sglang.sh and "
+            "launch-trtllm.sh). "
             f"Notes say what no flag expresses.</p>{''.join(blocks)}</section>")
 
 
