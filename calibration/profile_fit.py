@@ -124,9 +124,8 @@ def fit_with_tile(family: str, rows: pd.DataFrame, profile: HardwareProfile, pri
     bandwidth = profile.memory.bandwidth_Bps
     if family not in TILED_FAMILIES or len(rows) < MIN_ROWS_FULL_FIT:
         lock = None if family in UNLOCKED_FAMILIES else RIDGE_LOCK
-        result = fit_operator(work(family, rows, profile, prior.key_tile, row_tile=row_tile), bandwidth,
-                              prior, memory_tail, ridge_lock=lock)
-        return replace(result, efficiency=result.efficiency.model_copy(update={"row_tile": row_tile}))
+        return fit_operator(work(family, rows, profile, prior.key_tile, row_tile=row_tile), bandwidth,
+                            prior, memory_tail, ridge_lock=lock)
     best: tuple[float, FitResult] | None = None
     for tile in KEY_TILES:
         w = work(family, rows, profile, tile)
@@ -145,11 +144,14 @@ def fit_family(family: str, rows: pd.DataFrame, tables: dict[str, pd.DataFrame],
     """One family's fit, and for FP8 GEMMs the quantisation class fitted with it; a GEMM family
     whose kernels pad their rows is fitted on the padded rows (``row_tile``,
     :func:`~servesim.cost.roofline.padded_rows`)."""
+    quantise = None
     if family == "gemm_fp8":  # fitted net of the input quantisation its times include
         result, quantise = fit_gemm_fp8(rows, tables.get("gemm"), profile, prior, memory_tail, row_tile)
-        tiled = result.efficiency.model_copy(update={"row_tile": row_tile})
-        return replace(result, efficiency=tiled), quantise
-    return fit_with_tile(family, rows, profile, prior, memory_tail, row_tile), None
+    else:
+        result = fit_with_tile(family, rows, profile, prior, memory_tail, row_tile)
+    if result.efficiency.row_tile != row_tile:  # the class prices as it was fitted
+        result = replace(result, efficiency=result.efficiency.model_copy(update={"row_tile": row_tile}))
+    return result, quantise
 
 
 def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, source: str,

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from servesim.dtypes import DType
 from servesim.launch.command import LaunchConfig, ServerCommand, parallelism_argv
 from servesim.launch.routing import SGLANG_ROUTER_POLICY, routing_text
+from servesim.parallelism import Parallelism
 from servesim.topology.base import Topology
 from servesim.topology.group import ReplicaGroup
 
@@ -38,13 +39,11 @@ ranks over a ``--tp-size`` that counts every GPU of the stage (:func:`sglang_deg
 ``--dp-size`` would start independent replicas instead."""
 
 
-def sglang_degrees(degrees: dict[str, int]) -> dict[str, int]:
-    """A layout's degrees as SGLang counts them: its ``--tp-size`` is ``tp x dp`` (the attention
-    ranks share the stage's GPUs, and the MoE layers span them: ``--ep-size`` divides it)."""
-    out = dict(degrees)
-    if out.get("dp", 1) > 1:
-        out["tp"] = out.get("tp", 1) * out["dp"]
-    return out
+def sglang_degrees(parallelism: Parallelism) -> dict[str, int]:
+    """A layout's degrees as SGLang counts them: its ``--tp-size`` is every GPU of the stage
+    (``tp x dp``: the attention ranks share them, and the MoE layers span them, ``--ep-size``
+    dividing it)."""
+    return {**parallelism.describe(), "tp": parallelism.stage_gpus}
 
 DTYPE_FLAG = {DType.BF16: "bfloat16", DType.FP16: "float16"}
 
@@ -59,7 +58,7 @@ def mem_fraction_static(group: ReplicaGroup) -> float:
 
 def _group_argv(group: ReplicaGroup) -> tuple[list[str], list[str]]:
     s, policy, p = group.settings, group.policy, group.precision
-    argv, notes = parallelism_argv(sglang_degrees(group.parallelism.describe()), PARALLELISM_FLAGS,
+    argv, notes = parallelism_argv(sglang_degrees(group.parallelism), PARALLELISM_FLAGS,
                                    "servesim.launch.sglang")
     if p.activation in DTYPE_FLAG:
         argv += ["--dtype", DTYPE_FLAG[p.activation]]

@@ -41,7 +41,7 @@ def free_memory_fraction(group: ReplicaGroup) -> float:
 def _degrees(group: ReplicaGroup) -> tuple[list[str], dict[str, object]]:
     """Parallelism flags and the YAML keys it needs."""
     p = group.parallelism
-    argv = ["--tp_size", str(p.tp * p.dp), "--pp_size", str(p.pp)]
+    argv = ["--tp_size", str(p.stage_gpus), "--pp_size", str(p.pp)]
     if p.ep > 1:
         argv += ["--ep_size", str(p.ep)]
     options: dict[str, object] = {"enable_attention_dp": True} if p.dp > 1 else {}
