@@ -51,6 +51,16 @@ def test_validate_builds_the_plan_without_pandas_plotly_or_pyarrow() -> None:
     assert not modules & {"pandas", "plotly", "pyarrow"}, sorted(modules & {"pandas", "plotly", "pyarrow"})
 
 
+def test_a_run_that_writes_only_its_summary_imports_no_table_library(tmp_path: Path) -> None:
+    """The summary reads its tables as NumPy columns (``servesim.metrics.columns``): a run with
+    ``output: summary`` and no report writes summary.json without pandas, plotly or pyarrow (a
+    run with a report or tables imports them where it writes them)."""
+    modules = imported("run", "quickstart", "--set", "output=summary", "--set", "workload.num_requests=200",
+                       "--no-report", "--quiet", "--out", str(tmp_path / "run"))
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert not modules & {"pandas", "plotly", "pyarrow"}, sorted(modules & {"pandas", "plotly", "pyarrow"})
+
+
 def test_validate_builds_no_replica_and_reads_no_trace() -> None:
     """A plan builds no replica loop (replicas are made when a run starts) and a generated
     workload loads no trace reader; a config given as a path loads no sweep schema."""

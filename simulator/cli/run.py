@@ -157,7 +157,7 @@ def run_command(
         result = simulate(plan, progress=None if quiet else progress)
     render(result, out_dir, report=report, plotlyjs=plotlyjs)
     render_summary(result.summary, plan.topology)
-    console.print(f"simulated {len(workload):,} requests, {len(result.steps):,} steps in "
+    console.print(f"simulated {len(workload):,} requests, {len(result.step_log):,} steps in "
                   f"{result.wall_time_s:.2f} s wall ({len(workload) / max(result.wall_time_s, 1e-9):,.0f} "
                   "requests/s)")
     written = "summary.json, config.resolved.yaml"

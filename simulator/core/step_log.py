@@ -316,8 +316,9 @@ class StepLog:
 class StepColumns:
     """The summary's steps table as columns read one at a time: each is expanded from the compact
     log when read and dropped when its reader is done, so the summary never holds the table.
-    It answers what the summary asks of a table (a column by name as a Series, ``len``, ``in``);
-    a run with several groups, whose sections select rows by pool, gets a real table instead."""
+    It answers what the summary asks of a table (a column by name as a NumPy array, ``len``,
+    ``in``: :mod:`servesim.metrics.columns`); a run with several groups, whose sections select
+    rows by pool, gets a real table instead."""
 
     def __init__(self, fetch: Callable[[str], np.ndarray], names: list[str], length: int,
                  ends: Callable[[], np.ndarray]) -> None:
@@ -327,12 +328,10 @@ class StepColumns:
         """Each step's ``start_s + duration_s`` (:meth:`StepLog.ends`: without holding both columns)."""
         return self._ends()
 
-    def __getitem__(self, name: str) -> pd.Series:
-        import pandas as pd
-
+    def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._names:
             raise KeyError(name)
-        return pd.Series(self._fetch(name), name=name, copy=False)
+        return self._fetch(name)
 
     def __len__(self) -> int:
         return self._length

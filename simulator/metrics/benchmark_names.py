@@ -27,9 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from servesim.core.step_log import StepColumns
+from servesim.metrics.columns import Table, column, select
 from servesim.metrics.stats import merge_weighted, weighted_mean_std, weighted_percentile
 
 DEFAULT_PERCENTILES = (99.0,)
@@ -68,13 +68,11 @@ def _stats(values: np.ndarray, counts: np.ndarray | None, name: str, percentiles
     return {key: value * 1e3 for key, value in zip(keys, stats, strict=True)}
 
 
-def _completed(requests: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+def _completed(requests: Table, columns: list[str]) -> Table:
     """The completed requests' ``columns`` (a copy of what is read, not of the whole table; when
     every request completed, those columns as they are: a long run's are not copied)."""
-    completed = requests["status"] == "completed"
-    if bool(completed.all()):
-        return requests[columns]
-    return requests.loc[completed, columns]
+    completed = column(requests, "status") == "completed"
+    return select(requests, None if bool(completed.all()) else completed, columns)
 
 
 BUCKET_CHUNK = 1 << 20
@@ -82,7 +80,7 @@ BUCKET_CHUNK = 1 << 20
 copied whole into temporaries)."""
 
 
-def max_output_tokens_per_s(requests: pd.DataFrame, steps: pd.DataFrame) -> float:
+def max_output_tokens_per_s(requests: Table, steps: Table) -> float:
     """Most output tokens emitted in one whole second since the first arrival (vLLM's buckets).
 
     Each bucket's sum is of whole token counts (exact in floats, in any order), so the steps are
@@ -91,19 +89,19 @@ def max_output_tokens_per_s(requests: pd.DataFrame, steps: pd.DataFrame) -> floa
     done = _completed(requests, ["first_token_s"])
     if not len(done):
         return 0.0
-    start = float(requests["arrival_s"].min())
-    first = done["first_token_s"].to_numpy(float)
+    start = float(column(requests, "arrival_s").min())
+    first = column(done, "first_token_s").astype(float, copy=False)
     totals = _bucket_sums(np.zeros(0), first, np.ones(len(done)), start)
     if len(steps):
         ends = _step_ends(steps)
-        tokens = steps["decode_tokens"].to_numpy()
+        tokens = column(steps, "decode_tokens")
         for low in range(0, len(steps), BUCKET_CHUNK):
             high = low + BUCKET_CHUNK
             totals = _bucket_sums(totals, ends(low, high), tokens[low:high].astype(float), start)
     return float(totals.max()) if totals.size else 0.0
 
 
-def _step_ends(steps: pd.DataFrame) -> Callable[[int, int], np.ndarray]:
+def _step_ends(steps: Table) -> Callable[[int, int], np.ndarray]:
     """Steps ``low:high``'s ends, ``start_s + duration_s``. The summary's steps of a run with one
     replica group (:class:`~servesim.core.step_log.StepColumns`) are added in the step log, which
     never holds both columns whole (at a million requests each is 29 MiB); a table's, a chunk at
@@ -111,7 +109,7 @@ def _step_ends(steps: pd.DataFrame) -> Callable[[int, int], np.ndarray]:
     if isinstance(steps, StepColumns):
         ends = steps.ends()
         return lambda low, high: ends[low:high]
-    begins, durations = steps["start_s"].to_numpy(), steps["duration_s"].to_numpy()
+    begins, durations = column(steps, "start_s"), column(steps, "duration_s")
     return lambda low, high: (begins[low:high] + durations[low:high]).astype(float, copy=False)
 
 
@@ -131,13 +129,13 @@ def _bucket_sums(totals: np.ndarray, times: np.ndarray, weights: np.ndarray, sta
     return totals
 
 
-def max_concurrent_requests(requests: pd.DataFrame) -> int:
+def max_concurrent_requests(requests: Table) -> int:
     """Most completed requests between arrival and finish at once (half-open intervals)."""
     done = _completed(requests, ["arrival_s", "finish_s"])
     if not len(done):
         return 0
-    arrivals = np.sort(done["arrival_s"].to_numpy(float))
-    finishes = np.sort(done["finish_s"].to_numpy(float))
+    arrivals = np.sort(column(done, "arrival_s").astype(float, copy=False))
+    finishes = np.sort(column(done, "finish_s").astype(float, copy=False))
     return _most_in_flight(arrivals, finishes)
 
 
@@ -155,13 +153,13 @@ def _most_in_flight(arrivals: np.ndarray, finishes: np.ndarray) -> int:
     return most
 
 
-def benchmark_names(requests: pd.DataFrame, itl: pd.DataFrame, steps: pd.DataFrame, span: float,
+def benchmark_names(requests: Table, itl: Table, steps: Table, span: float,
                     goodput: float | None, percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
                     ) -> dict[str, Any]:
     """The flat vLLM-named section of ``summary.json`` (see the module docstring)."""
     done = _completed(requests, ["prompt_tokens", "output_tokens", "ttft_s", "tpot_s", "e2e_s"])
-    input_tokens = int(done["prompt_tokens"].sum())
-    output_tokens = int(done["output_tokens"].sum())
+    input_tokens = int(column(done, "prompt_tokens").sum())
+    output_tokens = int(column(done, "output_tokens").sum())
     out: dict[str, Any] = {
         "duration": span,
         "failed": int(len(requests) - len(done)),
@@ -174,12 +172,16 @@ def benchmark_names(requests: pd.DataFrame, itl: pd.DataFrame, steps: pd.DataFra
         "max_output_tokens_per_s": max_output_tokens_per_s(requests, steps),
         "max_concurrent_requests": max_concurrent_requests(requests),
     }
-    multi = done["output_tokens"].to_numpy() > 1
-    series = {"ttft": (done["ttft_s"].to_numpy(float), None),
-              "tpot": (done["tpot_s"].to_numpy(float)[multi], None),
+    multi = column(done, "output_tokens") > 1
+
+    def floats(table: Table, name: str) -> np.ndarray:
+        return column(table, name).astype(float, copy=False)
+
+    series = {"ttft": (floats(done, "ttft_s"), None),
+              "tpot": (floats(done, "tpot_s")[multi], None),
               # the counts as they are (whole numbers: the same sums as floats, without a float copy)
-              "itl": merge_weighted(itl["itl_s"].to_numpy(float), itl["count"].to_numpy()),
-              "e2el": (done["e2e_s"].to_numpy(float), None)}
+              "itl": merge_weighted(floats(itl, "itl_s"), column(itl, "count")),
+              "e2el": (floats(done, "e2e_s"), None)}
     for name in BENCH_METRICS:
         values, counts = series[name]
         out.update(_stats(np.asarray(values, float), None if counts is None else np.asarray(counts, float),

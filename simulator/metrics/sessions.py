@@ -12,14 +12,17 @@ of other runs keep their keys.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
+from servesim.metrics.columns import Table, as_frame
 from servesim.metrics.stats import describe
 from servesim.metrics.summary import slo_met
 from servesim.workloads.requests import RequestTable
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TURNS_SHOWN = 10
 """Turns listed one by one in ``ttft_by_turn``; later turns are pooled into one row."""
@@ -32,13 +35,16 @@ def session_columns(table: RequestTable) -> dict[str, np.ndarray]:
     return {"session": table.links.session, "turn": table.links.turn}
 
 
-def session_section(requests: pd.DataFrame, table: RequestTable,
+def session_section(requests: Table, table: RequestTable,
                     slo_limits: dict[str, float]) -> dict[str, Any]:
-    """``{"sessions": ...}`` for a workload with sessions, else ``{}``."""
+    """``{"sessions": ...}`` for a workload with sessions, else ``{}`` (pandas is imported for
+    the groupby only when there are sessions)."""
     links = table.links
     if links is None or not np.any(links.session >= 0):
         return {}
-    frame = requests.assign(session=links.session, turn=links.turn)
+    import pandas as pd
+
+    frame = as_frame(requests).assign(session=links.session, turn=links.turn)
     frame = frame[frame["session"] >= 0]
     completed = (frame["status"] == "completed").to_numpy()
     grouped = frame.assign(completed=completed).groupby("session", sort=True)

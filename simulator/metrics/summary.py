@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from servesim.core.state import UNFINISHED_NAME
 from servesim.metrics.benchmark_names import DEFAULT_PERCENTILES, benchmark_names, is_benchmark_key
+from servesim.metrics.columns import ColumnTable, Table, column, select
 from servesim.metrics.stats import describe, describe_weighted
 
 SUMMARY_LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queueing_s")
@@ -165,11 +165,11 @@ class Summary:
             benchmark={k: v for k, v in data.items() if is_benchmark_key(k)})
 
 
-def slo_met(requests: pd.DataFrame, limits: dict[str, float]) -> np.ndarray:
+def slo_met(requests: Table, limits: dict[str, float]) -> np.ndarray:
     """Per request: completed and within every limit (a one-token output has no TPOT to miss)."""
-    met = (requests["status"] == "completed").to_numpy().copy()
+    met = column(requests, "status") == "completed"
     for key, limit in limits.items():
-        values = requests[key].to_numpy()
+        values = column(requests, key)
         within = values <= limit
         if key == "tpot_s":
             within |= np.isnan(values)
@@ -177,33 +177,37 @@ def slo_met(requests: pd.DataFrame, limits: dict[str, float]) -> np.ndarray:
     return met
 
 
-def run_span(requests: pd.DataFrame) -> float:
+def run_span(requests: Table) -> float:
     """Seconds from the first arrival to the last completion (or the last arrival, if later):
     what throughputs divide by."""
-    completed = requests["status"] == "completed"
-    start = float(requests["arrival_s"].min()) if len(requests) else 0.0
-    last_arrival = float(requests["arrival_s"].max()) if len(requests) else 0.0
-    end = max(float(requests.loc[completed, "finish_s"].max()) if completed.any() else start,
+    completed = column(requests, "status") == "completed"
+    arrival = column(requests, "arrival_s")
+    start = float(arrival.min()) if len(requests) else 0.0
+    last_arrival = float(arrival.max()) if len(requests) else 0.0
+    end = max(float(column(requests, "finish_s")[completed].max()) if completed.any() else start,
               last_arrival)
     return max(end - start, 1e-12)
 
 
-def summarise(requests: pd.DataFrame, itl: pd.DataFrame, *, slo_limits: dict[str, float],
+def summarise(requests: Table, itl: Table, *, slo_limits: dict[str, float],
               offered_rate: float, deployment: dict[str, Any], kv: dict[str, Any], swap: dict[str, Any],
               batch: dict[str, Any], sections: dict[str, Any],
-              prefix_cache: dict[str, Any] | None, steps: pd.DataFrame | None = None,
+              prefix_cache: dict[str, Any] | None, steps: Table | None = None,
               metric_percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> Summary:
     """The summary of a run from its tables and the usage figures of its replicas (``steps`` and
-    ``metric_percentiles`` feed the vLLM-named section)."""
-    completed = requests["status"] == "completed"
+    ``metric_percentiles`` feed the vLLM-named section). The tables are DataFrames or
+    :class:`~servesim.metrics.columns.ColumnTable` alike (the same arrays, the same figures)."""
+    status = column(requests, "status")
+    completed = status == "completed"
     span = run_span(requests)
     latencies = [key for key in SUMMARY_LATENCIES if key != "itl_s"]
     # the columns read, not the whole table, and when every request completed not even those:
     # a long run's table is not copied (at a million requests the copy alone was 56 MiB)
     done = (requests if bool(completed.all())
-            else requests.loc[completed, [*latencies, "prompt_tokens", "output_tokens"]])
-    stats = {key: describe(done[key].to_numpy()) for key in latencies}
-    stats["itl_s"] = describe_weighted(itl["itl_s"].to_numpy(), itl["count"].to_numpy())
+            else select(requests, completed, [*latencies, "prompt_tokens", "output_tokens"]))
+    stats = {key: describe(column(done, key)) for key in latencies}
+    output = column(done, "output_tokens")
+    stats["itl_s"] = describe_weighted(column(itl, "itl_s"), column(itl, "count"))
     if slo_limits:
         met = slo_met(requests, slo_limits)
         attainment: float | None = float(met.mean()) if len(requests) else None
@@ -214,29 +218,29 @@ def summarise(requests: pd.DataFrame, itl: pd.DataFrame, *, slo_limits: dict[str
         **{key: LatencyStats(**stats[key]) for key in SUMMARY_LATENCIES},
         throughput=Throughput(
             requests_per_s=len(done) / span,
-            output_tokens_per_s=float(done["output_tokens"].sum()) / span,
-            total_tokens_per_s=float((done["prompt_tokens"] + done["output_tokens"]).sum()) / span),
+            output_tokens_per_s=float(output.sum()) / span,
+            total_tokens_per_s=float((column(done, "prompt_tokens") + output).sum()) / span),
         completed=int(completed.sum()),
-        rejected=int((requests["status"] == "rejected").sum()),
-        unfinished=int((requests["status"] == UNFINISHED_NAME).sum()),
-        preemptions=int(requests["preemptions"].sum()),
+        rejected=int((status == "rejected").sum()),
+        unfinished=int((status == UNFINISHED_NAME).sum()),
+        preemptions=int(column(requests, "preemptions").sum()),
         slo_attainment=attainment, goodput_requests_per_s=goodput, slos=slo_limits or None,
         duration_s=span, num_requests=len(requests), offered_rate=offered_rate, deployment=deployment,
         kv=KvUsage(**kv), swap=SwapUsage(**swap), batch=BatchUsage(**batch), sections=sections,
         prefix_cache=PrefixCacheStats(**prefix_cache) if prefix_cache else None,
-        benchmark=benchmark_names(requests, itl, steps if steps is not None else pd.DataFrame(), span,
+        benchmark=benchmark_names(requests, itl, steps if steps is not None else ColumnTable({}), span,
                                   goodput, metric_percentiles))
 
 
-def prefix_cache_stats(requests: pd.DataFrame, caches: list[Any], workload_has_prefixes: bool
+def prefix_cache_stats(requests: Table, caches: list[Any], workload_has_prefixes: bool
                        ) -> dict[str, Any] | None:
     """The prefix cache's hit rate over the admitted requests (recomputes after a preemption are
     not counted again); None when a replica caches no prefixes."""
     if not caches or any(c is None for c in caches):
         return None
-    admitted = requests["first_scheduled_s"].notna()
-    prompt = int(requests.loc[admitted, "prompt_tokens"].sum())
-    cached = int(requests.loc[admitted, "cached_tokens"].sum())
+    admitted = ~np.isnan(column(requests, "first_scheduled_s"))
+    prompt = int(column(requests, "prompt_tokens")[admitted].sum())
+    cached = int(column(requests, "cached_tokens")[admitted].sum())
     return {"hit_rate": cached / prompt if prompt else 0.0, "cached_tokens": cached, "prompt_tokens": prompt,
             "evicted_blocks": sum(c.evicted_blocks for c in caches),
             "cached_blocks_at_end": sum(c.cached_blocks for c in caches),

@@ -10,11 +10,15 @@ in :func:`request_latencies`, which the request table, the summary and the capac
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from servesim.core.state import DONE, REJECT_REASONS, REJECTED, STATUS_NAMES, UNFINISHED_NAME, RequestState
+from servesim.metrics.columns import ColumnTable
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 LATENCY_COLUMNS = ("queueing_s", "ttft_s", "tpot_s", "e2e_s")
 
@@ -39,25 +43,44 @@ def status_names(r: RequestState) -> np.ndarray:
 
 SUMMARY_UNREAD = ("request_id", "priority", "reject_reason", "swaps_out", "swaps_in", "max_itl_s")
 """The request table's columns that no summary figure reads: the summary's table goes without
-them (see :func:`request_frame`)."""
+them (see :func:`summary_requests`)."""
 
 
-def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None, *,
-                  summary: bool = False) -> pd.DataFrame:
+def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
     """One row per request: what it was, what happened to it, and its latencies; ``extra``
-    columns (a topology's own) are appended. ``summary``: the table the summary reads, which a
-    run that writes only its summary builds instead (at a million requests the whole table's new
-    columns are some 100 MiB): without :data:`SUMMARY_UNREAD`, and the counters in the int32
-    the run keeps them in (the summary sums and compares them: the same figures)."""
+    columns (a topology's own) are appended."""
+    import pandas as pd
+
+    # the finished run's columns, read in place: a long run's table is not held twice
+    frame = pd.DataFrame(_request_columns(r, summary=False), copy=False)
+    for name, values in (extra or {}).items():
+        frame[name] = values
+    return frame
+
+
+def summary_requests(r: RequestState, extra: dict[str, np.ndarray] | None = None) -> ColumnTable:
+    """The request table the summary reads, which a run that writes only its summary builds
+    instead of :func:`request_frame` (at a million requests the whole table's new columns are some
+    100 MiB, and pandas is not imported for it): without :data:`SUMMARY_UNREAD`, and the counters
+    in the int32 the run keeps them in (the summary sums and compares them: the same figures)."""
+    table = ColumnTable(_request_columns(r, summary=True))
+    for name, values in (extra or {}).items():
+        table[name] = values
+    return table
+
+
+def _request_columns(r: RequestState, summary: bool) -> dict[str, np.ndarray]:
+    # (every column is an array: RequestTable makes ``priority`` zeros when it is not given)
+    """The request table's columns (see :func:`request_frame` and :func:`summary_requests`)."""
     latency = request_latencies(r)
     counter: Callable[[np.ndarray], np.ndarray] = np.asarray if summary else _int64
-    columns: dict[str, Callable[[], np.ndarray | None]] = {
+    columns: dict[str, Callable[[], np.ndarray]] = {
         "request_id": lambda: np.arange(len(r), dtype=np.int64),
         "replica": lambda: counter(r.replica),
         "arrival_s": lambda: r.arrival,
         "prompt_tokens": lambda: r.prompt,
         "output_tokens": lambda: r.output,
-        "priority": lambda: r.table.priority,
+        "priority": lambda: np.asarray(r.table.priority),
         "status": lambda: status_names(r),
         "reject_reason": lambda: np.asarray(REJECT_REASONS, dtype=object)[r.reject_reason],
         "first_scheduled_s": lambda: r.first_scheduled,
@@ -73,12 +96,7 @@ def request_frame(r: RequestState, extra: dict[str, np.ndarray] | None = None, *
         "max_itl_s": lambda: r.max_itl,
         "e2e_s": lambda: latency["e2e_s"],
     }
-    # the finished run's columns, read in place: a long run's table is not held twice
-    frame = pd.DataFrame({name: make() for name, make in columns.items()
-                          if not (summary and name in SUMMARY_UNREAD)}, copy=False)
-    for name, column in (extra or {}).items():
-        frame[name] = column
-    return frame
+    return {name: make() for name, make in columns.items() if not (summary and name in SUMMARY_UNREAD)}
 
 
 def _int64(column: np.ndarray) -> np.ndarray:
@@ -86,9 +104,16 @@ def _int64(column: np.ndarray) -> np.ndarray:
     return column.astype(np.int64, copy=False)
 
 
-def itl_frame(r: RequestState, *, summary: bool = False) -> pd.DataFrame:
-    """Every inter-token gap as (value, count) pairs; the counts in the table's int64, or for the
-    ``summary`` (which weighs the values by them: the same figures) in the log's int32."""
+def itl_frame(r: RequestState) -> pd.DataFrame:
+    """Every inter-token gap as (value, count) pairs, the counts in the table's int64."""
+    import pandas as pd
+
     values, counts = r.itl.arrays()
-    return pd.DataFrame({"itl_s": values, "count": counts if summary else counts.astype(np.int64)},
-                        copy=False)  # arrays() made them
+    return pd.DataFrame({"itl_s": values, "count": counts.astype(np.int64)}, copy=False)  # arrays() made them
+
+
+def summary_itl(r: RequestState) -> ColumnTable:
+    """The ITL pairs the summary reads (it weighs the values by the counts: the same figures),
+    the counts in the log's int32."""
+    values, counts = r.itl.arrays()
+    return ColumnTable({"itl_s": values, "count": counts})

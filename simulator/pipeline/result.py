@@ -10,21 +10,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import cast
+from typing import TYPE_CHECKING
 
-import pandas as pd
+import numpy as np
 
 from servesim.core.replica_state import ReplicaState
 from servesim.core.sim import Sim
 from servesim.core.state import RequestState
 from servesim.core.step_log import SPECULATIVE_SUMMARY_COLUMNS, SUMMARY_COLUMNS, StepLog
+from servesim.metrics.columns import Table
 from servesim.metrics.sessions import session_columns, session_section
 from servesim.metrics.summary import Summary, prefix_cache_stats, run_span, summarise
-from servesim.metrics.tables import itl_frame, request_frame
+from servesim.metrics.tables import itl_frame, request_frame, summary_itl, summary_requests
 from servesim.metrics.usage import batch_usage, kv_usage, swap_usage
 from servesim.pipeline.plan import RunPlan
 from servesim.speculative.metrics import speculative_section
 from servesim.topology.base import Built, GroupRun
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -59,24 +63,25 @@ class RunResult:
     @cached_property
     def requests(self) -> pd.DataFrame:
         """One row per request (:func:`~servesim.metrics.tables.request_frame`)."""
-        return self._requests_frame(summary=False)
+        return request_frame(self.sim.requests, self._request_extra())
 
-    def _requests_frame(self, summary: bool) -> pd.DataFrame:
-        columns = {**self.plan.topology.request_columns(self.sim), **session_columns(self.plan.workload)}
-        return request_frame(self.sim.requests, columns, summary=summary)
+    def _request_extra(self) -> dict[str, np.ndarray]:
+        """The topology's and the sessions' own request columns."""
+        return {**self.plan.topology.request_columns(self.sim), **session_columns(self.plan.workload)}
 
-    def _summary_requests(self) -> pd.DataFrame:
+    def _summary_requests(self) -> Table:
         """The request table the summary reads: :attr:`requests` when it is built already,
-        otherwise only the columns a summary figure reads, not kept (``request_frame(...,
-        summary=True)``: a long run that writes only its summary never builds the whole table)."""
+        otherwise only the columns a summary figure reads, as NumPy columns, not kept
+        (:func:`~servesim.metrics.tables.summary_requests`: a long run that writes only its
+        summary never builds the whole table, nor imports pandas)."""
         built = self.__dict__.get("requests")
-        return built if built is not None else self._requests_frame(summary=True)
+        return built if built is not None else summary_requests(self.sim.requests, self._request_extra())
 
-    def _summary_itl(self) -> pd.DataFrame:
+    def _summary_itl(self) -> Table:
         """The ITL table the summary reads: :attr:`itl` when it is built already, otherwise the
         pairs with their counts as the log holds them (int32), not kept."""
         built = self.__dict__.get("itl")
-        return built if built is not None else itl_frame(self.sim.requests, summary=True)
+        return built if built is not None else summary_itl(self.sim.requests)
 
     @cached_property
     def steps(self) -> pd.DataFrame:
@@ -90,7 +95,7 @@ class RunResult:
         names = topology.group_of_replica() if len(topology.groups) > 1 else None
         return self.sim.steps.to_frame(blocks, names, labels=labels, only=only)
 
-    def _summary_steps(self) -> pd.DataFrame:
+    def _summary_steps(self) -> Table:
         """The steps table the summary reads: :attr:`steps` when it is built already, otherwise
         only the columns a summary figure reads (:data:`~servesim.core.step_log.SUMMARY_COLUMNS`),
         expanded one by one from the compact step log and not kept (a long run that writes only
@@ -105,7 +110,7 @@ class RunResult:
             column for column in SUMMARY_COLUMNS if column not in SPECULATIVE_SUMMARY_COLUMNS)
         if len(self.plan.topology.groups) == 1:
             blocks = [run.group.limits.num_blocks for run in self.built.groups for _ in run.replicas]
-            return cast("pd.DataFrame", self.sim.steps.summary_columns(blocks, only))
+            return self.sim.steps.summary_columns(blocks, only)
         return self._steps_frame(labels=False, only=only)
 
     @cached_property

@@ -18,19 +18,17 @@ so with speculation mean ITL exceeds mean TPOT by about the mean acceptance leng
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from servesim.core.replica_state import ReplicaState
+from servesim.metrics.columns import Table, column
 from servesim.speculative.plan import SpeculationPlan
-
-if TYPE_CHECKING:
-    import pandas as pd  # validate's plan line loads no table library
 
 
 def speculative_section(plan: SpeculationPlan, states: list[ReplicaState],
-                        steps: pd.DataFrame) -> dict[str, Any]:
+                        steps: Table) -> dict[str, Any]:
     """The section for one speculating group: ``states`` its replicas, ``steps`` their steps."""
     k = plan.num_tokens
     drafts = proposed = accepted = 0
@@ -43,11 +41,11 @@ def speculative_section(plan: SpeculationPlan, states: list[ReplicaState],
         accepted += counts.accepted
         assert counts.accepted_per_position is not None
         per_position += counts.accepted_per_position
-    decoding = steps["num_decodes"].to_numpy() > 0
-    speculating = steps["proposed_tokens"].to_numpy() > 0
-    busy = float(steps["duration_s"].sum())
-    proposal_s = float(steps["op_proposal_s"].sum())
-    verify_s = float(steps["verify_extra_s"].sum())
+    decoding = column(steps, "num_decodes") > 0
+    speculating = column(steps, "proposed_tokens") > 0
+    busy = float(column(steps, "duration_s").sum())
+    proposal_s = float(column(steps, "op_proposal_s").sum())
+    verify_s = float(column(steps, "verify_extra_s").sum())
     return {
         **plan.describe(),
         "drafts": drafts,

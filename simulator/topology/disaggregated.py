@@ -50,6 +50,7 @@ from servesim.core.state import DECODE_KV_NEVER_FITS, KV_NEVER_FITS, TOO_LONG, R
 from servesim.engines import Engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
+from servesim.metrics.columns import as_frame
 from servesim.metrics.stats import describe as describe_values
 from servesim.metrics.stats import fmt_seconds
 from servesim.metrics.usage import kv_usage
@@ -242,7 +243,8 @@ class Disaggregated(Topology):
                            "busy_fraction": busy / (len(run.replicas) * span) if span > 0 else 0.0,
                            "kv": kv_usage(run.states, mine)}
         link = built.links[0]
-        moved = requests[np.isfinite(requests["transfer_end_s"].to_numpy())]
+        frame = as_frame(requests)
+        moved = frame[np.isfinite(frame["transfer_end_s"].to_numpy())]
 
         def waits(end: str, start: str) -> dict[str, float | None]:
             return describe_values((moved[end] - moved[start]).to_numpy())

@@ -42,6 +42,7 @@ from servesim.core.replica_state import ReplicaState, rejection_codes
 from servesim.engines import Engine
 from servesim.errors import ServesimError
 from servesim.hardware_io import load_hardware
+from servesim.metrics.columns import column
 from servesim.metrics.stats import describe, fmt_seconds
 from servesim.model_config import load_model
 from servesim.policies.base import choose_policy
@@ -239,7 +240,7 @@ class Fleet(Topology):
                 "usd_per_gpu_hour": member.price, "price_source": member.price_source,
                 "replicas_mean": _time_mean(rows["time_s"].to_numpy(), billed.to_numpy(), horizon),
                 "replicas_peak": int(billed.max()), "gpu_hours": hours[name], "cost_usd": cost,
-                "busy_s": float(mine["duration_s"].sum()),
+                "busy_s": float(column(mine, "duration_s").sum()),
                 "requests": int((requests["pool"] == name).sum()) if "pool" in requests else None,
                 "cold_start_s": member.cold_start_s if member.autoscaling else None,
                 "scale_ups": scaler.scale_ups if scaler else 0,
@@ -253,15 +254,15 @@ class Fleet(Topology):
         and cost of the hour."""
         from servesim.metrics.summary import slo_met  # with pandas: a plan (validate) needs neither
 
-        hour_of = np.floor(requests["arrival_s"].to_numpy() / HOUR_S).astype(np.int64)
+        hour_of = np.floor(column(requests, "arrival_s") / HOUR_S).astype(np.int64)
         met = slo_met(requests, self.slo_limits) if self.slo_limits else None
         prices = {m.group.name: m.price for m in self.members}
         out = []
         for h in range(int(np.ceil(horizon / HOUR_S))):
             mask = hour_of == h
             start, end = h * HOUR_S, min((h + 1) * HOUR_S, horizon)
-            done = mask & (requests["status"] == "completed").to_numpy()
-            ttft = describe(requests["ttft_s"].to_numpy()[done])
+            done = mask & (column(requests, "status") == "completed")
+            ttft = describe(column(requests, "ttft_s")[done])
             replicas = 0.0
             cost: float | None = 0.0
             for name, rows in timeline.groupby("group", sort=False):
@@ -360,12 +361,12 @@ def _horizon(requests: pd.DataFrame, steps: pd.DataFrame) -> float:
     """The run's billed span: from 0 to the later of the last arrival, answer and step end."""
     ends = [0.0]
     if len(requests):
-        ends.append(float(requests["arrival_s"].max()))
-        finish = requests["finish_s"].to_numpy()
+        ends.append(float(column(requests, "arrival_s").max()))
+        finish = column(requests, "finish_s")
         if np.isfinite(finish).any():
             ends.append(float(np.nanmax(finish)))
     if len(steps):
-        ends.append(float((steps["start_s"] + steps["duration_s"]).max()))
+        ends.append(float((column(steps, "start_s") + column(steps, "duration_s")).max()))
     return max(ends)
 
 
