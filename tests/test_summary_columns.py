@@ -15,7 +15,6 @@ from servesim.metrics.columns import ColumnTable, as_frame, column, select
 from servesim.pipeline import prepare, simulate
 from servesim.pipeline.result import RunResult
 
-
 INDEPENDENT = {"num_requests": 400, "prompt": {"dist": "uniform", "low": 16, "high": 9000},
                "output": {"dist": "uniform", "low": 1, "high": 200}}
 """400 requests, some prompts longer than the 8,192-token context: those are rejected (so the
@@ -37,7 +36,8 @@ def summaries(**workload: Any) -> tuple[dict[str, Any], dict[str, Any], RunResul
     from_columns = light.summary.to_dict()
     assert "requests" not in light.__dict__ and "itl" not in light.__dict__
     full = run(**workload)
-    assert len(full.requests) == len(full.plan.workload) and len(full.itl) > 0 and len(full.steps) > 0  # first
+    # the tables built first, so the summary reads them
+    assert len(full.requests) == len(full.plan.workload) and len(full.itl) > 0 and len(full.steps) > 0
     return from_columns, full.summary.to_dict(), light
 
 
