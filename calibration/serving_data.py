@@ -50,6 +50,7 @@ from servesim.calibration.aic_flags import (
     disaggregated_flags,
     kv_cache_dtype,
 )
+from servesim.calibration.serving_speculation import speculation
 from servesim.dtypes import DType
 from servesim.engines import ENGINES as ENGINE_MODELS
 from servesim.engines.sglang import GB as GIB
@@ -177,6 +178,9 @@ class ServingRow:
     """The ISO day the row was measured (its ``measured=``), else the earliest such day of the
     file's rows of the same engine and version (one release is measured in one campaign), else
     empty: which of the generator's dated rules deployed it (:mod:`~servesim.calibration.aic_flags`)."""
+    speculative: dict[str, Any] | None = None
+    """The ``speculative`` section the deployment ran with where the file does not record it
+    (:mod:`~servesim.calibration.serving_speculation`), else None."""
     length_spread: float = 0.0
     """Half-width of the replay's output lengths as a fraction of ``osl`` (0: every request
     generates exactly ``osl`` tokens, as the benchmark asked). A deterministic replay of fixed
@@ -279,6 +283,7 @@ class ServingRow:
             "name": f"row{self.row}", "model": self.model, "hardware": HARDWARE[self.gpu],
             "engine": {"name": self.engine, **knobs, **(engine_knobs or {})},
             **({"policy": policy} if policy is not None else {}),
+            **({"speculative": self.speculative} if self.speculative is not None else {}),
             "deployment": deployment,
             "precision": {**self.formats(), "kv_cache": self.kv_cache()},
             "workload": {"arrival": {"process": "closed", "concurrency": self.concurrency},
@@ -391,6 +396,9 @@ def _serving_row(line: int, row: pd.Series, campaigns: dict[tuple[str, str], str
         dp=_degree(row, "attention_dp_size"), ep=_degree(row, "moe_ep_size"),
         prefill=_group(row, "prefill") if disaggregated else None,
         decode=_group(row, "decode") if disaggregated else None,
+        speculative=None if disaggregated else speculation(
+            ENGINES[str(row["backend"])], str(row.get("backend_version", "")), str(row["model_path"]),
+            _degree(row, "attention_dp_size")),
         prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
         decode_batch=_batch(row, "decode_batch_size") if disaggregated else None,
         measured_on=(measured_day(str(row["silicon_data_source"]))

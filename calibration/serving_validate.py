@@ -116,9 +116,10 @@ class TracedRow:
 
 
 def replayable(row: ServingRow) -> bool:
-    """One scheduling unit per replica (no disaggregation, attention DP or pipeline), whose
-    schedule can be traced once and re-timed."""
-    return row.prefill is None and row.dp == 1 and row.pp == 1
+    """One scheduling unit per replica (no disaggregation, attention DP or pipeline) decoding
+    one token per step (a speculating row's steps carry proposer passes that re-timing does not
+    rescale), whose schedule can be traced once and re-timed."""
+    return row.prefill is None and row.dp == 1 and row.pp == 1 and row.speculative is None
 
 
 def _trace(args: tuple[ServingRow, int]) -> TracedRow:

@@ -70,6 +70,33 @@ def test_graphs_pad_mixed_steps_only_when_the_engine_captures_them() -> None:
     assert unpadded.step(BatchShape.decode(33, 100)).flops == plain.step(BatchShape.decode(33, 100)).flops
 
 
+def test_a_speculative_verify_step_replays_the_graph_of_its_requests_where_sizes_count_requests() -> None:
+    """Five requests verifying three proposals each compute 20 tokens. TensorRT-LLM and SGLang
+    capture their graphs by requests (with the draft tokens): the step replays the graph of 8
+    requests, padded by 3 whole requests of 4 tokens (12 more GEMM rows), one launch. vLLM's
+    sizes count tokens: 20 tokens replay the graph of 24 (4 more rows). Neither runs eagerly,
+    which at 1 ms per launch would cost 291 ms; a plain decode of five requests pads to 8 either
+    way."""
+    verify = BatchShape.build(decode_context=np.full(5, 1000), decode_tokens=np.full(5, 4))
+    assert verify.num_new_tokens == 20 and verify.num_decodes == 5
+    by_requests = CostModel(LLAMA, H100, runtime=RuntimeCosts(
+        cuda_graph_sizes=(1, 2, 4, 8, 16), launch_s=1e-3, graph_counts_requests=True))
+    by_tokens = CostModel(LLAMA, H100, runtime=RuntimeCosts(cuda_graph_sizes=SIZES, launch_s=1e-3))
+    plain = kernels_only()
+    unit = 2.0 * layer_weights()
+    assert by_requests.step(verify).flops - plain.step(verify).flops == pytest.approx(12 * unit, rel=1e-12)
+    assert by_tokens.step(verify).flops - plain.step(verify).flops == pytest.approx(4 * unit, rel=1e-12)
+    for model in (by_requests, by_tokens):
+        assert model.step_time(verify) < 0.05  # one graph launch, not 291 eager ones
+    decode = BatchShape.decode(5, 1000)
+    for model in (by_requests, by_tokens):
+        assert model.step(decode).flops - plain.step(decode).flops == pytest.approx(3 * unit, rel=1e-12)
+    # 17 requests: beyond the largest graph of 16 requests, so eager, unpadded
+    wide = BatchShape.build(decode_context=np.full(17, 1000), decode_tokens=np.full(17, 4))
+    assert by_requests.step(wide).flops == plain.step(wide).flops
+    assert by_requests.step_time(wide) > 0.29
+
+
 def test_eager_steps_wait_for_their_launches() -> None:
     """Llama-3-8B launches per layer one QKV, one O and two MLP GEMMs and four fused elementwise
     kernels (8), plus embedding, final norm and LM head: 32 * 8 + 3 = 259 kernels, and one

@@ -62,10 +62,19 @@ class EngineRuntime:
         """(tokens the kernels run, graph mode) of ``batch``: padded up to the capture size it
         replays, or as is when it runs eagerly."""
         decode_only = batch.num_prefills == 0
-        size = self.runtime.graph_size(batch.num_new_tokens, decode_only)
+        tokens, requests = batch.num_new_tokens, batch.num_decodes
+        mode: GraphMode = "full" if decode_only and self.runtime.graph_decode_full else "piecewise"
+        if decode_only and self.runtime.graph_counts_requests and tokens > requests > 0:
+            # A speculative verify step: the graph captured for its requests, each padding
+            # request computing as many tokens as the step's longest (1 + k).
+            size = self.runtime.graph_size(requests, True)
+            if size is None:
+                return tokens, "eager"
+            return tokens + (size - requests) * -(-tokens // requests), mode
+        size = self.runtime.graph_size(tokens, decode_only)
         if size is None:
-            return batch.num_new_tokens, "eager"
-        return size, "full" if decode_only and self.runtime.graph_decode_full else "piecewise"
+            return tokens, "eager"
+        return size, mode
 
     def launch_s(self, batch: BatchShape, mode: GraphMode) -> float:
         """Host time to launch the step's GPU work."""

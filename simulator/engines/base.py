@@ -58,7 +58,8 @@ class RuntimeCosts:
     after the overlap: ``max(GPU, CPU) + serial``. Zero unless an engine's fitted profile sets it.
 
     **CUDA graphs**: a step that replays a captured graph is padded up to the next
-    ``cuda_graph_sizes`` entry (its GEMMs and elementwise kernels run that many rows) and pays no
+    ``cuda_graph_sizes`` entry (its GEMMs and elementwise kernels run that many rows; sizes in
+    requests where ``graph_counts_requests``) and pays no
     per-kernel launch; ``graph_mixed`` lets steps with prefill chunks replay piecewise graphs
     (vLLM v1: everything but attention), else only pure decode steps are captured;
     ``graph_decode_full`` false replays decodes piecewise too; ``graph_padding`` false means a
@@ -82,6 +83,13 @@ class RuntimeCosts:
     graph_decode_full: bool = True
     """Pure decode steps replay one full graph (else piecewise graphs, like mixed steps)."""
     graph_padding: bool = True
+    graph_counts_requests: bool = False
+    """The capture sizes count requests, not tokens (TensorRT-LLM's ``cuda_graph_batch_sizes``,
+    SGLang's ``cuda_graph_bs``): a speculative decode step of ``b`` requests, each verifying its
+    proposals, replays the graph captured for ``b`` (both capture their decode graphs with the
+    draft tokens), padded by whole requests. vLLM's sizes count tokens, so its verify step of
+    ``b x (1 + k)`` tokens replays the graph of that many tokens. Without speculation every
+    decode request computes one token and the two agree."""
     launch_s: float = 0.0
     allreduce: AllReduceKind = "ring"
     custom_allreduce_max_bytes: float = 8 * 2**20

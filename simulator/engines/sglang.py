@@ -216,5 +216,6 @@ class Sglang(Engine):
                 sizes = sglang_capture_sizes(knobs.cuda_graph_max_bs or default_max)
         return cpu.runtime(
             overlap=not knobs.disable_overlap_schedule, cuda_graph_sizes=sizes, graph_mixed=False,
+            graph_counts_requests=True,
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s,
             allreduce="nccl" if knobs.disable_custom_all_reduce else "custom")

@@ -106,5 +106,6 @@ class Trtllm(Engine):
                                                knobs.cuda_graph_padding))
         return cpu.runtime(
             overlap=not knobs.disable_overlap_scheduler, cuda_graph_sizes=sizes, graph_mixed=False,
+            graph_counts_requests=True,
             graph_padding=knobs.cuda_graph_padding,
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s, allreduce="custom")
