@@ -2,23 +2,31 @@
 
 AIConfigurator's serving file records no speculative decoding (its README: "Engine flags beyond
 the columns (... speculative decoding) are not recorded"), but some of its rows ran it. The
-DeepSeek-R1 rows of TensorRT-LLM ``1.2.0rc6.post3`` on B200 (88 rows, from ``source_file=
-2026-03-25.csv`` and ``2026-04-06.csv``) come from SemiAnalysis' InferenceX sweep, whose
-TensorRT-LLM DeepSeek-R1 configurations used two images: ``1.2.0rc6.post2`` for single-token
-decoding and ``1.2.0rc6.post3`` for MTP (SemiAnalysisAI/InferenceX issue #135: "Unified TRT LLM
-image tag across STP and MTP configs (previously used different .postN variants)"). The file
-agrees: at the same deployment, ``post3`` decodes about twice as fast as ``post2`` at 4 clients
-(FP8, TP 8, 1,024 + 1,024 tokens: TPOT 5.38 against 10.30 ms; 1,024 + 8,192: 4.37 against 10.13
-ms) and only 1.3x at 128 (42.8 against 55.7 ms at 8,192 + 1,024), which is speculation's
-signature (a memory-bound step verifies its proposals almost for free; a compute-bound one
-pays for each). Replayed without it, those rows' TPOT came out 1.7-1.9x the measured.
+DeepSeek-R1 rows of TensorRT-LLM ``1.2.0rc6.post3`` on B200 (88 rows, 68 once the file's
+duplicates are dropped; ``source_file=2026-03-25.csv`` and ``2026-04-06.csv``) come from
+SemiAnalysis' InferenceX sweep, whose TensorRT-LLM DeepSeek-R1 configurations used two images:
+``1.2.0rc6.post2`` for single-token decoding and ``1.2.0rc6.post3`` for MTP
+(SemiAnalysisAI/InferenceX issue #135: "Unified TRT LLM image tag across STP and MTP configs
+(previously used different .postN variants)"). The file agrees: at the same deployment, ``post3``
+decodes about twice as fast as ``post2`` at 4 clients (FP8, TP 8, 1,024 + 1,024 tokens: TPOT 5.38
+against 10.30 ms; 1,024 + 8,192: 4.37 against 10.13 ms) and only 1.3x at 128 (42.8 against 55.7 ms
+at 8,192 + 1,024), which is speculation's signature (a memory-bound step verifies its proposals
+almost for free; a compute-bound one pays for each). Replayed without it, the 46 of them with
+tensor-parallel attention came out at a median 1.68x the measured TPOT (median error 67.8%); with
+it, 36.5% (``validate-serving`` on those rows, engines as shipped; TTFT 34.7% -> 50.0%, its
+low-concurrency floor of about 200 ms being unexplained either way). The other 22 use attention
+data parallelism, with which the simulator does not model speculation: they are listed as not
+expressible.
 
-The recipe is InferenceX's (``benchmarks/dsr1_fp8_b200_trt_mtp.sh`` and ``dsr1_fp4_b200_trt_mtp.sh``):
-``speculative_config: {decoding_type: MTP, num_nextn_predict_layers: 3}``, or 1 with attention
-data parallelism. The acceptance is not in the file either: the replay takes AIConfigurator's own
-default MTP acceptance, ``nextn_accept_rates`` = 0.85, 0.3, 0, 0, 0 (the conditional acceptance of
-each successive prediction layer, as AIConfigurator's ``calc_mtp_expectation`` reads it), an
-estimate from the tool that assembled the file, not a value fitted to these rows.
+The recipe is InferenceX's (``benchmarks/dsr1_fp8_b200_trt_mtp.sh`` and
+``dsr1_fp4_b200_trt_mtp.sh``): ``speculative_config: {decoding_type: MTP,
+num_nextn_predict_layers: 3}``, or 1 with attention data parallelism. The acceptance is not in the
+file either: the replay takes AIConfigurator's own default MTP acceptance, ``nextn_accept_rates``
+= 0.85, 0.3, 0, 0, 0 (the conditional acceptance of each successive prediction layer, as
+AIConfigurator's ``calc_mtp_expectation`` reads it), an estimate from the tool that assembled the
+file, not a value fitted to these rows. (The replay still over-predicts their TPOT at low
+concurrency, 1.6x at 4 clients: the benchmark's text, random tokens, is likely more predictable
+than that default.)
 """
 
 from __future__ import annotations
