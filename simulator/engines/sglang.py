@@ -166,8 +166,9 @@ class Sglang(Engine):
                     "cuda_graph_max_bs, and mem_fraction_static from the reserved memory, since 0.5.3)",
     }
     memory_budget = "weights_and_kv"
-    hybrid_experts = True  # --ep-size below --tp-size with --enable-dp-attention (all-gather dispatch)
     """``mem_fraction_static`` holds the weights and the KV pool only."""
+    hybrid_experts = True
+    """``--ep-size`` below ``--tp-size`` with ``--enable-dp-attention`` (all-gather dispatch)."""
 
     def scheduler_defaults(self, hardware_name: str, hbm_bytes: float, tp: int) -> SchedulerDefaults:
         # A prefill batch stops at the first of its two limits (PrefillAdder's rem_chunk_tokens and

@@ -79,8 +79,9 @@ class Trtllm(Engine):
     fast_forward = True
     """Its runtime (graphs, host time, all-reduce) is priced by the cost model from the batch alone."""
     memory_budget = "free_after_load"
-    hybrid_experts = True  # moe_expert_parallel_size x moe_tensor_parallel_size, with attention DP
     """``free_gpu_memory_fraction``: a share of the memory free after loading (KvCacheConfig)."""
+    hybrid_experts = True
+    """``moe_expert_parallel_size`` x ``moe_tensor_parallel_size``, with attention DP."""
     defaults = SchedulerDefaults(policy="no_evict", max_num_seqs=2048, block_size=32,
                                  gpu_memory_utilization=0.9, watermark=0.0, enable_prefix_caching=True,
                                  chunked_max_num_batched_tokens=8192, min_max_num_batched_tokens=8192)

@@ -45,6 +45,7 @@ def sglang_degrees(parallelism: Parallelism) -> dict[str, int]:
     dividing it)."""
     return {**parallelism.describe(), "tp": parallelism.stage_gpus}
 
+
 DTYPE_FLAG = {DType.BF16: "bfloat16", DType.FP16: "float16"}
 
 

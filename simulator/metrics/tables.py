@@ -70,8 +70,8 @@ def summary_requests(r: RequestState, extra: dict[str, np.ndarray] | None = None
 
 
 def _request_columns(r: RequestState, summary: bool) -> dict[str, np.ndarray]:
-    # (every column is an array: RequestTable makes ``priority`` zeros when it is not given)
-    """The request table's columns (see :func:`request_frame` and :func:`summary_requests`)."""
+    """The request table's columns (see :func:`request_frame` and :func:`summary_requests`);
+    every one an array (``RequestTable`` makes ``priority`` zeros when it is not given)."""
     latency = request_latencies(r)
     counter: Callable[[np.ndarray], np.ndarray] = np.asarray if summary else _int64
     columns: dict[str, Callable[[], np.ndarray]] = {
