@@ -19,12 +19,23 @@ from servesim.calibration.profile_fit import error_stats
 from servesim.calibration.schema import FAMILIES, holdout_mask, read_measurements
 from servesim.calibration.vidur import gpu_of, vidur_tables
 from servesim.calibration.work import ape, predict, usable
+from servesim.engines.base import AllReduceKind
 from servesim.hardware import HardwareProfile
+
+COLLECTIVE_FAMILIES: dict[str, tuple[str, AllReduceKind]] = {
+    "allreduce_vllm": ("custom_allreduce", "custom"), "allreduce_nccl": ("nccl", "nccl")}
+"""The all-reduce as serving engines run it (``servesim.cost.communication.allreduce_s``), beside
+the ``allreduce`` family's ring model (servesim 0.1's, ``allreduce: ring``): family -> (the
+AIConfigurator table it is measured in, the runtime's ``allreduce`` kind). ``allreduce_vllm`` is
+vLLM's own all-reduce (its custom one-shot / two-shot kernels below 8 MiB, NCCL above, the size
+rule the engines apply), ``allreduce_nccl`` nccl-tests' all-reduce (SGLang's and TensorRT-LLM's
+large messages)."""
 
 
 def load_tables(source: Path, profile: HardwareProfile) -> dict[str, pd.DataFrame]:
     """A bench output folder, the public ``vidur_profiling`` folder or AIConfigurator's
-    ``kernels/aiconfigurator`` folder (the GPU from the profile)."""
+    ``kernels/aiconfigurator`` folder (the GPU from the profile; with its all-reduce tables as the
+    :data:`COLLECTIVE_FAMILIES`)."""
     source = Path(source)
     if (source / "compute").is_dir():
         return vidur_tables(source, gpu_of(profile.name))
@@ -32,8 +43,30 @@ def load_tables(source: Path, profile: HardwareProfile) -> dict[str, pd.DataFram
         from servesim.calibration.aiconfigurator import aic_system_of, aic_tables
 
         tables = aic_tables(source, aic_system_of(profile.name)).tables
-        return {k: v for k, v in tables.items() if k in FAMILIES}
+        out = {k: v for k, v in tables.items() if k in FAMILIES}
+        for family, (table, _) in COLLECTIVE_FAMILIES.items():
+            if table in tables and not tables[table].empty:
+                out[family] = tables[table]
+        return out
     return read_measurements(source)
+
+
+def collective_rows(family: str, table: pd.DataFrame, profile: HardwareProfile) -> pd.DataFrame:
+    """Rows of a :data:`COLLECTIVE_FAMILIES` family: each measured all-reduce priced as the engines
+    price it with ``profile`` (its fitted ``collectives``), and with the bare spec-sheet ring
+    model; held out as the collective fit holds them out (``calibration/collective_fit.py``)."""
+    from servesim.cost.communication import allreduce_s, ring_allreduce_s
+    from servesim.engines.base import RuntimeCosts
+
+    runtime = RuntimeCosts(allreduce=COLLECTIVE_FAMILIES[family][1])
+    message, world = table["bytes"].to_numpy(float), table["world"].to_numpy(int)
+    spec = profile.ideal().interconnect
+    pairs = list(zip(message.tolist(), world.tolist(), strict=True))
+    return pd.DataFrame({
+        "family": family, "measured_s": table["time_s"].to_numpy(float),
+        "predicted_s": [allreduce_s(b, w, runtime, profile) for b, w in pairs],
+        "spec_roofline_s": [ring_allreduce_s(b, w, spec) for b, w in pairs],
+        "held_out": holdout_mask(table, "allreduce"), "bytes": message, "world": world})
 
 
 def by_gemm_format(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
@@ -57,6 +90,9 @@ def predictions(tables: dict[str, pd.DataFrame], profile: HardwareProfile) -> pd
     frames = []
     spec = profile.ideal()
     for family, raw in by_gemm_format(tables).items():
+        if family in COLLECTIVE_FAMILIES:
+            frames.append(collective_rows(family, raw, profile))
+            continue
         table = usable(family, raw, profile)
         if table.empty:
             continue

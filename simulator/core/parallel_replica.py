@@ -122,15 +122,21 @@ def _row_head(state: ReplicaState, batch: Batch, now: float) -> tuple[float, ...
     """The step log's batch fields, read when the batch is formed (as :class:`Replica` does)."""
     shape = batch.shape
     pool = state.pool
+    proposals = batch.speculation
     return (state.index, now, shape.num_prefills, shape.num_decodes, shape.num_prefill_tokens,
-            shape.num_decodes, pool.total - pool.free, len(state.waiting), int(state.running.size),
-            batch.preempted, 0, 0)  # no speculative proposals: refused with stages or DP ranks
+            shape.num_decode_tokens, pool.total - pool.free, len(state.waiting), int(state.running.size),
+            batch.preempted, 0 if proposals is None else proposals.proposed_total,
+            0 if proposals is None else proposals.accepted_total)
 
 
 def _credit(rank: RankHandle, batch: Batch, now: float) -> None:
     state = rank.state
     requests = state.requests
-    if rank.prompts_done is None:
+    if batch.speculation is not None:  # a DP rank verifying proposals: several tokens per request
+        finished = state.complete_speculative_step(batch.ids, batch.new_tokens, batch.speculation, now)
+        if finished.size:
+            state.drop_finished()
+    elif rank.prompts_done is None:
         finished = requests.complete_step(batch.ids, batch.new_tokens, now, batch.decode_only)
         if finished.size:
             state.drop_finished()

@@ -17,6 +17,14 @@ serving-engine overhead (scheduling, sampling) is CPU time outside the stages: t
 adds it before the micro-batch enters the first stage, so with several micro-batches in flight
 it overlaps the other micro-batches' GPU work.
 
+With data-parallel attention ranks and speculative decoding (one stage; MTP on DeepSeek with
+attention DP is SGLang's and TensorRT-LLM's high-throughput recipe), each rank verifies its own
+proposals and runs its own proposer passes over its own batch after the target's pass
+(:class:`~servesim.cost.speculative.SpeculativeCost` per rank, at the rank's TP), so the
+slowest-rank rule takes the rank whose target pass plus proposer passes is longest. The proposer's
+own MoE layer is priced per rank at the rank's TP (its experts are not spread over the ranks as the
+target's are): an approximation that overprices a MoE proposer a little, stated here.
+
 With one stage (data-parallel attention ranks: vLLM's ``--data-parallel-size``, SGLang's
 ``--enable-dp-attention``) each rank is an engine process of its own, and the engine's CPU model
 applies per rank as it does to one TP group (:mod:`servesim.cost.engine_runtime`): each rank's
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from servesim.cost.batch import BatchShape
 from servesim.cost.pipeline import send_s
@@ -40,6 +49,10 @@ from servesim.engines.base import RuntimeCosts
 from servesim.hardware import HardwareProfile
 from servesim.model_spec import ModelSpec
 from servesim.parallelism import Parallelism, placement, stages_of
+
+if TYPE_CHECKING:
+    from servesim.cost.speculative import SpeculativeCost
+    from servesim.speculative.plan import SpeculationPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +80,21 @@ class ParallelCostModel:
     """Prices micro-batches on one replica of ``pp`` stages x ``dp`` ranks of ``tp`` GPUs."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile, parallelism: Parallelism,
-                 precision: Precision, runtime: RuntimeCosts) -> None:
+                 precision: Precision, runtime: RuntimeCosts,
+                 speculation: SpeculationPlan | None = None) -> None:
+        """``speculation``: the group's speculative decoding (one stage only: the group refuses it
+        with pipeline stages), whose proposer passes each rank adds to its own step."""
         self.parallelism = parallelism
         self.model = model
         kernels = RuntimeCosts.none()
         self.stages = [CostModel(model, hardware, parallelism.tp, precision, kernels, parallelism, stage)
                        for stage in stages_of(model, parallelism)]
+        if speculation is not None and len(self.stages) > 1:
+            raise ValueError("speculative decoding is not modelled with pipeline stages")
+        self._pricers: list[CostModel | SpeculativeCost] = (
+            list(self.stages) if speculation is None else [speculation.cost(stage) for stage in self.stages])
+        """What prices each rank's part of each stage: the stage's cost model, with the proposer's
+        passes when the group speculates."""
         self.runtime = runtime
         self.overhead_s = runtime.step_overhead_s
         where = placement(hardware, parallelism)
@@ -86,8 +108,8 @@ class ParallelCostModel:
         stage_times, sends = [], []
         waits = 0.0
         per_rank: list[list[StepRecord]] = [[] for _ in shapes]
-        for index, cost in enumerate(self.stages):
-            records = [cost.step_record(shape) if shape is not None else None for shape in shapes]
+        for index, (cost, pricer) in enumerate(zip(self.stages, self._pricers, strict=True)):
+            records = [pricer.step_record(shape) if shape is not None else None for shape in shapes]
             slowest = max(r.time_s for r in records if r is not None)
             shared_gemm = shared_elem = shared_comm = shared_flops = shared_bytes = 0.0
             if cost.shares_experts:
@@ -149,4 +171,5 @@ def _merge(records: list[StepRecord], send_s: float, overhead_s: float) -> StepR
         attn_decode_s=sum(r.attn_decode_s for r in records),
         elementwise_s=sum(r.elementwise_s for r in records),
         communication_s=sum(r.communication_s for r in records) + send_s,
-        overhead_s=sum(r.overhead_s for r in records) + overhead_s)
+        overhead_s=sum(r.overhead_s for r in records) + overhead_s,
+        proposal_s=sum(r.proposal_s for r in records), verify_extra_s=sum(r.verify_extra_s for r in records))

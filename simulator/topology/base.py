@@ -235,6 +235,8 @@ def _build_pipelined(sim: Sim, group: ReplicaGroup, first_index: int,
             ranks = []
             for _ in range(par.dp):
                 state = make_state(index)
+                if group.speculation is not None:  # each DP rank speculates on its own batch
+                    state.speculation = group.speculation.speculator(sim.seed)
                 policy = group.policy.make(state)
                 if wrap_policy is not None:
                     policy = wrap_policy(state, policy)

@@ -125,9 +125,10 @@ class ReplicaGroup:
                          self.parallelism, stage)
 
     def parallel_cost_model(self, runtime: RuntimeCosts | None = None) -> ParallelCostModel:
-        """Prices micro-batches through this group's stages and DP ranks."""
+        """Prices micro-batches through this group's stages and DP ranks (each rank's proposer
+        passes included when the group speculates)."""
         return ParallelCostModel(self.model, self.hardware, self.parallelism, self.precision,
-                                 runtime or self.runtime)
+                                 runtime or self.runtime, self.speculation)
 
     def step_pricer(self) -> CostModel | SpeculativeCost:
         """What the replicas price their steps with: the cost model, with the proposer's passes
@@ -205,10 +206,10 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
     ) or defaults.gpu_memory_utilization
     parallelism = parallelism_of(keys, model)
     check_parallelism(model, hardware, parallelism, hybrid_experts=engine.hybrid_experts)
-    if speculation is not None and parallelism.pp * parallelism.dp > 1:
-        raise ServesimError("speculative", "is not modelled with pipeline stages or data-parallel "
-                            "attention ranks (deployment.pp or deployment.dp above 1)",
-                            "remove speculative, or use pp: 1 and dp: 1")
+    if speculation is not None and parallelism.pp > 1:
+        raise ServesimError("speculative", "is not modelled with pipeline stages (deployment.pp above 1)",
+                            "remove speculative, or use pp: 1 (data-parallel attention ranks, "
+                            "deployment.dp, do speculate)")
     memory = plan_replica_memory(model, hardware, parallelism, precision, utilization, budget, max_num_seqs,
                                  engine.memory_budget)
     if speculation is not None:
