@@ -8,8 +8,11 @@ and ``silicon_data_source`` are the same measurement imported twice and are drop
 rows that repeat one in every column but those and ``model_path``, where both model names are of one
 architecture (the same catalogue model) and both sources give the same ``measured=`` day: the
 file holds 173 DeepSeek-V3 measurements a second time as DeepSeek-R1's, from another dump, with
-the very same TTFT and TPOT floats (:func:`alias_duplicates`). Each dropped row is listed
-with the reason, like every row that is not replayed.
+the very same TTFT and TPOT floats (:func:`alias_duplicates`). Some rows file their layout with
+``tp_size`` (or ``attention_dp_size``) multiplied by ``moe_ep_size`` (TP 64 on an 8-GPU node for
+TP 8 and EP 8): they are read as the real layout (:func:`ep_multiplied`), and those that then
+repeat another row are dropped as well. Each dropped row is listed with the reason, like every row
+that is not replayed.
 
 :func:`read_serving_file` turns every row the simulator can express into an experiment document
 (model, GPU, engine, parallelism, precision, closed-loop workload) and every other row into a
@@ -131,6 +134,9 @@ MEASURED_ON = re.compile(r"measured=([^;]*)")
 RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 DUPLICATE = "repeats an earlier row's measurement (imported twice)"
 ALIAS = "repeats an earlier row's measurement under another name of the same architecture"
+EP_TWIN = "repeats another row's measurement, filed with its tp or attention dp multiplied by its ep"
+WORKERLESS_TWIN = ("repeats the measurement of a disaggregated row that records its worker counts "
+                   "(the same floats), without them")
 """The reasons a dropped duplicate is listed with (:func:`read_serving_file`)."""
 
 
@@ -307,6 +313,14 @@ class ServingFile:
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)
     aliases: int = 0
     """Of ``duplicates``, those filed under another model name of the same architecture."""
+    ep_multiplied: int = 0
+    """Rows whose layout was filed with tp or attention dp multiplied by ep (:func:`ep_multiplied`),
+    read as their twins file it."""
+    ep_twins: int = 0
+    """Of ``duplicates``, those that repeat another row once its layout is read so."""
+    workerless_twins: int = 0
+    """Of ``duplicates``, disaggregated rows without worker counts whose measurement a row with
+    them holds (:func:`workerless_twins`)."""
     unique: pd.DataFrame = field(default_factory=pd.DataFrame)
     """The file's rows (as text) with the duplicates dropped, replayable or not: what
     :mod:`~servesim.calibration.serving_noise` compares re-measurements in."""
@@ -327,6 +341,71 @@ def alias_duplicates(raw: pd.DataFrame) -> np.ndarray:
     key["architecture"] = raw["model_path"].map(lambda name: catalogue_model(name) or name)
     key["measured_on"] = raw["silicon_data_source"].map(lambda source: measured_day(source) or source)
     return key.duplicated(keep="first").to_numpy()
+
+
+def workerless_twins(raw: pd.DataFrame) -> np.ndarray:
+    """Per row of ``raw``, whether it is a disaggregated row without worker counts whose measurement
+    another row records with them: the same engine, release, GPU system, precision, lengths,
+    client concurrency and model architecture, and the very same TTFT and TPOT floats. The file
+    holds 203 such pairs (a DeepSeek-V3 row of one dump with its workers, the DeepSeek-R1 row of
+    another without), so a row without workers is often a measurement that is replayed already."""
+    disaggregated = raw["mode"].to_numpy() == "disagg"
+    rows = zip(disaggregated, raw.iterrows(), strict=True)
+    recorded = np.array([flag and _group(row, "prefill") is not None and _group(row, "decode") is not None
+                         for flag, (_, row) in rows], dtype=bool)
+    key = raw[["backend", "backend_version", "system", "precision", "isl", "osl", "silicon_ttft_ms",
+               "silicon_tpot_ms"]].copy()
+    key["concurrency"] = raw["silicon_data_source"].map(
+        lambda source: match.group(1) if (match := CONCURRENCY.search(str(source))) else "")
+    key["architecture"] = raw["model_path"].map(lambda name: catalogue_model(name) or name)
+    keys = list(key.itertuples(index=False, name=None))
+    with_workers = {k for k, flag, has in zip(keys, disaggregated, recorded, strict=True) if flag and has}
+    return np.array([flag and not has and k in with_workers
+                     for k, flag, has in zip(keys, disaggregated, recorded, strict=True)], dtype=bool)
+
+
+def ep_multiplied(raw: pd.DataFrame) -> np.ndarray:
+    """Per row of ``raw``, whether its layout is filed with ``tp_size`` (or ``attention_dp_size``)
+    multiplied by ``moe_ep_size``, the MoE TP set to the real TP (or DP): an aggregated row on
+    more GPUs than the system's NVLink domain whose ``moe_tp_size`` equals its ``moe_ep_size``
+    (above 1) and whose ``tp_size x attention_dp_size`` is their product. The file's own evidence:
+    41 such rows (DeepSeek on 8-GPU B200 and H200 nodes: TP 16 and 64, DP 16 and 64) repeat another
+    row's TTFT and TPOT to the last digit, and in every one the other row has the layout
+    ``tp_size / moe_ep_size`` (or ``attention_dp_size / moe_ep_size``) with MoE TP 1 and the same
+    EP: TP 64 / EP 8 is TP 8 / EP 8 on one node; and no row within one node has MoE TP equal to EP
+    above 1. The other 190 rows of that signature are read
+    as their twins are (:func:`deflate_ep_multiplied`)."""
+    def degree(column: str) -> np.ndarray:
+        values = pd.to_numeric(raw[column], errors="coerce").fillna(1).to_numpy(float)
+        return np.where(values >= 1, values, 1).astype(np.int64)
+
+    tp, dp, moe_tp, ep = (degree(c) for c in ("tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"))
+    domain = raw["system"].map(lambda system: _domain_gpus(str(system))).to_numpy(np.int64)
+    one_kind = (tp == 1) | (dp == 1)
+    return ((raw["mode"].to_numpy() == "agg") & (ep > 1) & (moe_tp == ep) & (tp * dp == moe_tp * ep)
+            & one_kind & (domain > 0) & (tp * dp > domain))
+
+
+def deflate_ep_multiplied(raw: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """``raw`` with the layouts of ``rows`` (:func:`ep_multiplied`) as their twins file them:
+    ``tp_size`` (or ``attention_dp_size``) divided by ``moe_ep_size``, ``moe_tp_size`` 1."""
+    out = raw.copy()
+    for label in raw.index[rows]:
+        row = out.loc[label]
+        ep = _degree(row, "moe_ep_size")
+        column = "tp_size" if _degree(row, "tp_size") > 1 else "attention_dp_size"
+        out.loc[label, column] = str(_degree(row, column) // ep)
+        out.loc[label, "moe_tp_size"] = "1"
+    return out
+
+
+@cache
+def _domain_gpus(system: str) -> int:
+    """GPUs of a system's NVLink domain (its profile's ``fast_domain_gpus``), 0 when unknown."""
+    profile = HARDWARE.get(system)
+    if profile is None:
+        return 0
+    return load_hardware(profile).fast_domain_gpus or 0
 
 
 def before_release(version: str, release: tuple[int, int, int]) -> bool:
@@ -511,13 +590,26 @@ def read_serving_file(path: Path) -> ServingFile:
     raw.index = np.arange(1, len(raw) + 1)
     key = [c for c in raw.columns if c not in KEY_EXCLUDED]
     repeated = raw.duplicated(subset=key, keep="first").to_numpy()
-    exact = raw[~repeated]
-    aliased = alias_duplicates(exact)
-    unique = exact[~aliased]
+    deflated = ep_multiplied(raw) & ~repeated
+    raw = deflate_ep_multiplied(raw, deflated)
+    # A row filed with tp or dp multiplied by ep, and its twin: the same measurement once the
+    # layout is read (batch_size follows the filed ranks, so it is left out of the comparison)
+    twin_key = [c for c in key if c != "batch_size"]
+    groups = raw.groupby(twin_key, sort=False, dropna=False).ngroup().to_numpy()
+    has_deflated = pd.Series(deflated).groupby(groups).transform("any").to_numpy(bool)
+    twins = raw.duplicated(subset=twin_key, keep="first").to_numpy() & has_deflated & ~repeated
+    distinct = raw[~repeated & ~twins]
+    aliased = alias_duplicates(distinct)
+    named = distinct[~aliased]
+    workerless = workerless_twins(named)
+    unique = named[~workerless]
     out = ServingFile(path, total=len(raw), duplicates=len(raw) - len(unique),
-                      aliases=len(exact) - len(unique), unique=unique)
+                      aliases=len(distinct) - len(named), unique=unique,
+                      ep_multiplied=int(deflated.sum()), ep_twins=int(twins.sum()),
+                      workerless_twins=int(workerless.sum()))
     skipped = [{"row": line, "backend": backend, "model": model, "system": system, "reason": reason}
-               for rows, reason in ((raw[repeated], DUPLICATE), (exact[aliased], ALIAS))
+               for rows, reason in ((raw[repeated], DUPLICATE), (raw[twins], EP_TWIN),
+                                    (distinct[aliased], ALIAS), (named[workerless], WORKERLESS_TWIN))
                for line, backend, model, system in zip(rows.index.to_numpy(dtype=np.int64).tolist(),
                                                        rows["backend"], rows["model_path"], rows["system"],
                                                        strict=True)]

@@ -268,6 +268,47 @@ def test_one_measurement_filed_under_two_names_of_one_architecture_counts_once(t
         ("Qwen/Qwen3-32B", 16)]
 
 
+def test_a_layout_filed_with_tp_or_dp_times_ep_is_read_as_its_twin_files_it(tmp_path: Path) -> None:
+    """TP 64 / MoE TP 8 / EP 8 on an 8-GPU B200 node is the file's way of writing TP 8 / EP 8 (its 41
+    such rows each repeat a TP 8 row's floats): the twin is dropped as the same measurement, a lone
+    one is read as TP (or DP) / EP; multi-node dense TP and GB200's NVL72 layouts are left as filed."""
+    deepseek = {"model_path": "deepseek-ai/DeepSeek-R1", "system": "b200_sxm", "precision": "fp8"}
+    tp8 = line("x", 8, 64, 150.123456789, 12.3456789, id="tp8", moe_tp_size=1, moe_ep_size=8, **deepseek)
+    tp64 = dict(tp8, id="tp64", tp_size=64, moe_tp_size=8, batch_size=1)
+    tp16 = line("x", 16, 32, 140.0, 11.0, id="tp16", moe_tp_size=4, moe_ep_size=4, **deepseek)
+    dp64 = line("x", 1, 128, 300.0, 20.0, id="dp64", attention_dp_size=64, moe_tp_size=8, moe_ep_size=8,
+                batch_size=2, **deepseek)
+    nvl72 = line("x", 72, 16, 200.0, 9.0, id="nvl72", moe_tp_size=72, moe_ep_size=1,
+                 **{**deepseek, "system": "gb200"})
+    dense16 = line("meta-llama/Llama-3.1-8B-Instruct", 16, 8, 50.0, 5.0, id="dense16", moe_tp_size=16)
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [tp8, tp64, tp16, dp64, nvl72, dense16]))
+    assert (data.total, data.duplicates, data.ep_twins, data.ep_multiplied) == (6, 1, 1, 3)
+    assert data.skipped_by_reason() == {
+        "repeats another row's measurement, filed with its tp or attention dp multiplied by its ep": 1}
+    assert data.skipped["row"].tolist() == [2]
+    layouts = {(r.tp, r.dp, r.ep, r.concurrency) for r in data.rows}
+    assert layouts == {(8, 1, 8, 64), (4, 1, 4, 32), (1, 8, 8, 128), (72, 1, 1, 16), (16, 1, 1, 8)}
+
+
+def test_a_disaggregated_row_without_workers_whose_floats_a_row_with_them_holds_counts_once(
+        tmp_path: Path) -> None:
+    """The file's 203 disaggregated DeepSeek-R1 rows without worker counts that hold a DeepSeek-V3
+    row's very floats (same engine, GPU, lengths and clients) and that row's worker counts: one
+    measurement, replayed once; a row without workers and floats of its own stays listed as such."""
+    with_workers = line("deepseek-ai/DeepSeek-V3", 8, 16, 812.345678901, 9.87654321, id="v3", mode="disagg",
+                        tp_size="", prefill_num_workers=1, prefill_tp_size=8, prefill_batch_size=1,
+                        decode_num_workers=2, decode_tp_size=8, decode_batch_size=8)
+    without = dict(with_workers, id="r1", model_path="deepseek-ai/DeepSeek-R1", prefill_num_workers="",
+                   decode_num_workers="", prefill_batch_size="", decode_batch_size="")
+    other = dict(without, id="other", silicon_tpot_ms=9.5)
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [with_workers, without, other]))
+    assert (data.duplicates, data.workerless_twins, len(data.rows)) == (1, 1, 1)
+    assert data.skipped.sort_values("row")["reason"].tolist() == [
+        "repeats the measurement of a disaggregated row that records its worker counts (the same floats), "
+        "without them",
+        "disaggregated row without worker counts (AIConfigurator's own reader refuses these too)"]
+
+
 def test_a_row_whose_throughput_exceeds_the_peak_is_listed_not_replayed(tmp_path: Path) -> None:
     """Little's law: c clients, each request 50 ms to its first token and 100 more tokens at 9.5 ms,
     complete c requests a second. Llama-3.1-8B multiplies 7,504,658,432 weights per token (32 x
