@@ -318,6 +318,9 @@ class ServingFile:
     read as their twins file it."""
     ep_twins: int = 0
     """Of ``duplicates``, those that repeat another row once its layout is read so."""
+    dp_as_tp: int = 0
+    """vLLM rows filed with attention DP equal to their TP that measure their sibling without it,
+    read as that sibling's layout (:func:`dp_as_tp`)."""
     workerless_twins: int = 0
     """Of ``duplicates``, disaggregated rows without worker counts whose measurement a row with
     them holds (:func:`workerless_twins`)."""
@@ -362,6 +365,35 @@ def workerless_twins(raw: pd.DataFrame) -> np.ndarray:
     with_workers = {k for k, flag, has in zip(keys, disaggregated, recorded, strict=True) if flag and has}
     return np.array([flag and not has and k in with_workers
                      for k, flag, has in zip(keys, disaggregated, recorded, strict=True)], dtype=bool)
+
+
+def dp_as_tp(raw: pd.DataFrame) -> np.ndarray:
+    """Per row of ``raw``, whether it is a vLLM aggregated row that files attention data
+    parallelism equal to its TP (``attention_dp_size == tp_size`` above 1, MoE TP 1, EP their
+    product: MiniMax-M2.5 ``tp 2, dp 2, ep 4`` and ``tp 4, dp 4, ep 16``, Kimi-K2.5 ``tp 4, dp 4,
+    ep 16``) for a deployment that ran on ``tp_size`` GPUs without DP ranks. The file's 115 such rows
+    with a sibling (the same release, model, GPU, precision, lengths and clients, filed at
+    ``tp_size`` GPUs with EP ``tp_size`` and no DP) measure the sibling's TPOT within 5% in 95% of
+    the pairs (median ratio 1.00) and its TTFT within a few per cent, where ``tp x dp`` GPUs whose
+    DP ranks each decode a ``dp``-th of the batch would measure a TPOT 1.5-2x lower at 128 clients
+    and more. They are read as that sibling's layout (:func:`deflate_dp_as_tp`)."""
+    def degree(column: str) -> np.ndarray:
+        values = pd.to_numeric(raw[column], errors="coerce").fillna(1).to_numpy(float)
+        return np.where(values >= 1, values, 1).astype(np.int64)
+
+    tp, dp, moe_tp, ep = (degree(c) for c in ("tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"))
+    return ((raw["backend"].to_numpy() == "vllm") & (raw["mode"].to_numpy() == "agg") & (tp > 1)
+            & (dp == tp) & (moe_tp == 1) & (ep == tp * dp))
+
+
+def deflate_dp_as_tp(raw: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """``raw`` with the layouts of ``rows`` (:func:`dp_as_tp`) as their siblings file them: no
+    attention DP, EP ``tp_size``."""
+    out = raw.copy()
+    for label in raw.index[rows]:
+        out.loc[label, "moe_ep_size"] = out.loc[label, "tp_size"]
+        out.loc[label, "attention_dp_size"] = "1"
+    return out
 
 
 def ep_multiplied(raw: pd.DataFrame) -> np.ndarray:
@@ -592,6 +624,8 @@ def read_serving_file(path: Path) -> ServingFile:
     repeated = raw.duplicated(subset=key, keep="first").to_numpy()
     deflated = ep_multiplied(raw) & ~repeated
     raw = deflate_ep_multiplied(raw, deflated)
+    without_dp = dp_as_tp(raw) & ~repeated
+    raw = deflate_dp_as_tp(raw, without_dp)
     # A row filed with tp or dp multiplied by ep, and its twin: the same measurement once the
     # layout is read (batch_size follows the filed ranks, so it is left out of the comparison)
     twin_key = [c for c in key if c != "batch_size"]
@@ -606,6 +640,7 @@ def read_serving_file(path: Path) -> ServingFile:
     out = ServingFile(path, total=len(raw), duplicates=len(raw) - len(unique),
                       aliases=len(distinct) - len(named), unique=unique,
                       ep_multiplied=int(deflated.sum()), ep_twins=int(twins.sum()),
+                      dp_as_tp=int(without_dp.sum()),
                       workerless_twins=int(workerless.sum()))
     skipped = [{"row": line, "backend": backend, "model": model, "system": system, "reason": reason}
                for rows, reason in ((raw[repeated], DUPLICATE), (raw[twins], EP_TWIN),

@@ -290,6 +290,25 @@ def test_a_layout_filed_with_tp_or_dp_times_ep_is_read_as_its_twin_files_it(tmp_
     assert layouts == {(8, 1, 8, 64), (4, 1, 4, 32), (1, 8, 8, 128), (72, 1, 1, 16), (16, 1, 1, 8)}
 
 
+def test_a_vllm_row_filing_dp_equal_to_tp_is_read_without_dp() -> None:
+    """vLLM's MiniMax and Kimi rows filed ``tp T, dp T, ep T x T`` measure their ``tp T, ep T``
+    siblings (115 pairs, TPOT within 5% in 95%): read so. Other DP layouts, and other engines'
+    rows of that shape, stay as filed."""
+    from servesim.calibration.serving_data import deflate_dp_as_tp, dp_as_tp
+
+    minimax = {"model_path": "MiniMaxAI/MiniMax-M2.5", "system": "b200_sxm", "backend": "vllm",
+               "backend_version": "0.19.0", "precision": "fp8", "moe_tp_size": 1}
+    rows = pd.DataFrame([line("x", 4, 64, 500.0, 20.0, attention_dp_size=4, moe_ep_size=16, **minimax),
+                         line("x", 2, 64, 500.0, 20.0, attention_dp_size=4, moe_ep_size=8, **minimax),
+                         line("x", 4, 64, 500.0, 20.0, attention_dp_size=4, moe_ep_size=16,
+                              **{**minimax, "backend": "trtllm"})], columns=COLUMNS).astype(str)
+    found = dp_as_tp(rows)
+    assert found.tolist() == [True, False, False]
+    read = deflate_dp_as_tp(rows, found)
+    assert read.loc[0, ["tp_size", "attention_dp_size", "moe_ep_size"]].tolist() == ["4", "1", "4"]
+    assert read.loc[1:].equals(rows.loc[1:])
+
+
 def test_a_disaggregated_row_without_workers_whose_floats_a_row_with_them_holds_counts_once(
         tmp_path: Path) -> None:
     """The file's 203 disaggregated DeepSeek-R1 rows without worker counts that hold a DeepSeek-V3
