@@ -147,13 +147,20 @@ def fit_collectives(nccl: pd.DataFrame, custom: pd.DataFrame, profile: HardwareP
     return collectives, reports
 
 
+def engine_allreduce_times(table: pd.DataFrame, hardware: HardwareProfile,
+                           runtime: RuntimeCosts = VLLM_RUNTIME) -> np.ndarray:
+    """Seconds of each all-reduce of ``table`` (its ``bytes`` and ``world``) as ``runtime`` runs it
+    on ``hardware`` (:func:`servesim.cost.communication.allreduce_s`)."""
+    from servesim.cost.communication import allreduce_s
+
+    return np.array([allreduce_s(float(b), int(w), runtime, hardware)
+                     for b, w in zip(table["bytes"], table["world"], strict=True)], dtype=np.float64)
+
+
 def engine_allreduce_errors(custom: pd.DataFrame, hardware: HardwareProfile,
                             runtime: RuntimeCosts = VLLM_RUNTIME) -> tuple[float, float]:
     """Median and p90 APE (%) of the all-reduce as ``runtime`` runs it on ``hardware``, against
     every row of vLLM's measured all-reduce (graph-captured)."""
-    from servesim.cost.communication import allreduce_s
-
-    predicted = np.array([allreduce_s(float(b), int(w), runtime, hardware)
-                          for b, w in zip(custom["bytes"], custom["world"], strict=True)])
+    predicted = engine_allreduce_times(custom, hardware, runtime)
     measured = custom["time_s"].to_numpy(float)
     return error_stats(np.abs(predicted - measured) / measured)

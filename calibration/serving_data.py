@@ -11,8 +11,10 @@ file holds 173 DeepSeek-V3 measurements a second time as DeepSeek-R1's, from ano
 the very same TTFT and TPOT floats (:func:`alias_duplicates`). Some rows file their layout with
 ``tp_size`` (or ``attention_dp_size``) multiplied by ``moe_ep_size`` (TP 64 on an 8-GPU node for
 TP 8 and EP 8): they are read as the real layout (:func:`ep_multiplied`), and those that then
-repeat another row are dropped as well. Each dropped row is listed with the reason, like every row
-that is not replayed.
+repeat another row are dropped as well; so are vLLM rows filing attention DP equal to their TP,
+which measure their siblings without it (:func:`dp_as_tp`), and disaggregated rows without worker
+counts whose very floats a row with them holds (:func:`workerless_twins`). Each dropped row is
+listed with the reason, like every row that is not replayed.
 
 :func:`read_serving_file` turns every row the simulator can express into an experiment document
 (model, GPU, engine, parallelism, precision, closed-loop workload) and every other row into a
@@ -377,13 +379,19 @@ def dp_as_tp(raw: pd.DataFrame) -> np.ndarray:
     the pairs (median ratio 1.00) and its TTFT within a few per cent, where ``tp x dp`` GPUs whose
     DP ranks each decode a ``dp``-th of the batch would measure a TPOT 1.5-2x lower at 128 clients
     and more. They are read as that sibling's layout (:func:`deflate_dp_as_tp`)."""
+    tp, dp, moe_tp, ep = _layout(raw)
+    return ((raw["backend"].to_numpy() == "vllm") & (raw["mode"].to_numpy() == "agg") & (tp > 1)
+            & (dp == tp) & (moe_tp == 1) & (ep == tp * dp))
+
+
+def _layout(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every row's (``tp_size``, ``attention_dp_size``, ``moe_tp_size``, ``moe_ep_size``) as
+    degrees (:func:`_degree` of a whole column: empty, 0 or missing mean 1)."""
     def degree(column: str) -> np.ndarray:
         values = pd.to_numeric(raw[column], errors="coerce").fillna(1).to_numpy(float)
         return np.where(values >= 1, values, 1).astype(np.int64)
 
-    tp, dp, moe_tp, ep = (degree(c) for c in ("tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"))
-    return ((raw["backend"].to_numpy() == "vllm") & (raw["mode"].to_numpy() == "agg") & (tp > 1)
-            & (dp == tp) & (moe_tp == 1) & (ep == tp * dp))
+    return degree("tp_size"), degree("attention_dp_size"), degree("moe_tp_size"), degree("moe_ep_size")
 
 
 def deflate_dp_as_tp(raw: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
@@ -405,13 +413,9 @@ def ep_multiplied(raw: pd.DataFrame) -> np.ndarray:
     row's TTFT and TPOT to the last digit, and in every one the other row has the layout
     ``tp_size / moe_ep_size`` (or ``attention_dp_size / moe_ep_size``) with MoE TP 1 and the same
     EP: TP 64 / EP 8 is TP 8 / EP 8 on one node; and no row within one node has MoE TP equal to EP
-    above 1. The other 190 rows of that signature are read
-    as their twins are (:func:`deflate_ep_multiplied`)."""
-    def degree(column: str) -> np.ndarray:
-        values = pd.to_numeric(raw[column], errors="coerce").fillna(1).to_numpy(float)
-        return np.where(values >= 1, values, 1).astype(np.int64)
-
-    tp, dp, moe_tp, ep = (degree(c) for c in ("tp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"))
+    above 1. The other 190 rows of that signature are read as their twins are
+    (:func:`deflate_ep_multiplied`)."""
+    tp, dp, moe_tp, ep = _layout(raw)
     domain = raw["system"].map(lambda system: _domain_gpus(str(system))).to_numpy(np.int64)
     one_kind = (tp == 1) | (dp == 1)
     return ((raw["mode"].to_numpy() == "agg") & (ep > 1) & (moe_tp == ep) & (tp * dp == moe_tp * ep)
@@ -497,8 +501,9 @@ def _serving_row(line: int, row: pd.Series, campaigns: dict[tuple[str, str], str
     match = CONCURRENCY.search(str(row["silicon_data_source"]))
     assert match is not None
     disaggregated = str(row["mode"]) == "disagg"
+    engine = ENGINES[str(row["backend"])]
     return ServingRow(
-        row=line, engine=ENGINES[str(row["backend"])], model=str(catalogue_model(str(row["model_path"]))),
+        row=line, engine=engine, model=str(catalogue_model(str(row["model_path"]))),
         hf_model=str(row["model_path"]), gpu=str(row["system"]), tp=_degree(row, "tp_size"),
         precision=precision_of(row),
         isl=int(_number(row["isl"])), osl=int(_number(row["osl"])), concurrency=int(match.group(1)),
@@ -508,7 +513,7 @@ def _serving_row(line: int, row: pd.Series, campaigns: dict[tuple[str, str], str
         prefill=_group(row, "prefill") if disaggregated else None,
         decode=_group(row, "decode") if disaggregated else None,
         speculative=None if disaggregated else speculation(
-            ENGINES[str(row["backend"])], str(row.get("backend_version", "")), str(row["model_path"]),
+            engine, str(row.get("backend_version", "")), str(row["model_path"]),
             _degree(row, "attention_dp_size")),
         prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
         decode_batch=_batch(row, "decode_batch_size") if disaggregated else None,

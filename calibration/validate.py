@@ -55,7 +55,8 @@ def collective_rows(family: str, table: pd.DataFrame, profile: HardwareProfile) 
     """Rows of a :data:`COLLECTIVE_FAMILIES` family: each measured all-reduce priced as the engines
     price it with ``profile`` (its fitted ``collectives``), and with the bare spec-sheet ring
     model; held out as the collective fit holds them out (``calibration/collective_fit.py``)."""
-    from servesim.cost.communication import allreduce_s, ring_allreduce_s
+    from servesim.calibration.collective_fit import engine_allreduce_times
+    from servesim.cost.communication import ring_allreduce_s
     from servesim.engines.base import RuntimeCosts
 
     runtime = RuntimeCosts(allreduce=COLLECTIVE_FAMILIES[family][1])
@@ -64,7 +65,7 @@ def collective_rows(family: str, table: pd.DataFrame, profile: HardwareProfile) 
     pairs = list(zip(message.tolist(), world.tolist(), strict=True))
     return pd.DataFrame({
         "family": family, "measured_s": table["time_s"].to_numpy(float),
-        "predicted_s": [allreduce_s(b, w, runtime, profile) for b, w in pairs],
+        "predicted_s": engine_allreduce_times(table, profile, runtime),
         "spec_roofline_s": [ring_allreduce_s(b, w, spec) for b, w in pairs],
         "held_out": holdout_mask(table, "allreduce"), "bytes": message, "world": world})
 

@@ -66,7 +66,7 @@ class EngineRuntime:
         mode: GraphMode = "full" if decode_only and self.runtime.graph_decode_full else "piecewise"
         if decode_only and self.runtime.graph_counts_requests and tokens > requests > 0:
             # A speculative verify step: the graph captured for its requests, each padding
-            # request computing as many tokens as the step's longest (1 + k).
+            # request computing the step's tokens per request, rounded up (1 + k when all propose k).
             size = self.runtime.graph_size(requests, True)
             if size is None:
                 return tokens, "eager"
