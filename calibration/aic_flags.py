@@ -141,11 +141,34 @@ BUDGETED_ENGINES = ("vllm", "trtllm")
 one seat its budget only binds above SGLang's chunk)."""
 
 
-def _worker(engine: str, seats: int, budget: int) -> dict[str, Any]:
-    """One worker's deployment keys: its seats, and its step budget where the rules set one."""
+KV_MEMORY_FRACTION = {"trtllm": 0.80}
+"""The KV-cache memory fraction the generator's templates deploy where no rule sets one:
+TensorRT-LLM's ``kv_cache_config.free_gpu_memory_fraction | default(0.80)`` in every
+``backend_templates/trtllm/extra_engine_args*.yaml.j2`` (1.0.0rc3 to 1.3.0rc14), against
+TensorRT-LLM's own default of 0.9. vLLM's template passes no ``--gpu-memory-utilization`` (vLLM's
+0.9) and SGLang's passes ``--mem-fraction-static`` only when a rule sets it, which none does
+(SGLang's own per-GPU default). Only rows of AIConfigurator's own campaigns get it
+(:func:`generator_deployed`): the templates are its, not InferenceX's."""
+
+
+def generator_deployed(source: str) -> bool:
+    """Whether a row's ``silicon_data_source`` names one of AIConfigurator's own campaigns, whose
+    workers its generator deployed: its gap-analysis files (``aic-auto-gap-analysis``,
+    ``*-gap-analysis.csv``) and its benchmark database (``db-dump/``). The dated campaign files
+    (``source_file=2026-03-25.csv; model=...; wip=...; image=...``: InferenceX's runs, whose
+    TensorRT-LLM images and recipes ``serving_speculation`` reads) were deployed by their own
+    scripts, so the templates' KV fraction is not applied to them."""
+    return "gap-analysis" in source or source.startswith("db-dump/")
+
+
+def _worker(engine: str, seats: int, budget: int, generated: bool = True) -> dict[str, Any]:
+    """One worker's deployment keys: its seats, its step budget where the rules set one, and, for
+    a worker the generator deployed, its KV-cache memory fraction where the templates set one."""
     keys: dict[str, Any] = {"max_num_seqs": seats}
     if engine in BUDGETED_ENGINES:
         keys["max_num_batched_tokens"] = budget
+    if generated and engine in KV_MEMORY_FRACTION:
+        keys["gpu_memory_utilization"] = KV_MEMORY_FRACTION[engine]
     return keys
 
 
@@ -154,24 +177,26 @@ def _graphs(engine: str, seats: int) -> dict[str, Any]:
     return {CAPTURE_SIZE_KNOB[engine]: list(range(1, seats + 1))}
 
 
-def disaggregated_flags(engine: str, isl: int, prefill_batch: int | None, decode_batch: int | None
-                        ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """({"prefill": keys, "decode": keys}, engine knobs) of a disaggregated deployment."""
+def disaggregated_flags(engine: str, isl: int, prefill_batch: int | None, decode_batch: int | None,
+                        generated: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """({"prefill": keys, "decode": keys}, engine knobs) of a disaggregated deployment
+    (``generated``: deployed by AIConfigurator's generator, :func:`generator_deployed`)."""
     prefill_seats = prefill_batch or DEFAULT_PREFILL_SEATS
     decode_seats = decode_batch or DEFAULT_DECODE_SEATS
-    groups = {"prefill": _worker(engine, prefill_seats, step_budget(engine, isl, 0)),
-              "decode": _worker(engine, decode_seats, decode_seats)}
+    groups = {"prefill": _worker(engine, prefill_seats, step_budget(engine, isl, 0), generated),
+              "decode": _worker(engine, decode_seats, decode_seats, generated)}
     return groups, _graphs(engine, decode_seats)
 
 
-def aggregated_flags(engine: str, isl: int, batch_size: int, measured_on: str = ""
-                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+def aggregated_flags(engine: str, isl: int, batch_size: int, measured_on: str = "",
+                     generated: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """(deployment keys, engine knobs) of an aggregated worker serving ``batch_size`` requests,
-    deployed on ``measured_on`` (an ISO day; empty: unknown, so before any dated rule)."""
+    deployed on ``measured_on`` (an ISO day; empty: unknown, so before any dated rule);
+    ``generated``: by AIConfigurator's generator (:func:`generator_deployed`)."""
     knobs = _graphs(engine, batch_size)
     if mixes_chunks(engine, measured_on):
         knobs["max_prefill_tokens"] = isl + PROMPT_HEADROOM
-    return _worker(engine, batch_size, step_budget(engine, isl, batch_size)), knobs
+    return _worker(engine, batch_size, step_budget(engine, isl, batch_size), generated), knobs
 
 
 def aggregated_policy(engine: str, measured_on: str = "") -> dict[str, Any] | None:

@@ -53,6 +53,7 @@ from servesim.calibration.aic_flags import (
     aggregated_flags,
     aggregated_policy,
     disaggregated_flags,
+    generator_deployed,
     kv_cache_dtype,
 )
 from servesim.calibration.serving_speculation import speculation
@@ -189,6 +190,10 @@ class ServingRow:
     speculative: dict[str, Any] | None = None
     """The ``speculative`` section the deployment ran with where the file does not record it
     (:mod:`~servesim.calibration.serving_speculation`), else None."""
+    generated: bool = True
+    """Whether AIConfigurator's generator deployed it (its own campaigns, not InferenceX's:
+    :func:`~servesim.calibration.aic_flags.generator_deployed`): only then do its templates' KV
+    fractions apply."""
     length_spread: float = 0.0
     """Half-width of the replay's output lengths as a fraction of ``osl`` (0: every request
     generates exactly ``osl`` tokens, as the benchmark asked). A deterministic replay of fixed
@@ -222,9 +227,10 @@ class ServingRow:
         its batch is per attention-DP rank), or a disaggregated row's groups (the keys of each
         group under ``prefill`` and ``decode``)."""
         if self.prefill is not None:
-            return disaggregated_flags(self.engine, self.isl, self.prefill_batch, self.decode_batch)
+            return disaggregated_flags(self.engine, self.isl, self.prefill_batch, self.decode_batch,
+                                       self.generated)
         per_rank = -(-self.concurrency // self.dp)  # rounded up
-        return aggregated_flags(self.engine, self.isl, per_rank, self.measured_on)
+        return aggregated_flags(self.engine, self.isl, per_rank, self.measured_on, self.generated)
 
     def policy(self) -> dict[str, Any] | None:
         """The ``policy`` section where the generator's rules change the engine's default
@@ -518,7 +524,8 @@ def _serving_row(line: int, row: pd.Series, campaigns: dict[tuple[str, str], str
         prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
         decode_batch=_batch(row, "decode_batch_size") if disaggregated else None,
         measured_on=(measured_day(str(row["silicon_data_source"]))
-                     or campaigns.get((str(row["backend"]), str(row.get("backend_version", ""))), "")))
+                     or campaigns.get((str(row["backend"]), str(row.get("backend_version", ""))), "")),
+        generated=generator_deployed(str(row["silicon_data_source"])))
 
 
 def measured_day(source: str) -> str:

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from servesim.calibration.aic_flags import generator_deployed
 from servesim.calibration.engine_fit import loss, weighted_mean
 from servesim.calibration.replay import TRACE_FRONTEND_S, ZERO_CPU, Coefficients, simulate_document
 from servesim.calibration.serving_data import ServingRow, catalogue_model, read_serving_file
@@ -138,8 +139,26 @@ def test_each_row_replays_with_the_flags_aiconfigurator_deploys() -> None:
     assert document["deployment"]["max_num_seqs"] == 64
     assert document["engine"]["cudagraph_capture_sizes"] == list(range(1, 65))
     assert document["precision"]["kv_cache"] == "bf16"  # a bf16 checkpoint with FP8 GEMMs
+    assert "gpu_memory_utilization" not in document["deployment"]  # vLLM's own 0.9
     trt = ServingRow(**{**base.__dict__, "engine": "trtllm", "concurrency": 65})
     assert trt.document(2)["deployment"]["max_num_batched_tokens"] == 13568  # 13565 -> 424 blocks of 32
+    # the generator's templates deploy TensorRT-LLM with free_gpu_memory_fraction 0.80 (not its 0.9)
+    assert trt.document(2)["deployment"]["gpu_memory_utilization"] == 0.8
+    trt_groups = ServingRow(**{**trt.__dict__, "prefill": (1, 2, 1, 1), "decode": (1, 2, 1, 1)}).document(2)
+    assert [trt_groups["deployment"][g]["gpu_memory_utilization"]
+            for g in ("prefill", "decode")] == [0.8, 0.8]
+    # the KV pool is 0.8 of what is free once the weights and the workspace are in, not 0.9
+    # ... only where the generator deployed the worker: InferenceX's dated campaigns keep 0.9
+    inferencex = ServingRow(**{**trt.__dict__, "generated": False})
+    assert "gpu_memory_utilization" not in inferencex.document(2)["deployment"]
+    assert generator_deployed("source_file=/x/aic-auto-gap-analysis/data/h100_sxm/trtllm/1.0.0rc3/a.csv; "
+                              "silicon_concurrency=8")
+    assert generator_deployed("db-dump/2026-04-27; config_id=199; silicon_concurrency=16")
+    assert not generator_deployed("source_file=2026-04-06.csv; model=DeepSeek-R1; silicon_concurrency=256")
+    trt_memory = prepare(validate_document(trt.document(2))).topology.kv_group.memory
+    free = (trt_memory.capacity_bytes - trt_memory.reserved_bytes - trt_memory.weight_bytes
+            - trt_memory.activation_bytes)
+    assert trt_memory.kv_cache_bytes == pytest.approx(0.8 * free, rel=1e-12)
     # TensorRT-LLM runs FP8 only from a pre-quantised (ModelOpt) checkpoint, whose KV cache is FP8
     assert trt.document(2)["precision"]["kv_cache"] == "fp8"
     assert ServingRow(**{**trt.__dict__, "precision": "bf16"}).kv_cache() == "bf16"
@@ -147,6 +166,7 @@ def test_each_row_replays_with_the_flags_aiconfigurator_deploys() -> None:
                            "model": "deepseek-v3", "dp": 8, "concurrency": 60})
     sg = sglang.document(2)
     assert "max_num_batched_tokens" not in sg["deployment"] and sg["deployment"]["max_num_seqs"] == 8
+    assert "gpu_memory_utilization" not in sg["deployment"]  # SGLang's own mem_fraction_static
     assert sg["engine"]["cuda_graph_bs"] == list(range(1, 9)) and sg["precision"]["kv_cache"] == "fp8"
     split_row = ServingRow(**{**base.__dict__, "prefill": (1, 2, 1, 1), "decode": (2, 2, 1, 1),
                               "prefill_batch": 1, "decode_batch": 32})

@@ -27,6 +27,7 @@ swap copies and the time spent waiting for a busy stage.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING
 
@@ -53,7 +54,12 @@ class RankHandle:
         self.prompts_done: PromptsDone | None = None
 
     def accept(self, request: int) -> None:
-        if self.state.enqueue(request):
+        """As :meth:`Replica.accept <servesim.core.replica.Replica.accept>`: held until the step
+        after the next one while its engine runs a step and schedules ahead."""
+        engine = self.engine
+        if engine.replica.schedule_ahead and engine.busy:
+            self.state.hold(request, engine.replica.env.now)
+        elif self.state.enqueue(request):
             self.wake()
 
     def wake(self) -> None:
@@ -67,6 +73,10 @@ class VirtualEngine:
         self.replica = replica
         self.ranks: list[RankHandle] = []
         self._idle: simpy.Event | None = None
+        self.busy = False
+        """Whether a micro-batch of this engine is in flight (formed and not yet credited)."""
+        self._last_start = -math.inf
+        """When the micro-batch credited last was formed (see :class:`ReplicaState.release`)."""
 
     def wake(self) -> None:
         if self._idle is not None and not self._idle.triggered:
@@ -78,8 +88,15 @@ class VirtualEngine:
         stages = replica.stages
         while True:
             now = env.now
+            for rank in self.ranks:
+                if rank.state.inbox:
+                    rank.state.release(self._last_start)
             batches: list[Batch | None] = [rank.policy.schedule(now) for rank in self.ranks]
             if all(batch is None for batch in batches):
+                if any(rank.state.inbox for rank in self.ranks):  # idle: scheduled at once
+                    for rank in self.ranks:
+                        rank.state.release_all()
+                    continue
                 self._idle = env.event()
                 wakes = [w for w in (rank.policy.wake_at(now) for rank in self.ranks) if w is not None]
                 if wakes:
@@ -94,6 +111,7 @@ class VirtualEngine:
             rows = [_row_head(rank.state, batch, now) if batch is not None else None
                     for rank, batch in zip(self.ranks, batches, strict=True)]
             extra = max(batch.extra_s for batch in batches if batch is not None)
+            self.busy, self._last_start = True, now
             if priced.overhead_s + extra > 0:
                 yield env.timeout(priced.overhead_s + extra)
             waited = 0.0
@@ -113,6 +131,7 @@ class VirtualEngine:
                     continue
                 log.append(*head, *record._replace(time_s=record.time_s + extra + waited), extra + waited)
             end = env.now
+            self.busy = False
             for rank, batch in zip(self.ranks, batches, strict=True):
                 if batch is not None:
                     _credit(rank, batch, end)
@@ -151,9 +170,12 @@ class ParallelReplica:
     """``pp`` virtual engines x ``dp`` ranks sharing ``pp`` stages (see the module docstring)."""
 
     def __init__(self, env: simpy.Environment, units: Sequence[Sequence[tuple[ReplicaState, Policy]]],
-                 cost: ParallelCostModel, steps: StepLog) -> None:
-        """``units[v][d]``: the state and policy of DP rank ``d`` of virtual engine ``v``."""
+                 cost: ParallelCostModel, steps: StepLog, schedule_ahead: bool = False) -> None:
+        """``units[v][d]``: the state and policy of DP rank ``d`` of virtual engine ``v``.
+        ``schedule_ahead``: the engine schedules each step while the one before runs
+        (:mod:`servesim.core.replica`)."""
         self.env = env
+        self.schedule_ahead = schedule_ahead
         self.cost = cost
         self.steps = steps
         self.stages = [simpy.Resource(env, capacity=1) for _ in cost.stages]

@@ -33,7 +33,7 @@ class StalledError(ServesimError):
 def describe(state: ReplicaState) -> str:
     """A replica's state in a few numbers: what waits, what runs, what the KV pool has left."""
     pool = state.pool
-    text = (f"replica {state.index}: {len(state.waiting)} waiting, {int(state.running.size)} running, "
+    text = (f"replica {state.index}: {state.queued} waiting, {int(state.running.size)} running, "
             f"{pool.free} of {pool.total} KV blocks free")
     if state.waiting:
         head = state.waiting[0]
@@ -56,6 +56,6 @@ def check_finished(requests: RequestState, states: Iterable[ReplicaState], now: 
     left = int(np.count_nonzero((status != DONE) & (status != REJECTED)))
     if not left:
         return
-    stuck = [s for s in states if s.waiting or s.running.size]
+    stuck = [s for s in states if s.queued or s.running.size]
     where = describe(stuck[0]) if stuck else f"{left} requests are in transit between replicas"
     raise stalled(now, where, f"{left} requests can never finish (no event is left to run)")

@@ -4,6 +4,22 @@
 prices it, the clock advances by one SimPy event, and the step is credited to its requests. An
 idle replica waits on an event that the next arrival (or a policy's timer) triggers, so an empty
 system costs nothing.
+
+**Scheduling one step ahead.** An engine whose host work overlaps the GPU (vLLM V1's async
+scheduling, SGLang's and TensorRT-LLM's overlap schedulers: ``RuntimeCosts.overlap``) schedules
+step ``n + 1`` as soon as it has launched step ``n``, and reads its input queue just before that.
+A request that arrives while step ``n`` runs is therefore first seen when step ``n + 1`` is
+scheduled at ``n``'s end, and first runs in step ``n + 2``: one step later than on an engine that
+schedules at each step's end (vLLM's ``EngineCore.step_with_batch_queue`` with its batch queue of
+two, SGLang's ``event_loop_overlap``, TensorRT-LLM's ``_executor_loop_overlap``: each receives
+new requests once per iteration, after launching the next batch). With the engine knob
+``schedule_ahead`` (``RuntimeCosts.schedule_ahead``; off by default, because on the serving file
+it makes the replayed TTFT worse: README, Calibration) the replica holds such an arrival
+(``ReplicaState.hold``) and hands it to the policy at the end of the step after its arrival
+(``ReplicaState.release``, the arrivals up to the start of the step that just ended). An engine
+with nothing to run schedules an arrival at once, as it does when idle. Not modelled: the
+step that an overlapping engine schedules for a request already finished (its last token is seen
+one step late, so its seat and blocks free a step later and one token is computed in vain).
 """
 
 from __future__ import annotations
@@ -68,7 +84,8 @@ class Replica:
     def __init__(self, env: simpy.Environment, state: ReplicaState, policy: Policy,
                  cost: CostModel | StepPricer, steps: StepLog, prompts_done: PromptsDone | None = None,
                  next_arrival: Callable[[], float] | None = None, sole_replica: bool = False,
-                 horizon: Callable[[], float] | None = None, stream: OutputStream | None = None) -> None:
+                 horizon: Callable[[], float] | None = None, stream: OutputStream | None = None,
+                 schedule_ahead: bool = False) -> None:
         """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
         emits nothing here and goes to ``prompts_done`` instead. ``next_arrival`` (when the next
         request enters the deployment) turns fast-forward on: runs of pure-decode steps become one
@@ -81,7 +98,10 @@ class Replica:
         (:class:`~servesim.core.sim.Horizon`; None: never), which runs chained through a finish
         (:meth:`_chain`) end before. ``stream``: the front end's sender when the engine has a
         streaming cost (:mod:`servesim.core.stream_out`): every step's chunks go through it, and
-        its requests' first-token and finish times become the times their clients see them."""
+        its requests' first-token and finish times become the times their clients see them.
+        ``schedule_ahead``: the engine schedules each step while the one before runs (its host work
+        overlaps the GPU), so a request that arrives while a step runs is first scheduled in the
+        step after the next one (see the module docstring)."""
         self.env = env
         self.stream = stream
         self.state = state
@@ -107,12 +127,19 @@ class Replica:
         """Whether ordinary steps may be credited ahead of the clock (:meth:`_ahead`): only on the
         deployment's sole replica, whose appended step rows and ITL pairs then stay in clock
         order (no other replica appends between them)."""
+        self.schedule_ahead = schedule_ahead
+        self._last_start = -math.inf
+        """When the step that ends at the clock's next boundary started: the engine scheduled the
+        step after it then, so the arrivals it holds from before that instant join the next step."""
         self._idle: simpy.Event | None = None
         self.process = env.process(self._run())
 
     def accept(self, request: int) -> None:
-        """An arrival routed here: queue it (or reject it) and wake the loop if idle."""
-        if self.state.enqueue(request):
+        """An arrival routed here: queue it (or reject it) and wake the loop if idle; held until
+        the step after the next one while a step runs on an engine that schedules ahead."""
+        if self.schedule_ahead and self._idle is None:
+            self.state.hold(request, self.env.now)
+        elif self.state.enqueue(request):
             self.wake()
 
     def wake(self) -> None:
@@ -132,7 +159,12 @@ class Replica:
         while True:
             now = env.now
             if scheduled is None:
+                if state.inbox:
+                    state.release(self._last_start)
                 batch, planned = policy.schedule(now), None
+                if batch is None and state.inbox:  # an idle engine schedules its arrivals at once
+                    state.release_all()
+                    continue
             else:
                 (batch, planned), scheduled = scheduled, None
             if batch is None:
@@ -154,7 +186,7 @@ class Replica:
             record = None
             extra = batch.extra_s  # time beyond the priced model pass (KV swap copies)
             if next_arrival is not None and batch.decode_only and not batch.preempted and not extra \
-                    and batch.speculation is None and state.swap is None:
+                    and batch.speculation is None and state.swap is None and not state.inbox:
                 assert self.run_cost is not None  # set with next_arrival
                 run, first = plan_decode_run(state, self.run_cost, shape.decode_context, batch.ids, now,
                                              next_arrival(), self.sole_replica, policy.run_limit(batch),
@@ -184,6 +216,7 @@ class Replica:
                    int(state.running.size), batch.preempted,
                    0 if proposals is None else proposals.proposed_total,
                    0 if proposals is None else proposals.accepted_total, *record, extra)
+            self._last_start = now
             if self.steps_ahead and proposals is None and not extra \
                     and self._may_step_ahead(now, now + record.time_s):
                 self._credit_step(batch, now + record.time_s)
@@ -284,6 +317,7 @@ class Replica:
 
     def _credit_run(self, batch: Batch, run: DecodeRun, waiting: int) -> None:
         """Credit ``run`` (ending at ``run.times[-1]``) to the requests, the step log and the policy."""
+        self._last_start = run.times[-2]
         lag = 0.0 if self.stream is None else self.stream.emit_steps(run.times[1:], run.ids.size)
         finished = apply_decode_run(self.state, run, self.steps, waiting, batch.preempted)
         if lag and finished.size:
@@ -324,13 +358,18 @@ class Replica:
         state, policy, cost = self.state, self.policy, self.run_cost
         assert cost is not None and self.next_arrival is not None
         while True:
+            if state.inbox:
+                state.release(self._last_start)
             following = policy.schedule(t)
             if following is None:
+                if state.inbox:  # an idle engine schedules its arrivals at once
+                    state.release_all()
+                    continue
                 return t, (None, None), guess_s
             planned: Planned | None = None
             first = None
             if following.decode_only and not following.preempted and not following.extra_s \
-                    and following.speculation is None:
+                    and following.speculation is None and not state.inbox:
                 # The plan the loop would make at ``t`` (the same state, arrival and guess): kept
                 # for it when this run may not be credited early.
                 planned = plan_decode_run(state, cost, following.shape.decode_context, following.ids, t,
@@ -362,6 +401,7 @@ class Replica:
             if not self._may_step_ahead(start, end):
                 return t, (following, planned), guess_s
             self._append(following, t, record)
+            self._last_start = t
             self._credit_step(following, end)
             if planned is not None:
                 guess_s = record.time_s

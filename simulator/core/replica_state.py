@@ -140,6 +140,10 @@ class ReplicaState:
         # A deque, or any queue with the same few methods (a policy may install a keyed one:
         # append, popleft, extendleft, [0], len).
         self.waiting: WaitingQueue = deque()
+        self.inbox: deque[tuple[int, float]] = deque()
+        """Arrivals the scheduler has not seen yet, with their arrival times: an engine that
+        schedules one step ahead (:meth:`hold`) takes a request that arrives while a step runs
+        into the step after the next one (:meth:`release`)."""
         self.running: np.ndarray = _EMPTY
         self.preemptions = 0
         self.swap: HostSwap | None = None
@@ -151,24 +155,59 @@ class ReplicaState:
     # ------------------------------------------------------------------ load, for routers
     @property
     def outstanding(self) -> int:
-        """Requests queued or running here."""
-        return len(self.waiting) + int(self.running.size)
+        """Requests queued (seen by the scheduler or not yet) or running here."""
+        return len(self.waiting) + len(self.inbox) + int(self.running.size)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting here, seen by the scheduler or not yet (vLLM's ``num_requests_waiting``)."""
+        return len(self.waiting) + len(self.inbox)
 
     @property
     def kv_demand_blocks(self) -> int:
         """KV blocks in use plus those the waiting requests need for their uncomputed tokens
         (without counting prefix-cache hits): the load a KV-aware router compares."""
         used = self.pool.total - self.pool.free
-        if not self.waiting:
+        if not self.waiting and not self.inbox:
             return used
         r = self.requests
         ids = np.fromiter(self.waiting, dtype=np.int64, count=len(self.waiting))
+        if self.inbox:
+            ids = np.concatenate([ids, np.array([request for request, _ in self.inbox], dtype=np.int64)])
         tokens = r.prompt[ids] + r.generated[ids]
         return used + int((blocks_for(tokens, self.pool.block_size) - r.blocks_held[ids]).sum())
 
     # ------------------------------------------------------------------ arrival
     def enqueue(self, request: int) -> bool:
         """Queue an arriving request, or reject it (returns False) when it can never fit."""
+        if not self._arrive(request):
+            return False
+        self.waiting.append(request)
+        return True
+
+    def hold(self, request: int, now: float) -> bool:
+        """An arrival at ``now`` while a step runs on an engine that schedules one step ahead:
+        accepted (or rejected, returning False) as :meth:`enqueue` does, but kept in the
+        :attr:`inbox` until :meth:`release` hands it to the scheduler."""
+        if not self._arrive(request):
+            return False
+        self.inbox.append((request, now))
+        return True
+
+    def release(self, seen_by: float) -> None:
+        """Queue the held arrivals that came at or before ``seen_by`` (in arrival order): the
+        start of the step that just ended, when the engine scheduled the step now starting, and
+        read its input queue just before."""
+        inbox, waiting = self.inbox, self.waiting
+        while inbox and inbox[0][1] <= seen_by:
+            waiting.append(inbox.popleft()[0])
+
+    def release_all(self) -> None:
+        """Queue every held arrival: the engine has nothing else to run, so it schedules them now."""
+        self.release(math.inf)
+
+    def _arrive(self, request: int) -> bool:
+        """Mark an arrival as this replica's: waiting, or rejected (False) when it can never fit."""
         r = self.requests
         r.replica[request] = self.index
         reason = int(self.reject_codes[request])
@@ -177,7 +216,6 @@ class ReplicaState:
             r.reject_reason[request] = reason
             return False
         r.status[request] = WAITING
-        self.waiting.append(request)
         return True
 
     def admission_room(self, budget: int | None = None) -> AdmissionRoom:

@@ -109,6 +109,10 @@ class RuntimeCosts:
     frontend_chunk_s: float = 0.0
     """The front end's serial time per streamed chunk (see :attr:`CpuCosts.frontend_chunk_s`):
     not a step cost; each replica's :class:`~servesim.core.stream_out.OutputStream` reads it."""
+    schedule_ahead: bool = False
+    """The engine forms step ``n + 1`` as it launches step ``n`` (knob ``schedule_ahead``, only
+    with ``overlap``): a request that arrives while a step runs first runs two steps later
+    (:mod:`servesim.core.replica`). Not a step cost; the replicas read it."""
 
     @classmethod
     def none(cls) -> RuntimeCosts:
@@ -279,6 +283,11 @@ class EngineKnobs(FrozenModel):
         description="disaggregated serving: the hand-off's latency per request beyond the KV bytes' "
         "time on the link (the transfer's set-up and completion notice, the decode worker taking the "
         "request in), added to every TTFT of a disaggregated deployment")
+    schedule_ahead: bool = Field(
+        False, description="an overlapping engine (vLLM async scheduling, SGLang's and TensorRT-LLM's "
+        "overlap schedulers) forms each step while the one before runs, so a request that arrives "
+        "during a step first runs two steps later; off by default: on AIConfigurator's serving file "
+        "it makes the replayed TTFT worse (README, Calibration: Scheduling one step ahead)")
     profile: Path | None = Field(
         None, description="an engine runtime profile YAML (written by `servesim calibrate "
         "from-benchmark` or `fit-serving`) whose CPU coefficients replace the engine's")

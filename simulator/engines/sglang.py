@@ -31,7 +31,11 @@ and 32 GB above (:func:`legacy_reserved_gb`; the serving replay deploys those re
 Runtime:
 
 - **Overlap scheduler** (on unless ``--disable-overlap-schedule``): the CPU work of the next
-  batch runs while the GPU computes this one, so a step takes ``max(GPU, CPU)``.
+  batch runs while the GPU computes this one, so a step takes ``max(GPU, CPU)``; the batch is
+  formed before this one's results and new requests are in (``event_loop_overlap`` receives
+  requests once per iteration, after launching the next batch), so a request that arrives while
+  a step runs first runs two steps later: knob ``schedule_ahead``, off by default
+  (``servesim.core.replica``).
 - **CUDA graphs** for decode batches only (prefill runs eagerly), at batch sizes
   ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16) + range(512, max + 1, 32)`` up to
   ``cuda_graph_max_bs`` (``_generate_cuda_graph_batch_sizes``), padded to the next size.

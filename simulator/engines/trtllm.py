@@ -11,7 +11,10 @@ gpu_memory_utilization`` is read that way (``memory_budget = "free_after_load"``
 
 Runtime:
 
-- **Overlap scheduler** (on unless ``disable_overlap_scheduler``): a step takes ``max(GPU, CPU)``.
+- **Overlap scheduler** (on unless ``disable_overlap_scheduler``): a step takes ``max(GPU, CPU)``,
+  and a request that arrives while a step runs first runs two steps later (``PyExecutor.
+  _executor_loop_overlap`` fetches new requests once per iteration, after launching the next
+  batch): knob ``schedule_ahead``, off by default (``servesim.core.replica``).
 - **CUDA graphs** (``cuda_graph_config``): decode batches of sizes 1-31, 32, 64 and 128
   (``CudaGraphConfig._generate_cuda_graph_batch_sizes`` with ``max_batch_size`` 128 and
   ``enable_padding`` false). Without padding a batch whose size was not captured runs eagerly;

@@ -13,7 +13,10 @@ Runtime:
 
 - **Async scheduling** (``--async-scheduling``): the scheduler and output processing of step
   ``n + 1`` run while the GPU computes step ``n``, so a step takes ``max(GPU, CPU)``; without it
-  they are serial (GPU + CPU). On by default from vLLM 0.14 (its release notes: "Async scheduling
+  they are serial (GPU + CPU). With it, a request that arrives while a step runs first runs two
+  steps later (``EngineCore.step_with_batch_queue`` schedules the next batch before it reads the
+  input queue again); knob ``schedule_ahead`` models that (off by default: ``servesim.core.replica``).
+  On by default from vLLM 0.14 (its release notes: "Async scheduling
   is now enabled by default", PR #27614; ``SchedulerConfig.async_scheduling`` was ``False`` up to
   0.13), so ``version`` 0.11-0.13 turns it off unless ``async_scheduling`` says otherwise. The
   versions modelled differ only there: the scheduler, defaults and graphs below are taken as

@@ -108,7 +108,7 @@ class Autoscaler:
             value = (float(np.mean([(s.pool.total - s.pool.free) / s.pool.total for s in states]))
                      if states else 0.0)
         elif signal == "queue":
-            value = float(sum(len(s.waiting) for s in states) + held)
+            value = float(sum(s.queued for s in states) + held)
         else:
             value = float(sum(s.outstanding for s in states) + held)
         scaler.samples.append((now, value))

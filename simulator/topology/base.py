@@ -215,7 +215,8 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
         stream = open_stream(sim.requests.streams, state.index, chunk_s)
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
                                 next_arrival=sim.next_arrival if fast else None,
-                                sole_replica=sole, horizon=sim.horizon, stream=stream))
+                                sole_replica=sole, horizon=sim.horizon, stream=stream,
+                                schedule_ahead=group.runtime.schedule_ahead))
     return GroupRun(group, replicas, first_index)
 
 
@@ -243,7 +244,7 @@ def _build_pipelined(sim: Sim, group: ReplicaGroup, first_index: int,
                 ranks.append((state, policy))
                 index += 1
             grid.append(ranks)
-        replica = ParallelReplica(sim.env, grid, cost, sim.steps)
+        replica = ParallelReplica(sim.env, grid, cost, sim.steps, schedule_ahead=group.runtime.schedule_ahead)
         pipelines.append(replica)
         units.extend(replica.ranks)
     return GroupRun(group, units, first_index, pipelines)

@@ -247,7 +247,7 @@ class FleetRuntime:
         running set when the step's finishes are announced, so check their status)."""
         assert slot.replica is not None
         state = slot.replica.state
-        if state.waiting:
+        if state.queued:
             return False
         running = state.running
         return not running.size or not np.any(self.sim.requests.status[running] == RUNNING)
@@ -262,7 +262,8 @@ class FleetRuntime:
                 state.prefix_cache.evicted_blocks = previous.state.prefix_cache.evicted_blocks
         policy = plan.group.policy.make(state)
         stream = open_stream(self.sim.requests.streams, state.index, plan.group.runtime.frontend_chunk_s)
-        return Replica(self.sim.env, state, policy, self._costs[slot.group], self.sim.steps, stream=stream)
+        return Replica(self.sim.env, state, policy, self._costs[slot.group], self.sim.steps, stream=stream,
+                       schedule_ahead=plan.group.runtime.schedule_ahead)
 
     def _set(self, slot: Slot, state: str, now: float) -> None:
         if state == READY:

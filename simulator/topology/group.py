@@ -10,7 +10,7 @@ does not fit fails in ``servesim validate`` exactly as in ``servesim run``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from servesim.core.replica_state import EngineLimits
@@ -252,6 +252,8 @@ def resolve_group(name: str, keys: GroupKeys, model: ModelSpec, hardware: Hardwa
                          expert_routing=keys.expert_routing)
     runtime = engine.runtime(hardware.name, tp=keys.tp, max_num_seqs=max_num_seqs,
                              hbm_bytes=hardware.memory.capacity_bytes)
+    if engine.knobs.schedule_ahead and runtime.overlap:  # a serial engine schedules at each step's end
+        runtime = replace(runtime, schedule_ahead=True)
     group = ReplicaGroup(name, model, hardware, parallelism, precision, engine, runtime, memory, limits,
                          keys.replicas, policy, settings, speculation)
     check_step_time(group)
