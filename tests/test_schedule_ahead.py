@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from engine_helpers import PLACEHOLDER_WORKLOAD, run, table
 
 from servesim.config import validate_document
 from servesim.pipeline import prepare, simulate
-from tests.engine_helpers import PLACEHOLDER_WORKLOAD, run, table
 
 LONG_OUTPUT = 60
 
