@@ -159,12 +159,7 @@ class Replica:
         while True:
             now = env.now
             if scheduled is None:
-                if state.inbox:
-                    state.release(self._last_start)
-                batch, planned = policy.schedule(now), None
-                if batch is None and state.inbox:  # an idle engine schedules its arrivals at once
-                    state.release_all()
-                    continue
+                batch, planned = self._schedule(now), None
             else:
                 (batch, planned), scheduled = scheduled, None
             if batch is None:
@@ -242,6 +237,20 @@ class Replica:
                 if finished.size:
                     prompts_done(finished, env.now)
             policy.after_step(batch, finished, env.now)
+
+    def _schedule(self, now: float) -> Batch | None:
+        """The policy's batch at ``now``, once the held arrivals the engine has read by now join
+        its queue (those up to the start of the step that just ended); an engine that would
+        otherwise sit idle takes the rest at once."""
+        state = self.state
+        if not state.inbox:
+            return self.policy.schedule(now)
+        state.release(self._last_start)
+        batch = self.policy.schedule(now)
+        if batch is None and state.inbox:
+            state.release_all()
+            batch = self.policy.schedule(now)
+        return batch
 
     def _may_chain(self, end: float) -> bool:
         """Whether a run ending with a finish at ``end`` may be credited before its timeout ends
@@ -358,13 +367,8 @@ class Replica:
         state, policy, cost = self.state, self.policy, self.run_cost
         assert cost is not None and self.next_arrival is not None
         while True:
-            if state.inbox:
-                state.release(self._last_start)
-            following = policy.schedule(t)
+            following = self._schedule(t)
             if following is None:
-                if state.inbox:  # an idle engine schedules its arrivals at once
-                    state.release_all()
-                    continue
                 return t, (None, None), guess_s
             planned: Planned | None = None
             first = None
