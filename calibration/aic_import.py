@@ -66,7 +66,9 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
     provenance["collectives"] = (
         f"fitted {date} by servesim calibrate import-aiconfigurator from {source} [comm/vllm "
         "custom_allreduce_perf (graph-captured), comm/nccl nccl_perf all_reduce half]: vLLM's all-reduce "
-        "split by vLLM's kernel choice (one-shot / two-shot below 8 MiB), NCCL from nccl-tests; "
+        "split by vLLM's kernel choice on this GPU (custom one-shot / two-shot below its limit, "
+        "PyTorch symmetric memory up to its own on Hopper and Blackwell: servesim.engines.vllm's size "
+        "tables), NCCL from nccl-tests; "
         "latency, per-peer latency and efficiency by grid search on mean |log error| over every other "
         "message size, then per group size (efficiency_by_world) the median implied bandwidth fraction "
         "per octave of wire bytes over the bandwidth-bound fitted rows, kept where it lowers that "

@@ -11,10 +11,12 @@ nodes its NVLS all-reduce beats the ring bound for large messages), which one fr
 follow.
 
 vLLM's all-reduce measurements are split by the engine's own rule (which kernel vLLM runs at
-that size and world, :func:`servesim.cost.communication.allreduce_kind` with vLLM's runtime):
-the one-shot rows fit ``oneshot``, the two-shot rows ``twoshot``, and the rows above the custom
-buffer (NCCL inside vLLM) are kept to check the NCCL fit, which comes from nccl-tests. The host
-cost of an eager call is the median, over messages of at most 64 KiB, of eager minus graphed time.
+that size and world on that GPU, :func:`servesim.cost.communication.allreduce_kind` with vLLM's
+runtime and the profile's compute capability): the one-shot rows fit ``oneshot``, the two-shot
+rows ``twoshot``, the rows vLLM sends to PyTorch's symmetric memory (Hopper and Blackwell) fit
+``symm_mem``, and the rows above every limit (NCCL inside vLLM) are kept to check the NCCL fit,
+which comes from nccl-tests. The host cost of an eager call is the median, over messages of at
+most 64 KiB, of eager minus graphed time.
 """
 
 from __future__ import annotations
@@ -29,10 +31,20 @@ from servesim.calibration.profile_fit import error_stats
 from servesim.calibration.schema import holdout_mask
 from servesim.cost.communication import allreduce_kind, ring_allreduce_s
 from servesim.engines.base import RuntimeCosts
+from servesim.engines.vllm import vllm_allreduce
 from servesim.hardware import CollectiveFit, Collectives, HardwareProfile, Link
 
-VLLM_RUNTIME = RuntimeCosts(allreduce="custom")
-"""vLLM's choice of all-reduce kernel by size (its defaults: 8 MiB buffer, one-shot limits)."""
+VLLM_RUNTIME = RuntimeCosts(**vllm_allreduce())
+"""vLLM's choice of all-reduce kernel by size (its defaults: 8 MiB buffer, one-shot limits, the
+symmetric-memory size tables by compute capability)."""
+CURVE_MIN_ROWS = {"symm_mem": 1}
+"""Bandwidth-bound rows a group size needs for its own efficiency (default 2). vLLM's symmetric
+memory runs a different kernel by group size (multimem through the switch at 6-8 GPUs on B200,
+4-8 on H100; two-shot at the others), and vLLM gives it two to five message sizes per group,
+so half of them, held out, leave one: one is a constant fraction for that group, tested on the
+held-out sizes around it."""
+MIN_FIT_ROWS = 2
+"""An implementation with fewer measured rows (after the hold-out) keeps no fit of its own."""
 EAGER_MAX_BYTES = 64 * 2**10
 
 LATENCIES = np.concatenate([[0.0], np.geomspace(0.5e-6, 60e-6, 48)])
@@ -72,12 +84,12 @@ below it the latency dominates and the implied efficiency is noise."""
 
 
 def with_efficiency_curves(fit: CollectiveFit, kind: str, message: np.ndarray, world: np.ndarray,
-                           time_s: np.ndarray, link: Link) -> CollectiveFit:
+                           time_s: np.ndarray, link: Link, min_rows: int = 2) -> CollectiveFit:
     """``fit`` with, per group size, an efficiency curve over the bytes each GPU moves, where one
     lowers that group's mean |log error| on the rows it is fitted to: the latencies stay, and each
     bandwidth-bound row's implied efficiency (``wire / (bandwidth * (time - latency))``) is taken
     per octave of wire bytes, as the operator classes' curves are
-    (:func:`servesim.calibration.fit.fit_curve`)."""
+    (:func:`servesim.calibration.fit.fit_curve`), where the group has ``min_rows`` such rows."""
     wire = wire_bytes(kind, message, world)
     transfer = time_s - (fit.latency_s + fit.latency_per_peer_s * (world - 1))
     informative = (transfer >= BANDWIDTH_SHARE * time_s) & (wire > 0)
@@ -85,7 +97,7 @@ def with_efficiency_curves(fit: CollectiveFit, kind: str, message: np.ndarray, w
     for size in np.unique(world):
         mine = world == size
         rows = informative & mine
-        if rows.sum() < 2:
+        if rows.sum() < min_rows:
             continue
         implied = np.clip(wire[rows] / (link.bandwidth_Bps * transfer[rows]), 1e-4, 1.0)
         curve = fit_curve(wire[rows], implied, "bytes")
@@ -111,8 +123,9 @@ def fit_one(kind: str, message: np.ndarray, world: np.ndarray, time_s: np.ndarra
                          efficiency=float(f"{EFFICIENCIES[k]:.3g}"))
 
 
-def vllm_kinds(table: pd.DataFrame) -> np.ndarray:
-    return np.array([allreduce_kind(float(b), int(w), VLLM_RUNTIME)
+def vllm_kinds(table: pd.DataFrame, capability: str | None) -> np.ndarray:
+    """The kernel vLLM runs for each row of ``table`` on GPUs of compute ``capability``."""
+    return np.array([allreduce_kind(float(b), int(w), VLLM_RUNTIME, capability)
                      for b, w in zip(table["bytes"], table["world"], strict=True)])
 
 
@@ -121,17 +134,21 @@ def fit_collectives(nccl: pd.DataFrame, custom: pd.DataFrame, profile: HardwareP
     """The profile's ``collectives`` fitted to nccl-tests (``nccl``) and vLLM's all-reduce
     (``custom``), and the error of each."""
     link = profile.interconnect
-    fits: dict[str, CollectiveFit] = {}
+    fits: dict[str, CollectiveFit | None] = {}
     reports = []
     parts = {"nccl": nccl.assign(kind="nccl")}
-    kinds = vllm_kinds(custom)
-    for kind in ("oneshot", "twoshot"):
+    kinds = vllm_kinds(custom, profile.compute_capability)
+    for kind in ("oneshot", "twoshot", "symm_mem"):
         parts[kind] = custom[kinds == kind].assign(kind=kind)
     for kind, table in parts.items():
         held = holdout_mask(table, "allreduce")
+        if int((~held).sum()) < MIN_FIT_ROWS:  # vLLM never runs it on this GPU (symm_mem on A100)
+            fits[kind] = None
+            continue
         message, world, time_s = (table[c].to_numpy(float) for c in ("bytes", "world", "time_s"))
         fit = fit_one(kind, message[~held], world[~held], time_s[~held], link)
-        fit = with_efficiency_curves(fit, kind, message[~held], world[~held], time_s[~held], link)
+        fit = with_efficiency_curves(fit, kind, message[~held], world[~held], time_s[~held], link,
+                                     min_rows=CURVE_MIN_ROWS.get(kind, 2))
         fits[kind] = fit
         predicted = predict_fit(fit, kind, message, world, link)
         prior = np.array([ring_allreduce_s(b, int(w), link) for b, w in zip(message, world, strict=True)])
@@ -143,7 +160,7 @@ def fit_collectives(nccl: pd.DataFrame, custom: pd.DataFrame, profile: HardwareP
     small = custom[custom["bytes"] <= EAGER_MAX_BYTES]
     eager = float(np.median(small["eager_s"] - small["time_s"])) if len(small) else 0.0
     collectives = Collectives(nccl=fits["nccl"], oneshot=fits["oneshot"], twoshot=fits["twoshot"],
-                              eager_call_s=float(f"{max(eager, 0.0):.3g}"))
+                              symm_mem=fits["symm_mem"], eager_call_s=float(f"{max(eager, 0.0):.3g}"))
     return collectives, reports
 
 

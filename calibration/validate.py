@@ -27,8 +27,8 @@ COLLECTIVE_FAMILIES: dict[str, tuple[str, AllReduceKind]] = {
 """The all-reduce as serving engines run it (``servesim.cost.communication.allreduce_s``), beside
 the ``allreduce`` family's ring model (servesim 0.1's, ``allreduce: ring``): family -> (the
 AIConfigurator table it is measured in, the runtime's ``allreduce`` kind). ``allreduce_vllm`` is
-vLLM's own all-reduce (its custom one-shot / two-shot kernels below 8 MiB, NCCL above, the size
-rule the engines apply), ``allreduce_nccl`` nccl-tests' all-reduce (SGLang's and TensorRT-LLM's
+vLLM's own all-reduce (its custom one-shot / two-shot kernels, then symmetric memory, NCCL
+above: vLLM's size rule for the GPU), ``allreduce_nccl`` nccl-tests' all-reduce (SGLang's and TensorRT-LLM's
 large messages)."""
 
 
@@ -55,11 +55,12 @@ def collective_rows(family: str, table: pd.DataFrame, profile: HardwareProfile) 
     """Rows of a :data:`COLLECTIVE_FAMILIES` family: each measured all-reduce priced as the engines
     price it with ``profile`` (its fitted ``collectives``), and with the bare spec-sheet ring
     model; held out as the collective fit holds them out (``calibration/collective_fit.py``)."""
-    from servesim.calibration.collective_fit import engine_allreduce_times
+    from servesim.calibration.collective_fit import VLLM_RUNTIME, engine_allreduce_times
     from servesim.cost.communication import ring_allreduce_s
     from servesim.engines.base import RuntimeCosts
 
-    runtime = RuntimeCosts(allreduce=COLLECTIVE_FAMILIES[family][1])
+    kind = COLLECTIVE_FAMILIES[family][1]
+    runtime = VLLM_RUNTIME if kind == "custom" else RuntimeCosts(allreduce=kind)
     message, world = table["bytes"].to_numpy(float), table["world"].to_numpy(int)
     spec = profile.ideal().interconnect
     pairs = list(zip(message.tolist(), world.tolist(), strict=True))

@@ -362,6 +362,10 @@ class Collectives(FrozenModel):
     nccl: CollectiveFit | None = None
     oneshot: CollectiveFit | None = None
     twoshot: CollectiveFit | None = None
+    symm_mem: CollectiveFit | None = Field(
+        None, description="PyTorch's symmetric-memory all-reduce as vLLM runs it between its custom "
+        "all-reduce and NCCL (multimem through the NVSwitch at the group sizes vLLM gives it, "
+        "two-shot at the others); without it those messages are priced as NCCL's")
     eager_call_s: float = Field(
         0.0, ge=0, description="extra host time of one collective call outside a CUDA graph "
         "(the GPU idles for it when the step is launch-bound)")
@@ -386,6 +390,10 @@ class HardwareProfile(FrozenModel):
     memory: Memory
     interconnect: Link
     host_link: Link
+    compute_capability: str | None = Field(
+        None, pattern=r"^\d+\.\d+$", description="CUDA compute capability ('8.0' A100, '9.0' H100 "
+        "and H200, '10.0' B200 and GB200, '10.3' B300 and GB300): engines choose their all-reduce "
+        "kernel by it (vLLM's size limits are tables keyed by it)")
     fast_domain_gpus: int | None = Field(
         None, ge=1, description="GPUs that share the peer interconnect (the scale-up domain: 8 in an "
         "HGX node, 72 in a GB200 NVL72 rack); collectives and pipeline sends beyond it use scale_out")
@@ -400,6 +408,14 @@ class HardwareProfile(FrozenModel):
         None, description="measured all-reduce implementations (custom one-/two-shot, NCCL)")
     cost_per_gpu_hour: float | None = Field(None, ge=0)
     provenance: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("compute_capability", mode="before")
+    @classmethod
+    def _capability_is_text(cls, value: Any) -> Any:
+        """YAML reads ``9.0`` as a number: ask for quotes (as engine versions do)."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(f"quote it: compute_capability: '{value}' (major.minor, as text)")
+        return value
 
     @field_validator("peak_flops")
     @classmethod

@@ -194,6 +194,8 @@ def test_a_window_switched_off_or_absent_is_full_attention() -> None:
     (("efficiency", "gemm", "compute", "x"), [64.0, 64.0], "strictly increasing"),
     (("spec_only",), 1.5, "spec_only"),
     (("memory", "bandwidth_Bps"), 3.35, "would take"),
+    (("compute_capability",), 9.0, "compute_capability: quote it: compute_capability: '9.0'"),
+    (("compute_capability",), "sm90", "compute_capability: String should match pattern"),
 ])
 def test_non_finite_and_absurd_hardware_numbers(tmp_path: Path, path: tuple[str, ...], value: Any,
                                                 words: str) -> None:

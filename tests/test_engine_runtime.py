@@ -196,6 +196,69 @@ def test_the_custom_all_reduce_picks_its_kernel_by_message_size() -> None:
         6e-6 + 7 * 1.4e-6 + 1.75 * large / (bw * 0.8))
 
 
+MIB = 2**20
+
+
+def vllm_runtime(hardware: str = "h100-sxm-80gb", **knobs: object) -> RuntimeCosts:
+    return make_engine("vllm", dict(knobs)).runtime(hardware, tp=8)
+
+
+def test_vllm_sends_mid_sized_all_reduces_to_symmetric_memory_by_gpu_and_group() -> None:
+    """vLLM's size tables (``all_reduce_utils.py``): on Hopper (9.0) 8 GPUs run the custom
+    all-reduce below 256 KiB and symmetric memory up to 64 MiB inclusive; 4 GPUs keep the custom
+    kernel up to its 8 MiB buffer, then symmetric memory to 32 MiB; on B200 (10.0) 2 GPUs switch at
+    2 MiB and stop at 8 MiB, 8 GPUs switch at 1 MiB and stop at 128 MiB. An A100 (8.0, not in the
+    tables) and a profile without a capability keep the custom kernel below 8 MiB and NCCL above."""
+    vllm = vllm_runtime()
+    assert allreduce_kind(256 * 2**10 - 2, 8, vllm, "9.0") == "oneshot"
+    assert allreduce_kind(256 * 2**10, 8, vllm, "9.0") == "symm_mem"
+    assert allreduce_kind(64 * MIB, 8, vllm, "9.0") == "symm_mem"
+    assert allreduce_kind(64 * MIB + 4, 8, vllm, "9.0") == "nccl"
+    assert allreduce_kind(8 * MIB - 2, 4, vllm, "9.0") == "twoshot"
+    assert allreduce_kind(8 * MIB, 4, vllm, "9.0") == "symm_mem"
+    assert allreduce_kind(32 * MIB + 4, 4, vllm, "9.0") == "nccl"
+    assert allreduce_kind(2 * MIB - 2, 2, vllm, "10.0") == "oneshot"
+    assert allreduce_kind(2 * MIB, 2, vllm, "10.0") == "symm_mem"
+    assert allreduce_kind(8 * MIB + 4, 2, vllm, "10.0") == "nccl"
+    assert allreduce_kind(MIB - 2, 8, vllm, "10.0") == "twoshot"
+    assert allreduce_kind(MIB, 8, vllm, "10.0") == "symm_mem"
+    assert allreduce_kind(128 * MIB, 8, vllm, "10.0") == "symm_mem"
+    for capability in ("8.0", None):
+        assert allreduce_kind(4 * MIB, 8, vllm, capability) == "twoshot"
+        assert allreduce_kind(8 * MIB, 8, vllm, capability) == "nccl"
+    assert load_hardware("b200").compute_capability == "10.0"
+    assert load_hardware("h200-sxm-141gb").compute_capability == "9.0"
+
+
+def test_vllms_all_reduce_switches_follow_its_flags() -> None:
+    """``allreduce_use_symm_mem: false`` (``VLLM_ALLREDUCE_USE_SYMM_MEM=0``) restores the custom
+    kernel below its 8 MiB buffer and NCCL above on every GPU; ``disable_custom_all_reduce`` leaves
+    symmetric memory its sizes and sends everything below them to NCCL; both off is NCCL
+    throughout."""
+    no_symm = vllm_runtime(allreduce_use_symm_mem=False)
+    assert allreduce_kind(256 * 2**10, 8, no_symm, "9.0") == "twoshot"
+    assert allreduce_kind(8 * MIB, 8, no_symm, "9.0") == "nccl"
+    no_custom = vllm_runtime(disable_custom_all_reduce=True)
+    assert allreduce_kind(1024, 8, no_custom, "9.0") == "symm_mem"
+    assert allreduce_kind(64 * MIB + 4, 8, no_custom, "9.0") == "nccl"
+    assert allreduce_kind(1024, 8, no_custom, "8.0") == "nccl"
+    neither = vllm_runtime(disable_custom_all_reduce=True, allreduce_use_symm_mem=False)
+    assert neither.allreduce == "nccl"
+
+
+def test_symmetric_memory_is_priced_by_its_own_fit_or_as_nccl() -> None:
+    """A symmetric-memory all-reduce of ``n`` bytes over 8 GPUs costs its fit's latency plus
+    ``2 (w-1)/w n`` bytes over its achieved bandwidth; a profile without a ``symm_mem`` fit prices
+    the same message as NCCL's."""
+    symm = CollectiveFit(latency_s=9e-6, efficiency=0.75)
+    hardware = H100.model_copy(update={"collectives": FITS.model_copy(update={"symm_mem": symm})})
+    bw, vllm, message = hardware.interconnect.bandwidth_Bps, vllm_runtime(), 16 * MIB
+    assert allreduce_s(message, 8, vllm, hardware) == pytest.approx(9e-6 + 1.75 * message / (bw * 0.75))
+    without = H100.model_copy(update={"collectives": FITS})
+    as_nccl = 6e-6 + 7 * 1.4e-6 + 1.75 * message / (bw * 0.8)
+    assert allreduce_s(message, 8, vllm, without) == pytest.approx(as_nccl)
+
+
 def test_nccls_bandwidth_fraction_follows_the_group_and_the_message_size() -> None:
     """A fit with a curve for 8 GPUs prices an 8-GPU all-reduce at the curve's efficiency for its
     wire bytes (log-linear between knots, clamped at the ends) and every other group size at the

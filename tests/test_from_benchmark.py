@@ -146,6 +146,29 @@ def test_a_decode_scale_reaches_both_kv_cache_classes() -> None:
     assert slow.efficiency.decode_for(1.0) is not slow.efficiency.decode_for(2.0)
 
 
+def test_a_communication_scale_slows_every_all_reduce_kernel_and_group() -> None:
+    """A communication scale of 2 doubles every collective fit's latencies and halves its
+    bandwidth fractions, the per-group curves (which replace the single fraction for their group)
+    and the symmetric-memory fit included: a bandwidth-bound 8-GPU all-reduce vLLM sends to NCCL
+    (1 GiB) and one it sends to symmetric memory (32 MiB) each take twice as long, to the
+    latencies' share."""
+    from servesim.cost.communication import allreduce_s
+    from servesim.engines import make_engine
+
+    h100 = load_hardware("h100-sxm-80gb")
+    slow = scaled_profile(h100, (1.0, 1.0, 1.0, 1.0, 2.0), "test")
+    assert h100.collectives is not None and slow.collectives is not None
+    for name in ("nccl", "oneshot", "twoshot", "symm_mem"):
+        before, after = getattr(h100.collectives, name), getattr(slow.collectives, name)
+        assert after.latency_s == pytest.approx(2 * before.latency_s)
+        for world, curve in (before.efficiency_by_world or {}).items():
+            assert after.efficiency_by_world[world].y == pytest.approx([y / 2 for y in curve.y])
+    vllm = make_engine("vllm", {}).runtime("h100-sxm-80gb", tp=8)
+    for message in (2**30, 32 * 2**20):
+        assert allreduce_s(message, 8, vllm, slow) == pytest.approx(2 * allreduce_s(message, 8, vllm, h100),
+                                                                    rel=1e-9)
+
+
 def test_sglang_result_recovers_a_kernel_scale(tmp_path: Path) -> None:
     """GEMMs 30% slower than the profile says, everything at t = 0 (SGLang's default rate, JSON
     lines): asked for a GEMM scale, the fit finds 1.3 and writes the slower profile."""

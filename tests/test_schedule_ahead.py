@@ -93,7 +93,7 @@ def test_data_parallel_ranks_hold_arrivals_for_the_step_after_next() -> None:
     micro-batches later."""
     deployment = {"tp": 1, "dp": 2, "ep": 2}
     config = validate_document({"model": "qwen3-30b-a3b", "hardware": "h100-sxm-80gb",
-                                "engine": _ahead("vllm"), "deployment": deployment,
+                                "engine": _ahead("vllm", frontend_latency_s=0.0), "deployment": deployment,
                                 "workload": PLACEHOLDER_WORKLOAD})
     alone = run(config, table([0.0], 128, LONG_OUTPUT)).steps
     start, duration = float(alone["start_s"].iloc[10]), float(alone["duration_s"].iloc[10])

@@ -58,11 +58,19 @@ def fitted_collective_s(fit: CollectiveFit, wire_bytes: float, world: int, link:
             + wire_bytes / (link.bandwidth_Bps * fit.efficiency_at(wire_bytes, world)))
 
 
-def allreduce_kind(message_bytes: float, world: int, runtime: RuntimeCosts) -> str:
-    """Which implementation the engine runs for this message: ``oneshot`` or ``twoshot`` (its
-    custom all-reduce, below ``custom_allreduce_max_bytes``) or ``nccl``."""
-    if runtime.allreduce == "custom" and message_bytes < runtime.custom_allreduce_max_bytes:
+def allreduce_kind(message_bytes: float, world: int, runtime: RuntimeCosts,
+                   capability: str | None = None) -> str:
+    """Which implementation the engine runs for this message on GPUs of compute ``capability``:
+    ``oneshot`` or ``twoshot`` (its custom all-reduce, below the custom limit), ``symm_mem``
+    (PyTorch's symmetric-memory all-reduce, up to its limit, where the engine's tables name this
+    GPU and group) or ``nccl``."""
+    if runtime.allreduce != "custom":
+        return "nccl"
+    custom_below, symm_max = runtime.allreduce_limits_at(capability, world)
+    if message_bytes < custom_below:
         return "oneshot" if message_bytes < runtime.oneshot_limit(world) else "twoshot"
+    if message_bytes <= symm_max:
+        return "symm_mem"
     return "nccl"
 
 
@@ -102,13 +110,17 @@ def allreduce_s(message_bytes: float, world: int, runtime: RuntimeCosts,
                 hardware: HardwareProfile) -> float:
     """Seconds for one all-reduce as the engine runs it on this hardware.
 
-    vLLM's custom all-reduce (``csrc/custom_all_reduce.cuh``, used below its 8 MiB buffer) runs a
-    one-shot kernel for 2 GPUs and for small messages (each GPU reads all peers' buffers over
-    NVLink and reduces locally: one synchronisation, ``(w-1) n`` bytes in) and a two-shot kernel
-    otherwise (reduce-scatter then all-gather through peer memory: ``2 (w-1)/w n`` bytes); larger
-    messages go to NCCL. Each implementation's latency and achieved bandwidth come from the
-    profile's ``collectives`` section (measured); a profile without it, or without the entry,
-    uses the interconnect's ring model."""
+    vLLM's custom all-reduce (``csrc/custom_all_reduce.cuh``, used below its 8 MiB buffer, or
+    below the smaller limit its tables give the GPU and group) runs a one-shot kernel for 2 GPUs
+    and for small messages (each GPU reads all peers' buffers over NVLink and reduces locally: one
+    synchronisation, ``(w-1) n`` bytes in) and a two-shot kernel otherwise (reduce-scatter then
+    all-gather through peer memory: ``2 (w-1)/w n`` bytes). On Hopper and Blackwell, messages
+    from there up to a second limit run PyTorch's symmetric-memory all-reduce (``symm_mem``,
+    priced on ``2 (w-1)/w n`` bytes: its fitted bandwidth fraction absorbs what the NVSwitch's
+    in-switch reduction saves); larger messages go to NCCL. Each implementation's latency and
+    achieved bandwidth come from the profile's ``collectives`` section (measured); a profile
+    without it uses the interconnect's ring model, and one without a ``symm_mem`` fit prices
+    those messages as NCCL's."""
     if world <= 1 or message_bytes <= 0:
         return 0.0
     spans = domains_spanned(world, hardware)
@@ -116,7 +128,9 @@ def allreduce_s(message_bytes: float, world: int, runtime: RuntimeCosts,
         return spanning_allreduce_s(message_bytes, *spans, runtime, hardware)
     link = hardware.interconnect
     fits = hardware.collectives
-    kind = allreduce_kind(message_bytes, world, runtime)
+    kind = allreduce_kind(message_bytes, world, runtime, hardware.compute_capability)
+    if kind == "symm_mem" and (fits is None or fits.symm_mem is None):
+        kind = "nccl"
     fit = getattr(fits, kind) if fits is not None else None
     if fit is None:
         return ring_allreduce_s(message_bytes, world, link)

@@ -37,7 +37,12 @@ AllReduceKind = Literal["ring", "nccl", "custom"]
 """Which all-reduce an engine runs: ``ring`` prices every call with the interconnect's ring
 model (servesim 0.1); ``nccl`` uses the profile's measured NCCL fit; ``custom`` is vLLM's (and
 SGLang's) custom all-reduce over NVLink peer memory: one-shot for small messages, two-shot up to
-``custom_allreduce_max_bytes``, NCCL above (see :mod:`servesim.cost.communication`)."""
+``custom_allreduce_max_bytes``, then (where ``allreduce_limits`` names the GPU and group) PyTorch's
+symmetric-memory all-reduce, NCCL above (see :mod:`servesim.cost.communication`)."""
+
+AllReduceLimit = tuple[str, int, float, float]
+"""(compute capability, group size, bytes the custom all-reduce's messages stay below, bytes
+the symmetric-memory all-reduce's messages reach at most): one row of an engine's size tables."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,10 @@ class RuntimeCosts:
     oneshot_max_bytes: tuple[tuple[int, float], ...] = ((2, math.inf), (4, 512 * 2**10), (8, 256 * 2**10))
     """(largest world size, largest message in bytes) pairs for the one-shot kernel; larger
     custom all-reduces run two-shot."""
+    allreduce_limits: tuple[AllReduceLimit, ...] = ()
+    """Per (compute capability, group size), where the custom all-reduce stops (messages below it)
+    and the symmetric-memory all-reduce takes over (messages up to its limit), as vLLM's tables
+    say; a GPU or group not listed keeps ``custom_allreduce_max_bytes`` and no symmetric memory."""
     serial_fixed_s: float = 0.0
     serial_per_seq_s: float = 0.0
     serial_per_token_s: float = 0.0
@@ -162,6 +171,14 @@ class RuntimeCosts:
                 return limit
         return 0.0
 
+    def allreduce_limits_at(self, capability: str | None, world: int) -> tuple[float, float]:
+        """(custom all-reduce below, symmetric memory up to) in bytes for ``world`` GPUs of this
+        compute capability; (``custom_allreduce_max_bytes``, 0) where the tables are silent."""
+        for cc, size, custom_below, symm_max in self.allreduce_limits:
+            if cc == capability and size == world:
+                return custom_below, symm_max
+        return self.custom_allreduce_max_bytes, 0.0
+
     def describe(self) -> dict[str, Any]:
         """The coefficients as plain values (for summaries and sweep identities)."""
         out = asdict(self)
@@ -172,6 +189,10 @@ class RuntimeCosts:
             out.pop("frontend_chunk_s")
         out["cuda_graph_sizes"] = list(self.cuda_graph_sizes)
         out["oneshot_max_bytes"] = [list(pair) for pair in self.oneshot_max_bytes]
+        if self.allreduce_limits:
+            out["allreduce_limits"] = [list(row) for row in self.allreduce_limits]
+        else:  # descriptions of engines without size tables read as before
+            out.pop("allreduce_limits")
         return out
 
 

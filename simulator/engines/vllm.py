@@ -27,8 +27,16 @@ Runtime:
   range(256, max + 1, 16)`` with ``max_cudagraph_capture_size = min(2 * max_num_seqs, 512)``
   (``vllm/config/vllm.py``); a step of more tokens runs eagerly. ``enforce_eager`` turns graphs
   off.
-- **All-reduce**: the custom all-reduce (one-shot / two-shot over NVLink peer memory below its
-  8 MiB buffer, ``csrc/custom_all_reduce.cuh``), NCCL above; ``disable_custom_all_reduce``.
+- **All-reduce** (``vllm/distributed/device_communicators/cuda_communicator.py``): the custom
+  all-reduce (one-shot / two-shot over NVLink peer memory, ``csrc/custom_all_reduce.cuh``) below
+  its 8 MiB buffer; on Hopper and Blackwell (compute capability 9.0, 10.0, 10.3) PyTorch's
+  symmetric-memory all-reduce (``symm_mem.py``: multimem through the NVSwitch, or two-shot) takes
+  the messages between the custom all-reduce's limit for that GPU and group size and its own
+  (:data:`CUSTOM_ALL_REDUCE_MAX_SIZES`, :data:`SYMM_MEM_ALL_REDUCE_MAX_SIZES`), NCCL above.
+  ``disable_custom_all_reduce`` and ``allreduce_use_symm_mem`` (``VLLM_ALLREDUCE_USE_SYMM_MEM``)
+  turn either off. Symmetric memory is taken as on in every version modelled: on by default in
+  0.11.0 (PR #25070), off again from 2025-10-15 (PR #26925, a temporary patch) and on in 0.16's
+  and later ``envs.py``; 0.11.1-0.15 were not checked release by release.
 - **CPU work per step**: fitted to end-to-end measurements (``configs/engines/vllm.yaml``,
   written by ``servesim calibrate fit-serving``); without that file, the estimates below.
 """
@@ -36,12 +44,13 @@ Runtime:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
 from servesim.engines.base import (
     UNFITTED_CPU,
+    AllReduceLimit,
     CpuCosts,
     Engine,
     EngineKnobs,
@@ -79,7 +88,11 @@ class VllmKnobs(EngineKnobs):
         None, description="captured batch sizes (default: vLLM's list up to the max size)")
     max_cudagraph_capture_size: PositiveInt | None = Field(
         None, description="largest captured size (default min(2 * max_num_seqs, 512))")
-    disable_custom_all_reduce: bool = Field(False, description="use NCCL for every all-reduce")
+    disable_custom_all_reduce: bool = Field(False, description="never run vLLM's custom all-reduce "
+                                            "(symmetric memory and NCCL take its messages)")
+    allreduce_use_symm_mem: bool = Field(
+        True, description="VLLM_ALLREDUCE_USE_SYMM_MEM: PyTorch's symmetric-memory all-reduce for "
+        "mid-sized messages on Hopper and Blackwell")
     launch_s: float | None = Field(None, ge=0, allow_inf_nan=False,
                                    description="host time per kernel launch outside a graph")
 
@@ -88,6 +101,38 @@ def vllm_capture_sizes(max_size: int) -> tuple[int, ...]:
     """vLLM's default CUDA-graph capture sizes up to ``max_size``."""
     return tuple(v for v in capture_sizes([1, 2, 4], range(8, 256, 8), range(256, max_size + 1, 16))
                  if v <= max_size)
+
+
+MIB = 2**20
+CUSTOM_BUFFER_BYTES = 8 * MIB
+"""The custom all-reduce's buffer (``CustomAllreduce(max_size=8192 * 1024)``): it takes messages
+strictly smaller."""
+CUSTOM_ALL_REDUCE_MAX_SIZES: dict[str, dict[int, int]] = {
+    "9.0": {2: 64 * MIB, 4: 32 * MIB, 6: MIB // 2, 8: MIB // 4},
+    "10.0": {2: 2 * MIB, 4: 2 * MIB, 6: MIB, 8: MIB},
+    "10.3": {2: 4 * MIB, 4: 4 * MIB, 6: 8 * MIB, 8: 4 * MIB},
+}
+"""vLLM's ``all_reduce_utils.CUSTOM_ALL_REDUCE_MAX_SIZES`` (bytes, by compute capability and group
+size): with symmetric memory on, the custom all-reduce's limit is the smaller of this and its
+buffer."""
+SYMM_MEM_ALL_REDUCE_MAX_SIZES: dict[str, dict[int, int]] = {
+    "9.0": {2: 64 * MIB, 4: 32 * MIB, 6: 64 * MIB, 8: 64 * MIB},
+    "10.0": {2: 8 * MIB, 4: 32 * MIB, 6: 128 * MIB, 8: 128 * MIB},
+    "10.3": {2: 4 * MIB, 4: 32 * MIB, 6: 32 * MIB, 8: 64 * MIB},
+}
+"""vLLM's ``all_reduce_utils.SYMM_MEM_ALL_REDUCE_MAX_SIZES``: the largest message (bytes, at most)
+its ``SymmMemCommunicator`` takes, by compute capability and group size."""
+
+
+def vllm_allreduce_limits(*, custom: bool = True, symm_mem: bool = True) -> tuple[AllReduceLimit, ...]:
+    """vLLM's all-reduce size tables as :attr:`RuntimeCosts.allreduce_limits` rows: the custom
+    all-reduce below ``min(table, buffer)`` (or never, ``custom`` off), symmetric memory up to its
+    table's size (``cuda_communicator.all_reduce`` tries them in that order, NCCL last)."""
+    if not symm_mem:
+        return ()
+    return tuple((cc, world, float(min(CUSTOM_ALL_REDUCE_MAX_SIZES[cc][world], CUSTOM_BUFFER_BYTES))
+                  if custom else 0.0, float(symm_max))
+                 for cc, sizes in SYMM_MEM_ALL_REDUCE_MAX_SIZES.items() for world, symm_max in sizes.items())
 
 
 HYBRID_BLOCK_ALIGNMENT = 16
@@ -178,4 +223,13 @@ class Vllm(Engine):
             graph_mixed=mode in ("FULL_AND_PIECEWISE", "PIECEWISE"),
             graph_decode_full=mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"),
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s,
-            allreduce="nccl" if knobs.disable_custom_all_reduce else "custom")
+            **vllm_allreduce(custom=not knobs.disable_custom_all_reduce,
+                             symm_mem=knobs.allreduce_use_symm_mem))
+
+
+def vllm_allreduce(*, custom: bool = True, symm_mem: bool = True) -> dict[str, Any]:
+    """The :class:`RuntimeCosts` all-reduce fields of vLLM with these communicators on."""
+    if not custom and not symm_mem:
+        return {"allreduce": "nccl"}
+    return {"allreduce": "custom", "custom_allreduce_max_bytes": CUSTOM_BUFFER_BYTES if custom else 0.0,
+            "allreduce_limits": vllm_allreduce_limits(custom=custom, symm_mem=symm_mem)}
