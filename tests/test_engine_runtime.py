@@ -230,6 +230,20 @@ def test_vllm_sends_mid_sized_all_reduces_to_symmetric_memory_by_gpu_and_group()
     assert load_hardware("h200-sxm-141gb").compute_capability == "9.0"
 
 
+def test_the_custom_all_reduce_runs_only_at_two_four_six_or_eight_gpus() -> None:
+    """vLLM's and SGLang's ``CustomAllreduce`` disable themselves at other group sizes: a TP 16
+    group inside a GB200 NVL72 rack sends even a 16 KiB message to NCCL (vLLM's symmetric memory
+    has no entry for 16 GPUs either), where TensorRT-LLM (no such limit here) keeps its custom
+    kernel (two-shot: the one-shot limits end at 8 GPUs); at 8 GPUs both run the custom kernel."""
+    gb200 = load_hardware("gb200-nvl72")
+    for name in ("vllm", "sglang"):
+        runtime = make_engine(name, {}).runtime("gb200-nvl72", tp=16)
+        assert allreduce_kind(16 * 2**10, 16, runtime, gb200.compute_capability) == "nccl"
+        assert allreduce_kind(16 * 2**10, 8, runtime, gb200.compute_capability) == "oneshot"
+    trtllm = make_engine("trtllm", {}).runtime("gb200-nvl72", tp=16)
+    assert allreduce_kind(16 * 2**10, 16, trtllm, gb200.compute_capability) == "twoshot"
+
+
 def test_vllms_all_reduce_switches_follow_its_flags() -> None:
     """``allreduce_use_symm_mem: false`` (``VLLM_ALLREDUCE_USE_SYMM_MEM=0``) restores the custom
     kernel below its 8 MiB buffer and NCCL above on every GPU; ``disable_custom_all_reduce`` leaves

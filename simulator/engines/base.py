@@ -101,6 +101,9 @@ class RuntimeCosts:
     oneshot_max_bytes: tuple[tuple[int, float], ...] = ((2, math.inf), (4, 512 * 2**10), (8, 256 * 2**10))
     """(largest world size, largest message in bytes) pairs for the one-shot kernel; larger
     custom all-reduces run two-shot."""
+    custom_allreduce_worlds: tuple[int, ...] = ()
+    """Group sizes the custom all-reduce runs at (vLLM's and SGLang's ``CustomAllreduce`` take 2,
+    4, 6 or 8 GPUs and disable themselves otherwise, leaving every message to NCCL); empty: any."""
     allreduce_limits: tuple[AllReduceLimit, ...] = ()
     """Per (compute capability, group size), where the custom all-reduce stops (messages below it)
     and the symmetric-memory all-reduce takes over (messages up to its limit), as vLLM's tables
@@ -173,11 +176,13 @@ class RuntimeCosts:
 
     def allreduce_limits_at(self, capability: str | None, world: int) -> tuple[float, float]:
         """(custom all-reduce below, symmetric memory up to) in bytes for ``world`` GPUs of this
-        compute capability; (``custom_allreduce_max_bytes``, 0) where the tables are silent."""
+        compute capability; (``custom_allreduce_max_bytes``, 0) where the tables are silent, and
+        no custom all-reduce at a group size it does not run at."""
+        custom_runs = not self.custom_allreduce_worlds or world in self.custom_allreduce_worlds
         for cc, size, custom_below, symm_max in self.allreduce_limits:
             if cc == capability and size == world:
-                return custom_below, symm_max
-        return self.custom_allreduce_max_bytes, 0.0
+                return (custom_below if custom_runs else 0.0), symm_max
+        return (self.custom_allreduce_max_bytes if custom_runs else 0.0), 0.0
 
     def describe(self) -> dict[str, Any]:
         """The coefficients as plain values (for summaries and sweep identities)."""
@@ -193,6 +198,10 @@ class RuntimeCosts:
             out["allreduce_limits"] = [list(row) for row in self.allreduce_limits]
         else:  # descriptions of engines without size tables read as before
             out.pop("allreduce_limits")
+        if self.custom_allreduce_worlds:
+            out["custom_allreduce_worlds"] = list(self.custom_allreduce_worlds)
+        else:
+            out.pop("custom_allreduce_worlds")
         return out
 
 

@@ -39,8 +39,10 @@ Runtime:
 - **CUDA graphs** for decode batches only (prefill runs eagerly), at batch sizes
   ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16) + range(512, max + 1, 32)`` up to
   ``cuda_graph_max_bs`` (``_generate_cuda_graph_batch_sizes``), padded to the next size.
-- **All-reduce**: SGLang's custom all-reduce (from vLLM's) below 8 MiB, NCCL above; the vLLM
-  one-shot / two-shot thresholds are assumed.
+- **All-reduce**: SGLang's custom all-reduce (from vLLM's: ``CustomAllreduce``, groups of 2, 4, 6
+  or 8 GPUs) below 8 MiB, NCCL above and at other group sizes; the vLLM one-shot / two-shot
+  thresholds are assumed. Its PyTorch symmetric-memory all-reduce is opt-in
+  (``--enable-torch-symm-mem``), so not modelled by default.
 - **CPU work per step**: fitted (``configs/engines/sglang.yaml``) or the estimate below.
 """
 
@@ -64,7 +66,7 @@ from servesim.engines.base import (
     register_engine,
     vllm_fitted_speculation,
 )
-from servesim.engines.vllm import LAUNCH_S
+from servesim.engines.vllm import CUSTOM_ALL_REDUCE_WORLDS, LAUNCH_S
 from servesim.errors import ServesimError
 
 GB = 2**30  # SGLang reads memory in MiB and compares with multiples of 1024 MiB
@@ -223,4 +225,5 @@ class Sglang(Engine):
             overlap=not knobs.disable_overlap_schedule, cuda_graph_sizes=sizes, graph_mixed=False,
             graph_counts_requests=True,
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s,
-            allreduce="nccl" if knobs.disable_custom_all_reduce else "custom")
+            allreduce="nccl" if knobs.disable_custom_all_reduce else "custom",
+            custom_allreduce_worlds=CUSTOM_ALL_REDUCE_WORLDS)

@@ -107,6 +107,9 @@ MIB = 2**20
 CUSTOM_BUFFER_BYTES = 8 * MIB
 """The custom all-reduce's buffer (``CustomAllreduce(max_size=8192 * 1024)``): it takes messages
 strictly smaller."""
+CUSTOM_ALL_REDUCE_WORLDS = (2, 4, 6, 8)
+"""``CustomAllreduce._SUPPORTED_WORLD_SIZES``: at other group sizes (a TP 16 group of an NVL72
+rack) it disables itself and NCCL takes every message."""
 CUSTOM_ALL_REDUCE_MAX_SIZES: dict[str, dict[int, int]] = {
     "9.0": {2: 64 * MIB, 4: 32 * MIB, 6: MIB // 2, 8: MIB // 4},
     "10.0": {2: 2 * MIB, 4: 2 * MIB, 6: MIB, 8: MIB},
@@ -232,4 +235,5 @@ def vllm_allreduce(*, custom: bool = True, symm_mem: bool = True) -> dict[str, A
     if not custom and not symm_mem:
         return {"allreduce": "nccl"}
     return {"allreduce": "custom", "custom_allreduce_max_bytes": CUSTOM_BUFFER_BYTES if custom else 0.0,
+            "custom_allreduce_worlds": CUSTOM_ALL_REDUCE_WORLDS,
             "allreduce_limits": vllm_allreduce_limits(custom=custom, symm_mem=symm_mem)}
