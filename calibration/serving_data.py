@@ -70,6 +70,8 @@ from servesim.resources import model_configs_dir
 REQUIRED = ("backend", "model_path", "system", "mode", "isl", "osl", "tp_size", "silicon_data_source",
             "silicon_ttft_ms", "silicon_tpot_ms")
 KEY_EXCLUDED = ("id", "silicon_data_source")
+MEASURED_FLOATS = ("silicon_ttft_ms", "silicon_tpot_ms")
+"""Compared to 12 significant digits when finding one measurement filed twice (:func:`same_float_text`)."""
 HARDWARE = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "b200_sxm": "b200", "b300_sxm": "b300",
             "gb200": "gb200-nvl72", "gb300": "gb300-nvl72", "a100_sxm": "a100-sxm-80gb", "l40s": "l40s",
             "h20": "h20", "h100_pcie": "h100-pcie-80gb"}
@@ -342,16 +344,36 @@ class ServingFile:
         return {str(k): int(v) for k, v in self.skipped["reason"].value_counts().items()}
 
 
-def alias_duplicates(raw: pd.DataFrame) -> np.ndarray:
+def alias_duplicates(raw: pd.DataFrame, deflated: np.ndarray | None = None) -> np.ndarray:
     """Per row of ``raw`` (exact repeats already dropped), whether it repeats an earlier row in
     every column but ``id``, ``silicon_data_source`` and ``model_path``, with a model of the same
     architecture (:func:`catalogue_model`; a model not in the catalogue is only itself) and the same
     ``measured=`` day in its source (one dump keeps the time of day, the other truncates it to
-    midnight): one measurement filed under two names, kept once (the first)."""
+    midnight): one measurement filed under two names, kept once (the first). Where one of the
+    rows had its layout read from tp or dp multiplied by ep (``deflated``), ``batch_size`` is left
+    out of the comparison too: it follows the filed ranks (:func:`read_serving_file`'s twins)."""
     key = raw.drop(columns=[*KEY_EXCLUDED, "model_path"])
     key["architecture"] = raw["model_path"].map(lambda name: catalogue_model(name) or name)
     key["measured_on"] = raw["silicon_data_source"].map(lambda source: measured_day(source) or source)
-    return key.duplicated(keep="first").to_numpy()
+    repeated = key.duplicated(keep="first").to_numpy()
+    if deflated is None or not deflated.any() or "batch_size" not in key.columns:
+        return repeated
+    loose = key.drop(columns=["batch_size"])
+    groups = loose.groupby(list(loose.columns), sort=False, dropna=False).ngroup().to_numpy()
+    has_deflated = pd.Series(deflated).groupby(groups).transform("any").to_numpy(bool)
+    return repeated | (loose.duplicated(keep="first").to_numpy() & has_deflated)
+
+
+def same_float_text(text: str) -> str:
+    """A measured float as text to 12 significant digits: the file holds some measurements twice,
+    re-exported with the last digit of a 17-digit float changed (a TPOT of 15.873633393639292 ms
+    and 15.873633393639293 ms on the same day), which must compare equal. Text that is not a
+    finite number stays as it is (the row is then listed with its reason)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return f"{value:.12g}" if np.isfinite(value) else text
 
 
 def workerless_twins(raw: pd.DataFrame) -> np.ndarray:
@@ -632,6 +654,8 @@ def read_serving_file(path: Path) -> ServingFile:
         raise ServesimError(str(path), f"missing column(s) {', '.join(missing)}",
                             "give a file in AIConfigurator's silicon CSV format (see serving/README.md)")
     raw.index = np.arange(1, len(raw) + 1)
+    for column in MEASURED_FLOATS:
+        raw[column] = raw[column].map(same_float_text)
     key = [c for c in raw.columns if c not in KEY_EXCLUDED]
     repeated = raw.duplicated(subset=key, keep="first").to_numpy()
     deflated = ep_multiplied(raw) & ~repeated
@@ -645,7 +669,7 @@ def read_serving_file(path: Path) -> ServingFile:
     has_deflated = pd.Series(deflated).groupby(groups).transform("any").to_numpy(bool)
     twins = raw.duplicated(subset=twin_key, keep="first").to_numpy() & has_deflated & ~repeated
     distinct = raw[~repeated & ~twins]
-    aliased = alias_duplicates(distinct)
+    aliased = alias_duplicates(distinct, deflated[~repeated & ~twins])
     named = distinct[~aliased]
     workerless = workerless_twins(named)
     unique = named[~workerless]

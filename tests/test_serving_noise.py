@@ -70,11 +70,15 @@ def test_only_the_replayed_rows_count_and_an_empty_file_has_no_floor() -> None:
 
 @pytest.mark.skipif(not SERVING.is_file(), reason="../shared/data/serving is not here")
 def test_the_serving_file_remeasures_some_replayable_configurations() -> None:
-    """On the shared file, re-measured configurations among the replayable rows exist for every
-    engine, and most of them agree within the aims (the floor is well below the replay's error)."""
+    """On the shared file, re-measured configurations among the replayable rows exist for vLLM
+    (104) and TensorRT-LLM (2), and most of them agree within the aims (the floor is well below
+    the replay's error). SGLang's six and 13 more of TensorRT-LLM's (2026-11-28) were one
+    measurement re-exported with the last digit of a float changed, which the reader now drops as
+    a duplicate (``serving_data.same_float_text``): they agreed to 1e-14, not within noise."""
     data = read_serving_file(SERVING)
     rows = pd.DataFrame({"row": [r.row for r in data.rows]})
     summary = replayed_noise(data.unique, rows).set_index("engine")
-    assert set(summary.index) == {"all", "vllm", "sglang", "trtllm"}
+    assert set(summary.index) == {"all", "vllm", "trtllm"}
+    assert summary.loc["trtllm", "configurations"] == 2
     assert summary.loc["all", "measurements"] >= 200
     assert summary.loc["all", "within_tpot10_ttft20_%"] > 80

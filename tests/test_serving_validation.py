@@ -288,6 +288,31 @@ def test_one_measurement_filed_under_two_names_of_one_architecture_counts_once(t
         ("Qwen/Qwen3-32B", 16)]
 
 
+def test_a_measurement_re_exported_with_its_last_digit_changed_counts_once(tmp_path: Path) -> None:
+    """The file holds measurements twice with the 17th digit of a float changed by the re-export
+    (TPOT 15.873633393639292 and 15.873633393639293 ms, the same day): compared to 12 significant
+    digits they are one measurement, imported twice, under one name or two (DeepSeek-V3 / R1), and
+    also when the second name's row files its layout as DP times EP (its batch size following the
+    filed ranks). A TPOT that differs in the 10th digit is another measurement."""
+    deepseek = {"system": "b200_sxm", "precision": "fp8", "moe_ep_size": 8}
+    first = line("deepseek-ai/DeepSeek-R1", 8, 32, 647.710724, "15.873633393639292", id="a",
+                 moe_tp_size=1, **deepseek)
+    again = dict(first, id="b", silicon_tpot_ms="15.873633393639293",
+                 silicon_data_source=first["silicon_data_source"].replace("db-dump", "re-export"))
+    other = dict(first, id="c", silicon_tpot_ms="15.87363340")
+    dp8 = line("deepseek-ai/DeepSeek-R1", 1, 128, 797.781559, "21.333954", id="dp8", attention_dp_size=8,
+               moe_tp_size=1, batch_size=16, **deepseek)
+    dp64 = dict(dp8, id="dp64", model_path="deepseek-ai/DeepSeek-V3", attention_dp_size=64, moe_tp_size=8,
+                batch_size=2, silicon_tpot_ms="21.333954000000001")
+    data = read_serving_file(write_lines(tmp_path / "s.csv", [first, again, other, dp8, dp64]))
+    assert (data.total, data.duplicates, data.aliases) == (5, 2, 1)
+    assert data.skipped.sort_values("row")["reason"].tolist() == [
+        "repeats an earlier row's measurement (imported twice)",
+        "repeats an earlier row's measurement under another name of the same architecture"]
+    assert data.skipped.sort_values("row")["row"].tolist() == [2, 5]
+    assert sorted(round(r.tpot_s * 1e3, 8) for r in data.rows) == [15.87363339, 15.8736334, 21.333954]
+
+
 def test_a_layout_filed_with_tp_or_dp_times_ep_is_read_as_its_twin_files_it(tmp_path: Path) -> None:
     """TP 64 / MoE TP 8 / EP 8 on an 8-GPU B200 node is the file's way of writing TP 8 / EP 8 (its 41
     such rows each repeat a TP 8 row's floats): the twin is dropped as the same measurement, a lone
