@@ -123,9 +123,8 @@ def scaled_profile(hardware: HardwareProfile, scales: tuple[float, ...], note: s
     factor = by_class["communication"]
     data["interconnect"]["efficiency"] = min(1.0, data["interconnect"]["efficiency"] / factor)
     data["interconnect"]["latency_s"] *= factor
-    for fit_name in ("nccl", "oneshot", "twoshot", "symm_mem"):
-        entry = (data.get("collectives") or {}).get(fit_name)
-        if entry:
+    for entry in (data.get("collectives") or {}).values():
+        if isinstance(entry, dict):  # each implementation's fit (eager_call_s is a host cost)
             entry["efficiency"] = min(1.0, entry["efficiency"] / factor)
             for curve in (entry.get("efficiency_by_world") or {}).values():  # they replace it per group
                 curve["y"] = [min(1.0, y / factor) for y in curve["y"]]

@@ -14,7 +14,7 @@ import math
 from abc import ABC
 from bisect import bisect_left
 from dataclasses import asdict, dataclass, replace
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -174,15 +174,20 @@ class RuntimeCosts:
                 return limit
         return 0.0
 
+    @cached_property
+    def _limits_by_group(self) -> dict[tuple[str | None, int], tuple[float, float]]:
+        """:attr:`allreduce_limits` keyed once: every priced all-reduce looks its group up."""
+        return {(cc, world): (below, up_to) for cc, world, below, up_to in self.allreduce_limits}
+
     def allreduce_limits_at(self, capability: str | None, world: int) -> tuple[float, float]:
         """(custom all-reduce below, symmetric memory up to) in bytes for ``world`` GPUs of this
         compute capability; (``custom_allreduce_max_bytes``, 0) where the tables are silent, and
         no custom all-reduce at a group size it does not run at."""
-        custom_runs = not self.custom_allreduce_worlds or world in self.custom_allreduce_worlds
-        for cc, size, custom_below, symm_max in self.allreduce_limits:
-            if cc == capability and size == world:
-                return (custom_below if custom_runs else 0.0), symm_max
-        return (self.custom_allreduce_max_bytes if custom_runs else 0.0), 0.0
+        custom_below, symm_max = self._limits_by_group.get((capability, world),
+                                                           (self.custom_allreduce_max_bytes, 0.0))
+        if self.custom_allreduce_worlds and world not in self.custom_allreduce_worlds:
+            custom_below = 0.0
+        return custom_below, symm_max
 
     def describe(self) -> dict[str, Any]:
         """The coefficients as plain values (for summaries and sweep identities)."""

@@ -50,7 +50,6 @@ from pydantic import Field, PositiveInt
 
 from servesim.engines.base import (
     UNFITTED_CPU,
-    AllReduceLimit,
     CpuCosts,
     Engine,
     EngineKnobs,
@@ -127,15 +126,19 @@ SYMM_MEM_ALL_REDUCE_MAX_SIZES: dict[str, dict[int, int]] = {
 its ``SymmMemCommunicator`` takes, by compute capability and group size."""
 
 
-def vllm_allreduce_limits(*, custom: bool = True, symm_mem: bool = True) -> tuple[AllReduceLimit, ...]:
-    """vLLM's all-reduce size tables as :attr:`RuntimeCosts.allreduce_limits` rows: the custom
-    all-reduce below ``min(table, buffer)`` (or never, ``custom`` off), symmetric memory up to its
-    table's size (``cuda_communicator.all_reduce`` tries them in that order, NCCL last)."""
-    if not symm_mem:
-        return ()
-    return tuple((cc, world, float(min(CUSTOM_ALL_REDUCE_MAX_SIZES[cc][world], CUSTOM_BUFFER_BYTES))
-                  if custom else 0.0, float(symm_max))
-                 for cc, sizes in SYMM_MEM_ALL_REDUCE_MAX_SIZES.items() for world, symm_max in sizes.items())
+def vllm_allreduce(*, custom: bool = True, symm_mem: bool = True) -> dict[str, Any]:
+    """The :class:`RuntimeCosts` all-reduce fields of vLLM with these communicators on
+    (``cuda_communicator.all_reduce`` tries the custom all-reduce, then symmetric memory, then
+    NCCL): per (capability, group) of its tables, the custom all-reduce below ``min(table,
+    buffer)`` (never with ``custom`` off) and symmetric memory up to its own table's size."""
+    if not custom and not symm_mem:
+        return {"allreduce": "nccl"}
+    limits = tuple((cc, world, float(min(CUSTOM_ALL_REDUCE_MAX_SIZES[cc][world], CUSTOM_BUFFER_BYTES))
+                    if custom else 0.0, float(symm_max))
+                   for cc, sizes in SYMM_MEM_ALL_REDUCE_MAX_SIZES.items() if symm_mem
+                   for world, symm_max in sizes.items())
+    return {"allreduce": "custom", "custom_allreduce_max_bytes": CUSTOM_BUFFER_BYTES if custom else 0.0,
+            "custom_allreduce_worlds": CUSTOM_ALL_REDUCE_WORLDS, "allreduce_limits": limits}
 
 
 HYBRID_BLOCK_ALIGNMENT = 16
@@ -229,11 +232,3 @@ class Vllm(Engine):
             **vllm_allreduce(custom=not knobs.disable_custom_all_reduce,
                              symm_mem=knobs.allreduce_use_symm_mem))
 
-
-def vllm_allreduce(*, custom: bool = True, symm_mem: bool = True) -> dict[str, Any]:
-    """The :class:`RuntimeCosts` all-reduce fields of vLLM with these communicators on."""
-    if not custom and not symm_mem:
-        return {"allreduce": "nccl"}
-    return {"allreduce": "custom", "custom_allreduce_max_bytes": CUSTOM_BUFFER_BYTES if custom else 0.0,
-            "custom_allreduce_worlds": CUSTOM_ALL_REDUCE_WORLDS,
-            "allreduce_limits": vllm_allreduce_limits(custom=custom, symm_mem=symm_mem)}
