@@ -395,8 +395,23 @@ def model_from_hf_config(config: dict[str, Any], name: str, where: str = "model"
         expert_bias=gpt_oss, ffn_free_layers=ffn_free,
         mtp_layers=_optional_int(config, "num_nextn_predict_layers", where)
         or _optional_int(config, "mtp_num_hidden_layers", where) or 0,
+        fp8_block_size=_fp8_block_size(config),
         linear_attention=linear, attention_output_gate=output_gate, sparse_attention=sparse,
     )
+
+
+def _fp8_block_size(config: dict[str, Any]) -> int | None:
+    """The K width of a block-scaled FP8 checkpoint's scale groups (``quantization_config`` with
+    ``quant_method: fp8`` and ``weight_block_size: [N, K]``), else None. Other quantisation
+    configs (MXFP4, compressed-tensors, ModelOpt) say nothing about how FP8 serving is scaled."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, dict) or str(quant.get("quant_method", "")).lower() != "fp8":
+        return None
+    block = quant.get("weight_block_size")
+    if (isinstance(block, list) and len(block) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block)):
+        return int(block[1])
+    return None
 
 
 def builtin_model_names() -> list[str]:

@@ -218,6 +218,12 @@ class ModelSpec:
     mtp_layers: int = 0
     """Multi-token-prediction layers the checkpoint ships (``num_nextn_predict_layers``), used
     only by speculative decoding with ``method: mtp``."""
+    fp8_block_size: int | None = None
+    """The K width of a block-scaled FP8 checkpoint's scale groups (``quantization_config``:
+    ``quant_method: fp8`` with ``weight_block_size: [128, 128]``, as DeepSeek-V3/R1, Kimi-K2 and
+    MiniMax-M2 ship): served in FP8, its linear layers quantise their input per 1 x 128 group in
+    one pass (``per_token_group_quant_fp8``), not per tensor (:mod:`servesim.cost.quantise`).
+    None: no such checkpoint (FP8 then means quantised at load time, per tensor)."""
     sparse_attention: SparseAttentionSpec | None = None
     """DSA's indexer and top-k (an MLA model's every layer; :class:`SparseAttentionSpec`)."""
     linear_attention: LinearAttentionSpec | None = None

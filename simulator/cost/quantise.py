@@ -26,6 +26,25 @@ measured calls show none (with it, B200's held-out FP8 MoE error rose from 11.6%
 and H200's did not move). The same rule serves the cost
 model (:meth:`servesim.cost.step_cost.CostModel._gemm`) and for the calibration that fits the FP8
 GEMM curve net of it (:func:`servesim.calibration.work.work`).
+
+**Block-scaled FP8 checkpoints** (DeepSeek-V3/R1, Kimi-K2, MiniMax-M2: ``weight_block_size: [128,
+128]``, :attr:`servesim.model_spec.ModelSpec.fp8_block_size`) quantise a linear layer's input
+per 1 x 128 group, in one kernel (vLLM's and SGLang's ``per_token_group_quant_fp8``; TensorRT-LLM's
+``fp8_quantize_1x128``): it reads the 16-bit input once and writes the 8-bit values and one FP32
+scale per group, with no absolute-maximum pass over the whole tensor and no per-row term. On GPUs
+whose tensor cores apply the block scales themselves (Blackwell, compute capability 10 and up:
+``tcgen05`` block-scaled MMA) that is the whole extra cost, :func:`group_quantisation_s`.
+AIConfigurator's B200 tables of DeepSeek-V3's MLA attention module (vLLM 0.24, the whole
+``DeepseekV2MLAAttention.forward`` with ``fp8_block`` GEMMs; ``../shared/data/kernels/
+aiconfigurator/b200_sxm/mla``) show it: priced per tensor the module came out 1.29-1.53x the
+measured time above 1,024 tokens (the per-tensor quantisation of its narrow projections' tall
+inputs costs more than the GEMMs), while its bf16 twin sat at 0.97-1.14x; priced per group, 0.87-
+1.02x. On Hopper the block-scaled kernels (DeepGEMM, CUTLASS blockwise) promote each 128-wide
+K slice's partial sums on CUDA cores inside the main loop, a cost the one-pass price leaves out:
+the H200 tables of the same module sit at the same ratio to the per-tensor price as the bf16 ones
+do to theirs (0.78-0.81 against 0.67-0.82 above 1,024 tokens) and 25% under it priced per group,
+so before compute capability 10 a block-scaled checkpoint keeps the per-tensor price (an
+effective stand-in for the main loop's extra work, not a model of it).
 """
 
 from __future__ import annotations
@@ -33,6 +52,7 @@ from __future__ import annotations
 import numpy as np
 
 from servesim.cost.roofline import memory_bound_s_many
+from servesim.dtypes import DType, Precision
 from servesim.hardware import OperatorEfficiency
 
 INPUT_BYTES = 2.0
@@ -67,3 +87,31 @@ def input_quantisation_s_array(rows: np.ndarray, k: np.ndarray, act_bytes: np.nd
     nbytes = rows * k * (2 * INPUT_BYTES + act_bytes)
     seconds = memory_bound_s_many(nbytes, KERNELS, elementwise, bandwidth, rows)
     return (seconds + rows * elementwise.per_row_s) if per_row else seconds
+
+
+SCALE_BYTES = 4.0
+"""One FP32 scale per quantisation group."""
+
+
+def input_quant_group(block_size: int | None, precision: Precision, capability: str | None) -> int | None:
+    """The scale group of the one-pass input quantisation a deployment's dense GEMMs pay, or None
+    for the per-tensor price: a block-scaled FP8 checkpoint (``block_size``) served with FP8
+    weights and activations on a GPU of compute capability 10 or later (see the module
+    docstring); a GPU whose capability the profile does not give keeps the per-tensor price."""
+    if block_size is None or precision.weight is not DType.FP8 or precision.activation is not DType.FP8:
+        return None
+    if capability is None or int(capability.split(".")[0]) < 10:
+        return None
+    return block_size
+
+
+def group_quantisation_s(rows: float, k: float, act_bytes: float, quantise: OperatorEfficiency,
+                         bandwidth: float, group: int) -> float:
+    """Seconds to quantise a (rows x k) 16-bit input per 1 x ``group`` block in one kernel: read it
+    once, write ``act_bytes`` per value and one FP32 scale per group, at the quantisation class's
+    memory curve (at the kernel's bytes, or its rows when the curve's axis is tokens) plus one
+    launch's fixed cost; no cost per row (each thread block takes many groups)."""
+    nbytes = rows * k * (INPUT_BYTES + act_bytes) + rows * -(-k // group) * SCALE_BYTES
+    curve = quantise.memory
+    efficiency = curve.at(nbytes if curve.axis == "bytes" else rows)
+    return quantise.fixed_s + nbytes / (bandwidth * efficiency)
