@@ -33,7 +33,7 @@ from servesim.resources import hardware_profiles_dir
 
 SOURCE = ("NVIDIA AIConfigurator per-operator timings (ai-dynamo/aiconfigurator @095f58a5, "
           "systems/data/{gpu}, vLLM {version})")
-ROW_TILES = {"gemm_fp8": 256}
+ROW_TILES = {"gemm_fp8": 256, "gemm_fp4": 128}
 """The row granule each GEMM family's kernels pad to (:func:`servesim.cost.roofline.padded_rows`),
 from the dispatcher the measured vLLM runs, not fitted: its CUTLASS FP8 ``scaled_mm``
 (``csrc/quantization/cutlass_w8a8/c3x``) picks a configuration by the next power of two of M, with
@@ -43,9 +43,12 @@ two up to 256 rows and 256-row two-SM tiles above: a granule of 256 rows on both
 GEMMs run cuBLAS, whose heuristics show no steps in the data (1: none). The fit only ever sees
 GEMMs of 2^j + 1 rows (the held-out half is the aligned sizes), for which padding relabels the
 tokens axis, so the tile cannot be fitted from them; the aligned held-out rows test it (H100 FP8
-held-out median 13.2% -> 10.1%, H200 15.3% -> 10.5%, B200 10.4% -> 8.5%, 2026-11-28)."""
-KERNEL_FAMILIES = ("gemm", "gemm_fp8", "attention_prefill", "attention_decode", "attention_decode_fp8",
-                   "allreduce", "moe", "moe_fp8", "moe_w4a16", "moe_fp4")
+held-out median 13.2% -> 10.1%, H200 15.3% -> 10.5%, B200 10.4% -> 8.5%, 2026-11-28). B200's
+NVFP4 linears (FlashInfer's CuTe DSL kernel) run Blackwell's block-scaled MMA, whose M is 128 rows
+on one SM (256 on two): a granule of 128, not fitted (held-out median 8.4% unpadded, 7.6% at 128,
+8.3% at 256, 2026-11-29)."""
+KERNEL_FAMILIES = ("gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "attention_decode",
+                   "attention_decode_fp8", "allreduce", "moe", "moe_fp8", "moe_w4a16", "moe_fp4")
 
 
 def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.DataFrame]:

@@ -46,7 +46,7 @@ VERSIONS = {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "b200_sxm": "0.24.0", "a
 NCCL_FOLDER = {"h100_sxm": "2.27.3", "h200_sxm": "2.26.2", "b200_sxm": "2.27.3", "a100_sxm": "2.27.3"}
 """The NCCL folder each system's spec names (``misc.nccl_version``), which AIConfigurator loads."""
 MIN_GEMM_SIDE = 512
-DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "nvfp4": "nvfp4"}
 KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0}
 BF16_BYTES = 2
 
@@ -75,13 +75,15 @@ def _parquet(root: Path, gpu: str, family: str, backend: str, version: str, name
 
 
 def gemm_tables(root: Path, gpu: str, out: AicTables) -> dict[str, pd.DataFrame]:
-    """bf16 GEMMs (``gemm``) and per-tensor fp8 GEMMs (``gemm_fp8``), fitted apart: fp8 kernels
-    reach a different share of their peak (and include the activations' quantisation)."""
+    """bf16 GEMMs (``gemm``), per-tensor fp8 GEMMs (``gemm_fp8``) and NVFP4 GEMMs (``gemm_fp4``, B200),
+    fitted apart: low-precision kernels reach a different share of their peak (and include the
+    activations' quantisation)."""
     table = _gemm_rows(root, gpu, out)
-    fp8 = table["dtype"] == "fp8"
-    tables = {"gemm": table[~fp8].reset_index(drop=True)}
-    if fp8.any():
-        tables["gemm_fp8"] = table[fp8].reset_index(drop=True)
+    tables = {}
+    for family, dtype in (("gemm", "bf16"), ("gemm_fp8", "fp8"), ("gemm_fp4", "nvfp4")):
+        rows = table["dtype"] == dtype
+        if rows.any():
+            tables[family] = table[rows].reset_index(drop=True)
     return tables
 
 

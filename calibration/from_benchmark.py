@@ -112,7 +112,7 @@ def scaled_profile(hardware: HardwareProfile, scales: tuple[float, ...], note: s
     capped at 1; fixed costs multiplied); communication scales the link and collectives."""
     data = hardware.model_dump(mode="json", exclude_none=True)
     by_class = dict(zip(KERNEL_CLASSES, scales, strict=True))
-    targets = {"gemm": ("gemm", "gemm_fp8"), "attn_prefill": ("attention_prefill",),
+    targets = {"gemm": ("gemm", "gemm_fp8", "gemm_fp4"), "attn_prefill": ("attention_prefill",),
                "attn_decode": ("attention_decode", "attention_decode_fp8"), "elementwise": ("elementwise",)}
     for name, keys in targets.items():
         factor = by_class[name]

@@ -24,9 +24,10 @@ from servesim.calibration.fit import (
     fit_operator,
     log_error,
 )
-from servesim.calibration.quantise_fit import fit_gemm_fp8
+from servesim.calibration.quantise_fit import fit_gemm_fp8, with_quantise
 from servesim.calibration.schema import holdout_mask
 from servesim.calibration.work import (
+    GEMM_FAMILIES,
     MOE_FORMATS,
     OPERATOR_OF,
     ape,
@@ -40,6 +41,7 @@ from servesim.hardware import HardwareProfile, OperatorEfficiency
 from servesim.hardware_io import hardware_from_dict
 
 PROVENANCE_KEY = {"gemm": "efficiency.gemm", "gemm_fp8": "efficiency.gemm_fp8",
+                  "gemm_fp4": "efficiency.gemm_fp4",
                   "attention_prefill": "efficiency.attention_prefill",
                   "attention_decode": "efficiency.attention_decode",
                   "attention_decode_fp8": "efficiency.attention_decode_fp8",
@@ -97,7 +99,7 @@ def _method(family: str, rows: int) -> str:
                 "memory curve are kept, and its compute knots below the measured range)")
     if family == "attention_prefill":
         return METHOD + SHAPED_ATTENTION_METHOD
-    return METHOD + (SHAPED_METHOD if family in ("gemm", "gemm_fp8") else "")
+    return METHOD + (SHAPED_METHOD if family in GEMM_FAMILIES else "")
 
 
 UNLOCKED_FAMILIES = frozenset(MOE_FORMATS)
@@ -184,7 +186,10 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         op = OPERATOR_OF[family]
         prior = efficiency.get(op) or efficiency_of(profile, family)
         assert prior is not None
-        result, quantise = fit_family(family, fit_rows, usable_tables, profile, prior, memory_tail,
+        # FP4 linears are fitted net of their quantisation as the FP8 fit just priced it
+        basis = with_quantise(profile, efficiency["quantise"]) if (
+            family == "gemm_fp4" and efficiency.get("quantise") is not None) else profile
+        result, quantise = fit_family(family, fit_rows, usable_tables, basis, prior, memory_tail,
                                       (row_tiles or {}).get(family, prior.row_tile))
         if quantise is not None:
             efficiency["quantise"] = quantise

@@ -20,6 +20,7 @@ from servesim.errors import ServesimError
 FAMILIES: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k", "dtype"),
     "gemm_fp8": ("m", "n", "k", "dtype"),
+    "gemm_fp4": ("m", "n", "k", "dtype"),
     "attention_prefill": ("batch", "seq", "context", "heads", "kv_heads", "head_dim"),
     "attention_decode": ("batch", "context", "heads", "kv_heads", "head_dim"),
     "memory": ("bytes",),
@@ -27,7 +28,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 """Required shape columns per family (besides ``time_s``)."""
 
-HOLDOUT_AXIS = {"gemm": "m", "gemm_fp8": "m", "attention_prefill": "seq", "attention_decode": "context",
+HOLDOUT_AXIS = {"gemm": "m", "gemm_fp8": "m", "gemm_fp4": "m", "attention_prefill": "seq",
+                "attention_decode": "context",
                 "attention_decode_fp8": "context",
                 "memory": "bytes", "allreduce": "bytes", "moe": "tokens", "moe_fp8": "tokens",
                 "moe_w4a16": "tokens", "moe_fp4": "tokens"}

@@ -72,19 +72,25 @@ def collective_rows(family: str, table: pd.DataFrame, profile: HardwareProfile) 
 
 
 def by_gemm_format(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """``tables`` with a GEMM table's fp8 rows as a ``gemm_fp8`` family of their own: the cost
-    model prices fp8 math with the profile's FP8 GEMM class (``Efficiency.gemm_for``), so they are
-    validated against it, not against the bf16 curve at the fp8 peak."""
+    """``tables`` with a GEMM table's fp8 and nvfp4 rows as ``gemm_fp8`` and ``gemm_fp4`` families
+    of their own: the cost model prices low-precision math with the profile's class for it
+    (``Efficiency.gemm_for``), so they are validated against it, not against the bf16 curve at
+    their peak."""
     gemm = tables.get("gemm")
-    if gemm is None or "gemm_fp8" in tables or "dtype" not in gemm.columns:
+    if gemm is None or "dtype" not in gemm.columns:
         return tables
-    fp8 = (gemm["dtype"].astype(str) == "fp8").to_numpy()
-    if not fp8.any():
+    dtypes = gemm["dtype"].astype(str)
+    formats = {family: (dtypes == dtype).to_numpy()
+               for family, dtype in (("gemm_fp8", "fp8"), ("gemm_fp4", "nvfp4"))
+               if family not in tables and (dtypes == dtype).any()}
+    if not formats:
         return tables
     split = {family: table for family, table in tables.items() if family != "gemm"}
-    if not fp8.all():
-        split["gemm"] = gemm[~fp8].reset_index(drop=True)
-    split["gemm_fp8"] = gemm[fp8].reset_index(drop=True)
+    rest = ~np.logical_or.reduce(list(formats.values()))
+    if rest.any():
+        split["gemm"] = gemm[rest].reset_index(drop=True)
+    for family, rows in formats.items():
+        split[family] = gemm[rows].reset_index(drop=True)
     return split
 
 

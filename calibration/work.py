@@ -24,18 +24,26 @@ from servesim.cost.attention import (
 )
 from servesim.cost.batch import BatchShape
 from servesim.cost.communication import ring_allreduce_s
-from servesim.cost.quantise import input_quantisation_s, input_quantisation_s_array
+from servesim.cost.quantise import (
+    input_quantisation_s,
+    input_quantisation_s_array,
+    one_pass_quantisation_s,
+    one_pass_quantisation_s_array,
+)
 from servesim.cost.roofline import OpCost, memory_bound_s_many, padded_rows, padded_rows_array, roofline
 from servesim.dtypes import DType
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 
-OPERATOR_OF = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "attention_prefill": "attention_prefill",
+OPERATOR_OF = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "gemm_fp4": "gemm_fp4",
+               "attention_prefill": "attention_prefill",
                "attention_decode": "attention_decode", "attention_decode_fp8": "attention_decode_fp8",
                "memory": "elementwise", "moe": "moe", "moe_fp8": "moe_fp8", "moe_w4a16": "moe_w4a16",
                "moe_fp4": "moe_fp4"}
 """The profile's efficiency class each kernel family calibrates (all-reduce calibrates the link)."""
 
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp32": 4.0}
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp32": 4.0, "nvfp4": DType.NVFP4.bytes_per_element()}
+GEMM_FAMILIES = ("gemm", "gemm_fp8", "gemm_fp4")
+"""Dense GEMM families: bf16, per-tensor FP8 and NVFP4 linears, each its own class."""
 OUT_BYTES = 2.0
 """GEMM outputs are written in 16 bits, as the cost model assumes."""
 MOE_FORMATS = {"moe": (DType.BF16, DType.BF16), "moe_fp8": (DType.FP8, DType.FP8),
@@ -132,7 +140,9 @@ def _gemm_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
                   depth=k, useful=m / rows)
     if width >= 2.0:
         return op
-    side = input_quantisation_s(m, k, width, profile.efficiency.quantisation, profile.memory.bandwidth_Bps)
+    quantise, bandwidth = profile.efficiency.quantisation, profile.memory.bandwidth_Bps
+    side = (one_pass_quantisation_s(m, k, width, quantise, bandwidth) if math.is_fp4
+            else input_quantisation_s(m, k, width, quantise, bandwidth))
     return replace(op, side_s=side)
 
 
@@ -144,7 +154,7 @@ def _memory_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
 
 def operator_cost(family: str, row: pd.Series, profile: HardwareProfile) -> OpCost:
     """One measured kernel priced by the simulator's own functions."""
-    if family in ("gemm", "gemm_fp8"):
+    if family in GEMM_FAMILIES:
         return _gemm_op(row, profile)
     if family == "memory":
         return _memory_op(row, profile)
@@ -157,8 +167,10 @@ def usable(family: str, table: pd.DataFrame, profile: HardwareProfile) -> pd.Dat
     peak, but norms and activations carry the per-kernel floor the elementwise class must fit."""
     if family == "memory" and "op" in table.columns and (table["op"] != "copy").any():
         return table[table["op"] != "copy"].reset_index(drop=True)
-    if family in ("gemm", "gemm_fp8"):
+    if family in GEMM_FAMILIES:
         have = {d.value for d in profile.peak_flops} | {"fp16"}
+        if DType.FP4.value in have:
+            have |= {DType.NVFP4.value}
         return table[table["dtype"].astype(str).isin(have)].reset_index(drop=True)
     return table
 
@@ -179,6 +191,8 @@ def efficiency_of(profile: HardwareProfile, family: str) -> OperatorEfficiency:
     curves when the profile has none of their own)."""
     if family == "gemm_fp8":
         return profile.efficiency.gemm_for(DType.FP8)
+    if family == "gemm_fp4":
+        return profile.efficiency.gemm_for(DType.FP4)
     if family == "attention_decode_fp8":  # the 16-bit class while the profile has none of its own
         return profile.efficiency.decode_for(1.0)
     if family in MOE_FORMATS:
@@ -203,18 +217,23 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: i
     n = len(table)
     if family in MOE_FORMATS:
         return moe_work(family, table, profile)
-    if family in ("gemm", "gemm_fp8"):
+    if family in GEMM_FAMILIES:
         m, k, nn = (table[c].to_numpy(float) for c in ("m", "k", "n"))
-        width = table["dtype"].astype(str).map(DTYPE_BYTES).to_numpy(float)
+        dtypes = table["dtype"].astype(str)
+        width = dtypes.map(DTYPE_BYTES).to_numpy(float)
         nbytes = k * nn * width + m * k * width + m * nn * OUT_BYTES
-        peak = np.array([profile.peak(DType(d)) for d in table["dtype"].astype(str)])
-        # dynamic activation quantisation inside the timed linear (AIConfigurator's vLLM linears);
-        # a table with ``input_quantised`` false timed the 8-bit GEMM alone (``calibrate bench``)
+        peak = np.array([profile.peak(DType(d)) for d in dtypes])
+        # dynamic activation quantisation inside the timed linear (AIConfigurator's vLLM linears:
+        # per tensor in two passes for FP8, one pass for FP4, servesim.cost.quantise); a table
+        # with ``input_quantised`` false timed the low-precision GEMM alone (``calibrate bench``)
         quantised = width < 2.0
         if "input_quantised" in table.columns:
             quantised &= table["input_quantised"].astype(bool).to_numpy()
-        side = np.where(quantised, input_quantisation_s_array(
-            m, k, width, profile.efficiency.quantisation, profile.memory.bandwidth_Bps), 0.0)
+        quantise, bandwidth = profile.efficiency.quantisation, profile.memory.bandwidth_Bps
+        fp4 = dtypes.isin([DType.NVFP4.value, DType.MXFP4.value]).to_numpy()
+        one_pass = one_pass_quantisation_s_array(m, k, width, quantise, bandwidth)
+        two_pass = input_quantisation_s_array(m, k, width, quantise, bandwidth)
+        side = np.where(quantised, np.where(fp4, one_pass, two_pass), 0.0)
         rows = padded_rows_array(m, row_tile)  # what the compute side runs (bytes: the real rows)
         return Work(2.0 * rows * k * nn, nbytes, peak, rows, nbytes, m, time_s,
                     side_s=side if quantised.any() else None,

@@ -245,6 +245,9 @@ class Efficiency(FrozenModel):
     gemm_fp8: OperatorEfficiency | None = Field(
         None, description="GEMMs whose math runs in fp8 (W8A8), when measured apart: fp8 kernels reach "
         "a different share of their peak than bf16 ones; absent, they use the gemm curves")
+    gemm_fp4: OperatorEfficiency | None = Field(
+        None, description="GEMMs whose math runs in fp4 (W4A4: NVFP4, MXFP4), when measured apart; "
+        "absent, they use the gemm_fp8 curves (else gemm)")
     quantise: OperatorEfficiency | None = Field(
         None, description="the dynamic activation quantisation an 8-bit GEMM runs first (two "
         "memory-bound kernels, servesim.cost.quantise), when fitted apart; absent, the elementwise class")
@@ -272,9 +275,11 @@ class Efficiency(FrozenModel):
         return self.quantise if self.quantise is not None else self.elementwise
 
     def gemm_for(self, math: DType) -> OperatorEfficiency:
-        """The GEMM efficiency of kernels whose math runs in ``math``. FP4 (W4A4) kernels take the
-        fp8 curve when there is one (an estimate: both are low-precision tensor-core GEMMs whose
-        share of peak was measured apart from bf16 only for fp8; fp4 GEMMs are not fitted yet)."""
+        """The GEMM efficiency of kernels whose math runs in ``math``. FP4 (W4A4) kernels take
+        their own curve where the profile has one (B200's, fitted to NVFP4 linears), else the fp8
+        curve (an estimate: both are low-precision tensor-core GEMMs), else the bf16 one."""
+        if math is DType.FP4 and self.gemm_fp4 is not None:
+            return self.gemm_fp4
         if math in (DType.FP8, DType.FP4) and self.gemm_fp8 is not None:
             return self.gemm_fp8
         return self.gemm

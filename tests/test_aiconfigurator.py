@@ -36,6 +36,7 @@ MEASURED = {
     ("h200_sxm", "attention_decode"): ((11.1, 62.7), (8.3, 28.8)),
     ("b200_sxm", "gemm"): ((8.8, 26.7), (7.1, 24.1)),  # 7.3 / 26.0
     ("b200_sxm", "gemm_fp8"): ((41.9, 74.3), (8.5, 31.0)),  # 10.4/31.8 unpadded; 13.8/36.4
+    ("b200_sxm", "gemm_fp4"): ((20.5, 38.2), (7.6, 22.4)),  # before: the FP8 curve, one-pass quantisation
     ("b200_sxm", "attention_prefill"): ((37.9, 64.6), (13.6, 40.5)),  # 20.5 / 53.1
     ("b200_sxm", "attention_decode"): ((22.2, 51.1), (6.8, 26.1)),
     ("a100_sxm", "gemm"): ((8.9, 25.2), (10.0, 28.5)),  # 8.9 / 25.5: worse
@@ -84,7 +85,7 @@ def test_units_are_milliseconds_and_elements(aic: Path) -> None:
 @pytest.mark.parametrize("gpu", sorted(GPUS))
 def test_shipped_profiles_fit_the_held_out_kernels(aic: Path, gpu: str) -> None:
     rows = predictions({k: v for k, v in aic_tables(aic, gpu).tables.items()
-                        if k in ("gemm", "gemm_fp8", "attention_prefill", "attention_decode",
+                        if k in ("gemm", "gemm_fp8", "gemm_fp4", "attention_prefill", "attention_decode",
                                  "attention_decode_fp8", "moe", "moe_fp8", "moe_w4a16", "moe_fp4")},
                        load_hardware(GPUS[gpu]))
     for family, group in rows.groupby("family"):

@@ -13,7 +13,7 @@ import pytest
 
 from servesim import load_hardware, load_model
 from servesim.cost import BatchShape, CostModel
-from servesim.cost.quantise import group_quantisation_s, input_quant_group, input_quantisation_s
+from servesim.cost.quantise import input_quantisation_s, one_pass_output_bytes, one_pass_quantisation_s
 from servesim.dtypes import Precision
 from servesim.hardware import Curve, OperatorEfficiency
 from servesim.model_config import model_from_hf_config
@@ -48,21 +48,23 @@ def test_the_block_size_comes_from_the_checkpoints_quantization_config() -> None
 def test_one_pass_reads_the_input_once_and_writes_values_and_scales() -> None:
     # 4,096 x 7,168 bf16 -> fp8 in 1 x 128 groups: 2 + 1 bytes per value and 4 per group of 128,
     # at half of 1 TB/s, plus one launch; no cost per row.
-    seconds = group_quantisation_s(4096, 7168, 1.0, FLAT, 1e12, 128)
+    seconds = one_pass_quantisation_s(4096, 7168, 1 + 4 / 128, FLAT, 1e12)
     assert seconds == pytest.approx(1e-6 + (4096 * 7168 * 3 + 4096 * 56 * 4) / 0.5e12, rel=1e-12)
     per_tensor = input_quantisation_s(4096, 7168, 1.0, FLAT, 1e12)
     assert per_tensor == pytest.approx(2e-6 + 4096 * 7168 * 5 / 0.5e12, rel=1e-12)
     assert seconds < 0.61 * per_tensor  # 3 bytes a value instead of 5
 
 
-def test_only_fp8_on_blackwell_of_a_block_scaled_checkpoint_is_priced_per_group() -> None:
-    assert input_quant_group(128, W8A8, "10.0") == 128
-    assert input_quant_group(128, W8A8, "10.3") == 128
-    assert input_quant_group(128, W8A8, "9.0") is None  # Hopper: the per-tensor price stands in
-    assert input_quant_group(128, W8A8, None) is None
-    assert input_quant_group(None, W8A8, "10.0") is None  # quantised at load time: per tensor
-    assert input_quant_group(128, Precision.from_names("nvfp4", "nvfp4"), "10.0") is None
-    assert input_quant_group(128, Precision.from_names("fp8", "bf16"), "10.0") is None
+def test_which_deployments_quantise_in_one_pass() -> None:
+    assert one_pass_output_bytes(128, W8A8, "10.0") == 1 + 4 / 128
+    assert one_pass_output_bytes(128, W8A8, "10.3") == 1 + 4 / 128
+    assert one_pass_output_bytes(128, W8A8, "9.0") is None  # Hopper: the per-tensor price stands in
+    assert one_pass_output_bytes(128, W8A8, None) is None
+    assert one_pass_output_bytes(None, W8A8, "10.0") is None  # quantised at load time: per tensor
+    assert one_pass_output_bytes(128, Precision.from_names("fp8", "bf16"), "10.0") is None  # W8A16
+    # FP4 activations: one pass whatever the checkpoint, a 1-byte scale per 16 (NVFP4) or 32 (MXFP4)
+    assert one_pass_output_bytes(None, Precision.from_names("nvfp4", "nvfp4"), "10.0") == 0.5 + 1 / 16
+    assert one_pass_output_bytes(128, Precision.from_names("mxfp4", "mxfp4"), None) == 0.5 + 1 / 32
 
 
 def test_the_cost_model_charges_deepseeks_projections_one_pass_on_b200() -> None:
@@ -71,17 +73,18 @@ def test_the_cost_model_charges_deepseeks_projections_one_pass_on_b200() -> None
     step = CostModel(model, B200, 8, W8A8).step(BatchShape.prefill(tokens))
     o_proj = next(op for op in step.ops if op.name == "o_proj")
     width = model.num_heads // 8 * model.v_head_dim  # o_proj's input: this GPU's heads
-    expected = group_quantisation_s(tokens, width, 1.0, B200.efficiency.quantisation,
-                                    B200.memory.bandwidth_Bps, 128) * model.num_layers
+    expected = one_pass_quantisation_s(tokens, width, 1 + 4 / 128, B200.efficiency.quantisation,
+                                       B200.memory.bandwidth_Bps) * model.num_layers
     assert o_proj.side_s == pytest.approx(expected, rel=1e-12)
     # The same model with no block size pays the per-tensor price, which is dearer.
-    per_tensor = CostModel(replace(model, fp8_block_size=None), B200, 8, W8A8).step(BatchShape.prefill(tokens))
+    unblocked = replace(model, fp8_block_size=None)
+    per_tensor = CostModel(unblocked, B200, 8, W8A8).step(BatchShape.prefill(tokens))
     o_tensor = next(op for op in per_tensor.ops if op.name == "o_proj")
     assert o_tensor.side_s > 2 * o_proj.side_s
     assert per_tensor.time_s > step.time_s
     # On H200 the block-scaled checkpoint keeps the per-tensor price.
     h200 = CostModel(model, H200, 8, W8A8).step(BatchShape.prefill(tokens))
-    h200_tensor = CostModel(replace(model, fp8_block_size=None), H200, 8, W8A8).step(BatchShape.prefill(tokens))
+    h200_tensor = CostModel(unblocked, H200, 8, W8A8).step(BatchShape.prefill(tokens))
     assert h200.time_s == h200_tensor.time_s
 
 

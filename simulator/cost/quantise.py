@@ -33,7 +33,7 @@ per 1 x 128 group, in one kernel (vLLM's and SGLang's ``per_token_group_quant_fp
 ``fp8_quantize_1x128``): it reads the 16-bit input once and writes the 8-bit values and one FP32
 scale per group, with no absolute-maximum pass over the whole tensor and no per-row term. On GPUs
 whose tensor cores apply the block scales themselves (Blackwell, compute capability 10 and up:
-``tcgen05`` block-scaled MMA) that is the whole extra cost, :func:`group_quantisation_s`.
+``tcgen05`` block-scaled MMA) that is the whole extra cost, :func:`one_pass_quantisation_s`.
 AIConfigurator's B200 tables of DeepSeek-V3's MLA attention module (vLLM 0.24, the whole
 ``DeepseekV2MLAAttention.forward`` with ``fp8_block`` GEMMs; ``../shared/data/kernels/
 aiconfigurator/b200_sxm/mla``) show it: priced per tensor the module came out 1.29-1.53x the
@@ -45,6 +45,12 @@ the H200 tables of the same module sit at the same ratio to the per-tensor price
 do to theirs (0.78-0.81 against 0.67-0.82 above 1,024 tokens) and 25% under it priced per group,
 so before compute capability 10 a block-scaled checkpoint keeps the per-tensor price (an
 effective stand-in for the main loop's extra work, not a model of it).
+
+**FP4 activations** (W4A4: NVFP4, MXFP4) are quantised the same way, in one pass that computes each
+16- (32-) value block's scale as it casts (:func:`one_pass_output_bytes`); the FP4 GEMM curve
+(``efficiency.gemm_fp4``, B200's from AIConfigurator's NVFP4 linears) is fitted net of it. The
+fused MoE's FP8 and FP4 quantisation keep their own two-kernel price, with which their classes
+were fitted.
 """
 
 from __future__ import annotations
@@ -89,29 +95,46 @@ def input_quantisation_s_array(rows: np.ndarray, k: np.ndarray, act_bytes: np.nd
     return (seconds + rows * elementwise.per_row_s) if per_row else seconds
 
 
-SCALE_BYTES = 4.0
-"""One FP32 scale per quantisation group."""
+
+FP8_SCALE_BYTES = 4.0
+"""A block-scaled FP8 activation's scale per group: one FP32 value."""
 
 
-def input_quant_group(block_size: int | None, precision: Precision, capability: str | None) -> int | None:
-    """The scale group of the one-pass input quantisation a deployment's dense GEMMs pay, or None
-    for the per-tensor price: a block-scaled FP8 checkpoint (``block_size``) served with FP8
-    weights and activations on a GPU of compute capability 10 or later (see the module
-    docstring); a GPU whose capability the profile does not give keeps the per-tensor price."""
+def one_pass_output_bytes(block_size: int | None, precision: Precision,
+                          capability: str | None) -> float | None:
+    """Bytes per input value that a one-pass quantisation writes in front of this deployment's
+    dense GEMMs (the value and its share of the group scales), or None for the per-tensor
+    two-pass price (:func:`input_quantisation_s`):
+
+    - FP4 activations (NVFP4, MXFP4; W4A4 runs only on Blackwell-class GPUs): always one pass, the
+      format's own block scale computed as each 16 (32) values are cast (vLLM's
+      ``scaled_fp4_quant``, TensorRT-LLM's ``fp4_quantize``): ``precision.act_bytes``;
+    - FP8 weights and activations of a block-scaled checkpoint (``block_size``) on a GPU of
+      compute capability 10 or later: one FP8 byte and an FP32 scale per 1 x ``block_size`` group
+      (see the module docstring; before capability 10, or on a profile that does not give it, the
+      per-tensor price stands in)."""
+    if precision.activation.is_fp4:
+        return precision.act_bytes
     if block_size is None or precision.weight is not DType.FP8 or precision.activation is not DType.FP8:
         return None
     if capability is None or int(capability.split(".")[0]) < 10:
         return None
-    return block_size
+    return 1.0 + FP8_SCALE_BYTES / block_size
 
 
-def group_quantisation_s(rows: float, k: float, act_bytes: float, quantise: OperatorEfficiency,
-                         bandwidth: float, group: int) -> float:
-    """Seconds to quantise a (rows x k) 16-bit input per 1 x ``group`` block in one kernel: read it
-    once, write ``act_bytes`` per value and one FP32 scale per group, at the quantisation class's
-    memory curve (at the kernel's bytes, or its rows when the curve's axis is tokens) plus one
-    launch's fixed cost; no cost per row (each thread block takes many groups)."""
-    nbytes = rows * k * (INPUT_BYTES + act_bytes) + rows * -(-k // group) * SCALE_BYTES
+def one_pass_quantisation_s(rows: float, k: float, out_bytes: float, quantise: OperatorEfficiency,
+                            bandwidth: float) -> float:
+    """Seconds to quantise a (rows x k) 16-bit input in one kernel: read it once and write
+    ``out_bytes`` per value (scales included), at the quantisation class's memory curve (at the
+    kernel's bytes, or its rows when the curve's axis is tokens) plus one launch's fixed cost; no
+    cost per row (each thread block takes many groups)."""
+    nbytes = rows * k * (INPUT_BYTES + out_bytes)
     curve = quantise.memory
     efficiency = curve.at(nbytes if curve.axis == "bytes" else rows)
     return quantise.fixed_s + nbytes / (bandwidth * efficiency)
+
+
+def one_pass_quantisation_s_array(rows: np.ndarray, k: np.ndarray, out_bytes: np.ndarray,
+                                  quantise: OperatorEfficiency, bandwidth: float) -> np.ndarray:
+    """:func:`one_pass_quantisation_s` over arrays (the calibration's vectorised rows)."""
+    return memory_bound_s_many(rows * k * (INPUT_BYTES + out_bytes), 1, quantise, bandwidth, rows)

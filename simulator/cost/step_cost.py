@@ -57,7 +57,7 @@ from servesim.cost.communication import (
 from servesim.cost.decode_run import DecodeRunPricer, MemoBudget
 from servesim.cost.engine_runtime import EngineRuntime, StepTiming
 from servesim.cost.expert_parallel import ExpertLayer
-from servesim.cost.quantise import group_quantisation_s, input_quant_group, input_quantisation_s
+from servesim.cost.quantise import input_quantisation_s, one_pass_output_bytes, one_pass_quantisation_s
 from servesim.cost.roofline import OpCost, memory_efficiency, padded_rows, roofline, roofline_at
 from servesim.cost.routing import experts_hit
 from servesim.dtypes import DType, Precision
@@ -359,9 +359,11 @@ class CostModel:
         self._elem_eff = hardware.efficiency.elementwise
         self._quant_eff = hardware.efficiency.quantisation
         self._act_bytes = self.precision.act_bytes
-        self._quant_group = input_quant_group(model.fp8_block_size, self.precision, hardware.compute_capability)
-        """The scale group of a block-scaled FP8 GEMM's one-pass input quantisation, or None for the
-        per-tensor price (:func:`servesim.cost.quantise.input_quant_group`)."""
+        self._one_pass_bytes = one_pass_output_bytes(model.fp8_block_size, self.precision,
+                                                     hardware.compute_capability)
+        """Bytes per value a dense GEMM's one-pass input quantisation writes (FP4 activations, a
+        block-scaled FP8 checkpoint on Blackwell), or None for the per-tensor two-pass price
+        (:func:`servesim.cost.quantise.one_pass_output_bytes`)."""
         self._kv_bytes = self.precision.kv_bytes
         self._weight_bytes = self.precision.weight_bytes
         self.attention = self._attention_shape()
@@ -571,9 +573,8 @@ class CostModel:
     def _quantise_s(self, rows: float, k: int, per_row: bool = True) -> float:
         """The dynamic quantisation of a (rows x k) 16-bit input to the activation format that an
         8-bit GEMM runs first (:mod:`servesim.cost.quantise`; ``per_row`` false for the fused MoE's)."""
-        if self._quant_group is not None and per_row:
-            return group_quantisation_s(rows, k, self._act_bytes, self._quant_eff, self.bandwidth,
-                                        self._quant_group)
+        if self._one_pass_bytes is not None and per_row:
+            return one_pass_quantisation_s(rows, k, self._one_pass_bytes, self._quant_eff, self.bandwidth)
         return input_quantisation_s(rows, k, self._act_bytes, self._quant_eff, self.bandwidth, per_row)
 
     def _elementwise(self, name: str, elements: float, tokens: float, kernels: float,
