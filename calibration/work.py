@@ -132,7 +132,7 @@ def _gemm_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
     m, n, k = _row_ints(row, "m", "n", "k")
     width = DTYPE_BYTES[str(row["dtype"])]
     nbytes = k * n * width + m * k * width + m * n * OUT_BYTES
-    math = DType(row["dtype"])
+    math = DType(row["dtype"]).math_format
     eff = profile.efficiency.gemm_for(math)
     rows = padded_rows(m, eff.row_tile)
     op = roofline("gemm", 2.0 * m * k * n, nbytes, peak_flops=profile.peak(math),

@@ -11,12 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servesim import load_hardware
+from servesim import load_hardware, load_model
 from servesim.calibration.fit import fit_link, fit_operator, monotone_knots
 from servesim.calibration.profile_fit import fit_profile
 from servesim.calibration.profiles import write_profile
 from servesim.calibration.schema import holdout_mask, read_measurements
 from servesim.calibration.work import ape, fast_predict, operator_cost, predict, work
+from servesim.cost import CostModel
+from servesim.dtypes import DType, Precision
 from servesim.errors import ServesimError
 from servesim.hardware import Curve, Link, OperatorEfficiency
 
@@ -297,3 +299,23 @@ def test_a_fused_moe_slower_than_its_weights_is_fitted_on_the_compute_side_when_
     assert np.median(errors["unlocked"]) < 0.02 and np.percentile(errors["unlocked"], 90) < 0.15
     assert np.median(errors["locked"]) > 5 * np.median(errors["unlocked"])
     assert np.percentile(errors["locked"], 90) > 2 * np.percentile(errors["unlocked"], 90)
+
+
+def test_b200s_nvfp4_linears_are_priced_as_the_cost_model_charges_them() -> None:
+    """The FP4 class is fitted on what the simulator charges a W4A4 GEMM: its own curve at the FP4
+    peak, rows padded to its tile, and a one-pass input quantisation (servesim.cost.quantise)."""
+    hardware = load_hardware("b200")
+    shapes = [(1, 4096, 4096), (200, 7168, 2048), (3000, 2112, 7168), (16384, 16384, 7168)]
+    table = pd.DataFrame([{"m": m, "n": n, "k": k, "dtype": "nvfp4", "time_s": 1e-4} for m, n, k in shapes])
+    expected = [operator_cost("gemm_fp4", row, hardware).time_s for _, row in table.iterrows()]
+    np.testing.assert_allclose(predict("gemm_fp4", table, hardware), expected, rtol=1e-12)
+    model = CostModel(load_model("llama-3-8b"), hardware, 1, Precision.from_names("nvfp4", "nvfp4"))
+    charged = [model.gemm(m, k, n).time_s for m, n, k in shapes]
+    np.testing.assert_allclose(charged, expected, rtol=1e-12)
+    assert hardware.efficiency.gemm_for(DType.FP4) is hardware.efficiency.gemm_fp4
+    # The one-pass quantisation writes half a byte and a 1-byte scale per 16 values.
+    m, k = 3000, 7168
+    side = expected[2] - model.gemm(m, k, 2112).roofline_s - model.gemm(m, k, 2112).fixed_s
+    quantise = hardware.efficiency.quantisation
+    assert side == pytest.approx(quantise.fixed_s + m * k * (2 + 0.5625) / (
+        hardware.memory.bandwidth_Bps * quantise.memory.at(m * k * 2.5625)), rel=1e-9)
