@@ -23,6 +23,7 @@ import pandas as pd
 
 from servesim.calibration.aiconfigurator import GPUS, VERSIONS, aic_tables
 from servesim.calibration.collective_fit import fit_collectives
+from servesim.calibration.mla_fit import fit_mla_prefill_scale, module_table, with_mla_fit
 from servesim.calibration.profile_fit import error_stats, fit_profile
 from servesim.calibration.profiles import write_profile
 from servesim.calibration.sibling_profiles import derive_siblings
@@ -91,6 +92,20 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
         f"{dropped or 'none'}")
     data["provenance"] = provenance
     profile = hardware_from_dict(data, f"fitted {GPUS[gpu]}")
+    mla_rows: list[dict[str, Any]] = []
+    modules = module_table(root, gpu)
+    mla = fit_mla_prefill_scale(modules, profile) if modules is not None and not modules.empty else None
+    if mla is not None:
+        profile = with_mla_fit(profile, mla, source, date)
+        profile = hardware_from_dict(profile.model_dump(mode="json", exclude_none=True),
+                                     f"fitted {GPUS[gpu]}")
+        mla_rows.append({"gpu": gpu, "profile": prior.name, "family": "mla_prefill_attention",
+                         "rows_fit": mla.rows_fit, "rows_held_out": mla.rows_held_out,
+                         "spec_median_%": float("nan"), "spec_p90_%": float("nan"),
+                         "prior_median_%": mla.before[0], "prior_p90_%": mla.before[1],
+                         "fit_in_median_%": float("nan"), "fit_in_p90_%": float("nan"),
+                         "fit_out_median_%": mla.after[0] if mla.scale is not None else mla.before[0],
+                         "fit_out_p90_%": mla.after[1] if mla.scale is not None else mla.before[1]})
     table = report.table()
     table.insert(0, "gpu", gpu)
     extra = pd.DataFrame([{"gpu": gpu, "profile": prior.name, "family": f"allreduce_{r.family}",
@@ -101,7 +116,7 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
                            "fit_out_median_%": r.fit_out[0], "fit_out_p90_%": r.fit_out[1]}
                           for r in reports])
     ep = pd.DataFrame([{"gpu": gpu, "profile": prior.name, **row} for row in ep_rows])
-    return profile, pd.concat([table, extra, ep], ignore_index=True)
+    return profile, pd.concat([table, extra, ep, pd.DataFrame(mla_rows)], ignore_index=True)
 
 
 def expert_parallel_report(rows: pd.DataFrame | None, prior: HardwareProfile,

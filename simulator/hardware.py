@@ -268,6 +268,11 @@ class Efficiency(FrozenModel):
         None, description="decode attention over an 8-bit KV cache, when fitted apart: the kernel "
         "dequantises every tile it loads, so it is not twice as fast as over 16 bits until the "
         "cache runs to hundreds of MB; absent, the attention_decode class")
+    mla_prefill_time_scale: float | None = Field(
+        None, gt=0.0, le=2.0, description="MLA's prefill attention (DeepSeek-style: 192-wide query-key "
+        "heads, 128-wide values) takes this times what the attention_prefill class prices for its "
+        "shape, where its own kernel was measured apart (B200: AIConfigurator's MLA module tables, "
+        "servesim.calibration.mla_fit); absent, 1")
 
     @property
     def quantisation(self) -> OperatorEfficiency:

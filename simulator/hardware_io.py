@@ -129,6 +129,8 @@ def profile_to_yaml(profile: HardwareProfile) -> str:
     has one, GEMM classes whose kernels pad their rows the other)."""
     data = profile.model_dump(mode="json", exclude_none=True)
     for efficiency in data.get("efficiency", {}).values():
+        if not isinstance(efficiency, dict):  # a scalar of the efficiencies (mla_prefill_time_scale)
+            continue
         if efficiency.get("per_row_s") == 0.0:
             del efficiency["per_row_s"]
         if efficiency.get("row_tile") == 1:

@@ -82,6 +82,9 @@ class AttentionShape:
     chunk: int | None = None
     """Chunked local attention (Llama 4): a token sees only the tokens of its own block of
     ``chunk`` positions."""
+    mla: bool = False
+    """MLA's expanded prefill (DeepSeek-style): its own kernel, whose time the profile may scale
+    (``Efficiency.mla_prefill_time_scale``)."""
 
 
 def chunk_prefix_pairs(tokens: np.ndarray, chunk: int) -> np.ndarray:
@@ -162,6 +165,9 @@ def chunks_attention(new: np.ndarray, context: np.ndarray, shape: AttentionShape
     factor = eff.shape_factor(keys * shape.heads, shape.q_head_dim)
     if factor != 1.0:
         efficiency = efficiency * factor
+    scale = hardware.efficiency.mla_prefill_time_scale if shape.mla else None
+    if scale is not None:
+        efficiency = efficiency / scale
     compute_s = float(np.sum(flops / (peak_flops * efficiency)))
     nbytes = (total_new * shape.heads * (shape.q_head_dim + shape.v_head_dim) * ATTENTION_IO_BYTES
               + keys * shape.prefill_kv_elements_per_token * kv_bytes
@@ -195,6 +201,9 @@ def one_chunk_attention(new: int, context: int, shape: AttentionShape, hardware:
     factor = eff.shape_factor(keys * shape.heads, shape.q_head_dim)
     if factor != 1.0:
         efficiency = efficiency * factor
+    scale = hardware.efficiency.mla_prefill_time_scale if shape.mla else None
+    if scale is not None:
+        efficiency = efficiency / scale
     compute_s = flops / (peak_flops * efficiency)
     nbytes = (q * shape.heads * (shape.q_head_dim + shape.v_head_dim) * ATTENTION_IO_BYTES
               + keys * shape.prefill_kv_elements_per_token * kv_bytes

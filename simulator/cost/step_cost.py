@@ -423,7 +423,7 @@ class CostModel:
             mla = self.attention
             sparse = replace(mla, window=m.sparse_attention.top_k,
                              prefill_flops_per_pair=mla.decode_flops_per_key,
-                             prefill_kv_elements_per_token=mla.cache_elements_per_token)
+                             prefill_kv_elements_per_token=mla.cache_elements_per_token, mla=False)
             return [(sparse, self._layers), (self._indexer_shape(), self._layers)] if self._layers else []
         if not m.layer_types:
             return [(self.attention, self._layers)] if self._layers else []
@@ -484,7 +484,8 @@ class CostModel:
                 cache_elements_per_token=cache,
                 prefill_kv_elements_per_token=heads * (m.q_head_dim + m.v_head_dim),
                 prefill_flops_per_pair=per_pair, decode_flops_per_key=2 * heads * (2 * latent + rope),
-                decode_q_width=heads * (latent + rope), decode_o_width=heads * latent, window=None)
+                decode_q_width=heads * (latent + rope), decode_o_width=heads * latent, window=None,
+                mla=True)
         return AttentionShape(
             heads=heads, q_head_dim=m.head_dim, v_head_dim=m.head_dim,
             cache_elements_per_token=cache, prefill_kv_elements_per_token=cache,
