@@ -43,13 +43,17 @@ def test_w4a4_runs_on_blackwells_fp4_peak() -> None:
     w8a8 = CostModel(model, b200, 1, Precision.from_names("fp8", "fp8", "fp8"), KERNELS).step(prefill)
     mlp = [op for op in w4a4.ops if op.name == "mlp"]
     assert all(op.bound == "compute" for op in mlp)
-    # the MLP GEMMs at 8,192 rows: the same FLOPs at twice the FP8 peak (net of the activations'
-    # quantisation, which costs both formats about the same per row: servesim.cost.quantise)
+    # the MLP GEMMs at 8,192 rows: the same FLOPs at twice the FP8 peak, on B200's own FP4 class
+    # (fitted to its NVFP4 linears), which reaches a lower share of its peak than FP8 does at these
+    # shapes: AIConfigurator's B200 table times FP8 / NVFP4 linears of 8,192 rows at 1.29-1.59x for
+    # 8,192 -> 16,384-65,536 and 1.99-2.03x for 16,384-51,200 -> 8,192 (activation quantisation in)
+    assert b200.efficiency.gemm_for(fp4.math) is b200.efficiency.gemm_fp4
+
     def gemms(step: StepCost) -> float:
         return sum(op.time_s - op.side_s for op in step.ops if op.name == "mlp")
 
-    assert gemms(w8a8) / gemms(w4a4) == pytest.approx(2.0, rel=0.05)
-    assert 1.7 < w8a8.breakdown["mlp"] / w4a4.breakdown["mlp"] < 2.0  # measured 1.86 with it
+    assert 1.45 < gemms(w8a8) / gemms(w4a4) < 1.7  # 1.56
+    assert 1.45 < w8a8.breakdown["mlp"] / w4a4.breakdown["mlp"] < 1.8  # 1.61 with the quantisation
 
 
 def test_hopper_has_no_fp4_tensor_cores_but_runs_fp4_weights_weight_only() -> None:
