@@ -80,10 +80,11 @@ def attention_parts(table: pd.DataFrame, profile: HardwareProfile) -> pd.DataFra
         update={"mla_prefill_time_scale": None})})
     models: dict[int, CostModel] = {}
     attention, gemms = [], []
-    for row in table.itertuples():
-        tp = model.num_heads // int(row.heads)
+    for heads, isl, batch in zip(table["heads"].tolist(), table["isl"].tolist(), table["batch"].tolist(),
+                                 strict=True):
+        tp = model.num_heads // int(heads)
         cost = models.setdefault(tp, CostModel(model, unscaled, tp, Precision()))
-        parts = cost.step(BatchShape.prefill(*[int(row.isl)] * int(row.batch))).breakdown
+        parts = cost.step(BatchShape.prefill(*[int(isl)] * int(batch))).breakdown
         attention.append(parts["attn_prefill"] / model.num_layers)
         gemms.append((parts["qkv_proj"] + parts["o_proj"]) / model.num_layers)
     out = table.assign(attention_s=attention, gemm_s=gemms)
