@@ -195,7 +195,8 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
             efficiency["quantise"] = quantise
         efficiency[op] = result.efficiency
     data = profile.model_dump(mode="json", exclude_none=True)
-    data["efficiency"] = {k: v.model_dump(mode="json") for k, v in efficiency.items() if v is not None}
+    data["efficiency"] = {k: v.model_dump(mode="json") if isinstance(v, OperatorEfficiency) else v
+                          for k, v in efficiency.items() if v is not None}
     data["interconnect"] = link.model_dump(mode="json")
     fitted = hardware_from_dict(data, f"fitted {profile.name}")
 

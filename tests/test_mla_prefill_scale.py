@@ -68,3 +68,21 @@ def test_the_module_tables_fit_blackwells_kernel_and_leave_hoppers(shared_data: 
     else:  # H200: the dense class already prices it; a multiplier would not help
         assert fit.scale is None and fit.before[0] < 10
         assert load_hardware(profile).efficiency.mla_prefill_time_scale is None
+
+
+def test_a_refit_keeps_the_multiplier_and_writes_it(tmp_path: Path) -> None:
+    """Refitting a profile that carries the multiplier (b200) keeps it, and the written profile
+    reads back the same (the multiplier is a number among the efficiency classes)."""
+    import pandas as pd
+
+    from servesim.calibration.profile_fit import fit_profile
+    from servesim.calibration.profiles import write_profile
+
+    b200 = load_hardware("b200")
+    assert b200.efficiency.mla_prefill_time_scale is not None
+    table = pd.DataFrame([{"m": m, "n": 4096, "k": 4096, "dtype": "bf16", "time_s": 2e-5 + m * 4e-8}
+                          for m in (1, 16, 128, 1024, 4096, 8192)])
+    fitted, _ = fit_profile({"gemm": table}, b200, "synthetic", "2026-01-01")
+    assert fitted.efficiency.mla_prefill_time_scale == b200.efficiency.mla_prefill_time_scale
+    path = write_profile(fitted, tmp_path / "b200.yaml", "test")
+    assert load_hardware(path) == fitted

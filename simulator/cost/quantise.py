@@ -95,7 +95,6 @@ def input_quantisation_s_array(rows: np.ndarray, k: np.ndarray, act_bytes: np.nd
     return (seconds + rows * elementwise.per_row_s) if per_row else seconds
 
 
-
 FP8_SCALE_BYTES = 4.0
 """A block-scaled FP8 activation's scale per group: one FP32 value."""
 
