@@ -78,6 +78,8 @@ def test_models_and_hardware_listings() -> None:
     assert hardware.returncode == 0 and "mi300x" in hardware.stdout and "spec-only" in hardware.stdout
     detail = servesim("hardware", "h100-sxm-80gb")
     assert detail.returncode == 0 and "provenance" in detail.stdout and "hardware_specs.csv" in detail.stdout
+    # a provenance's bracketed sources are printed, not read as console markup
+    assert "[aiconfigurator h100_sxm gemm vllm 0.24.0]" in " ".join(detail.stdout.split())
     one = servesim("models", "mixtral-8x7b", "--json")
     assert json.loads(one.stdout)["active_params"] == 12_879_925_248
 

@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from servesim.cli.console import console as _console
@@ -63,8 +64,8 @@ def hardware_command(
         for key, value in profile.summary().items():
             _console.print(f"[bold]{key:>22}[/]  {value}")
         _console.print("\n[bold]provenance[/]")
-        for key, value in profile.provenance.items():
-            _console.print(f"  [bold]{key}[/]: {value}")
+        for key, value in profile.provenance.items():  # its [...] are text, not console markup
+            _console.print(f"  [bold]{key}[/]: {escape(str(value))}")
         return
     rows = [load_hardware(n).summary() for n in builtin_hardware_names()]
     if as_json:
