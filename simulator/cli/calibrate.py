@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from servesim.cli.console import console as _console
 
@@ -165,7 +166,7 @@ def _print_skipped(skipped: pd.DataFrame) -> None:
     counts = skipped["reason"].value_counts()
     _console.print(f"[bold]rows not replayed: {int(counts.sum())}[/]")
     for reason, count in counts.items():
-        _console.print(f"  {count:5d}  {reason}")
+        _console.print(f"  {count:5d}  {escape(str(reason))}")
 
 
 @calibrate_app.command("fit-serving")

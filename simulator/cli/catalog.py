@@ -40,7 +40,7 @@ def models_command(
             print(json.dumps(detail, indent=2))
         else:
             for key, value in detail.items():
-                _console.print(f"[bold]{key:>30}[/]  {value}")
+                _console.print(f"[bold]{key:>30}[/]  {escape(str(value))}")
         return
     rows = [load_model(n).summary() for n in builtin_model_names()]
     if as_json:
@@ -62,7 +62,7 @@ def hardware_command(
             print(json.dumps(profile.model_dump(mode="json"), indent=2))
             return
         for key, value in profile.summary().items():
-            _console.print(f"[bold]{key:>22}[/]  {value}")
+            _console.print(f"[bold]{key:>22}[/]  {escape(str(value))}")
         _console.print("\n[bold]provenance[/]")
         for key, value in profile.provenance.items():  # its [...] are text, not console markup
             _console.print(f"  [bold]{key}[/]: {escape(str(value))}")
