@@ -104,8 +104,7 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
                          "spec_median_%": float("nan"), "spec_p90_%": float("nan"),
                          "prior_median_%": mla.before[0], "prior_p90_%": mla.before[1],
                          "fit_in_median_%": float("nan"), "fit_in_p90_%": float("nan"),
-                         "fit_out_median_%": mla.after[0] if mla.scale is not None else mla.before[0],
-                         "fit_out_p90_%": mla.after[1] if mla.scale is not None else mla.before[1]})
+                         "fit_out_median_%": mla.kept[0], "fit_out_p90_%": mla.kept[1]})
     table = report.table()
     table.insert(0, "gpu", gpu)
     extra = pd.DataFrame([{"gpu": gpu, "profile": prior.name, "family": f"allreduce_{r.family}",

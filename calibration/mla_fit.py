@@ -57,6 +57,11 @@ class MlaFit:
     after: tuple[float, float]
     """The same with ``fitted`` applied."""
 
+    @property
+    def kept(self) -> tuple[float, float]:
+        """The held-out error of what the profile keeps (``after`` with a scale, else ``before``)."""
+        return self.after if self.scale is not None else self.before
+
 
 def module_table(root: Path, gpu: str) -> pd.DataFrame | None:
     """The bf16 rows of a GPU's MLA context-module table (vLLM 0.24), or None without one."""

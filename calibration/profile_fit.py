@@ -186,9 +186,10 @@ def fit_profile(tables: dict[str, pd.DataFrame], profile: HardwareProfile, sourc
         op = OPERATOR_OF[family]
         prior = efficiency.get(op) or efficiency_of(profile, family)
         assert prior is not None
-        # FP4 linears are fitted net of their quantisation as the FP8 fit just priced it
-        basis = with_quantise(profile, efficiency["quantise"]) if (
-            family == "gemm_fp4" and efficiency.get("quantise") is not None) else profile
+        # each family is fitted net of the input quantisation as fitted so far (the FP8 GEMM fit
+        # refits it; the FP4 GEMMs and fused MoE calls after it include one)
+        quantise_now = efficiency.get("quantise")
+        basis = with_quantise(profile, quantise_now) if quantise_now is not None else profile
         result, quantise = fit_family(family, fit_rows, usable_tables, basis, prior, memory_tail,
                                       (row_tiles or {}).get(family, prior.row_tile))
         if quantise is not None:

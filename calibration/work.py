@@ -27,11 +27,12 @@ from servesim.cost.communication import ring_allreduce_s
 from servesim.cost.quantise import (
     input_quantisation_s,
     input_quantisation_s_array,
+    one_pass_output_bytes,
     one_pass_quantisation_s,
     one_pass_quantisation_s_array,
 )
 from servesim.cost.roofline import OpCost, memory_bound_s_many, padded_rows, padded_rows_array, roofline
-from servesim.dtypes import DType
+from servesim.dtypes import DType, Precision
 from servesim.hardware import HardwareProfile, OperatorEfficiency
 
 OPERATOR_OF = {"gemm": "gemm", "gemm_fp8": "gemm_fp8", "gemm_fp4": "gemm_fp4",
@@ -141,9 +142,17 @@ def _gemm_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
     if width >= 2.0:
         return op
     quantise, bandwidth = profile.efficiency.quantisation, profile.memory.bandwidth_Bps
-    side = (one_pass_quantisation_s(m, k, width, quantise, bandwidth) if math.is_fp4
+    one_pass = _one_pass_bytes(str(row["dtype"]), profile)
+    side = (one_pass_quantisation_s(m, k, one_pass, quantise, bandwidth) if one_pass is not None
             else input_quantisation_s(m, k, width, quantise, bandwidth))
     return replace(op, side_s=side)
+
+
+def _one_pass_bytes(dtype: str, profile: HardwareProfile) -> float | None:
+    """Bytes per value a measured linear of ``dtype`` (weights and activations) writes in a
+    one-pass input quantisation, by the cost model's rule (:func:`servesim.cost.quantise.
+    one_pass_output_bytes`: FP4 always; the tables' FP8 linears are per tensor), else None."""
+    return one_pass_output_bytes(None, Precision.from_names(dtype, dtype), profile.compute_capability)
 
 
 def _memory_op(row: pd.Series, profile: HardwareProfile) -> OpCost:
@@ -230,10 +239,14 @@ def work(family: str, table: pd.DataFrame, profile: HardwareProfile, key_tile: i
         if "input_quantised" in table.columns:
             quantised &= table["input_quantised"].astype(bool).to_numpy()
         quantise, bandwidth = profile.efficiency.quantisation, profile.memory.bandwidth_Bps
-        fp4 = dtypes.isin([DType.NVFP4.value, DType.MXFP4.value]).to_numpy()
-        one_pass = one_pass_quantisation_s_array(m, k, width, quantise, bandwidth)
-        two_pass = input_quantisation_s_array(m, k, width, quantise, bandwidth)
-        side = np.where(quantised, np.where(fp4, one_pass, two_pass), 0.0)
+        low = [d for d in dtypes.unique() if DTYPE_BYTES[d] < 2.0]
+        one_pass = dtypes.map({d: _one_pass_bytes(d, profile) for d in low})
+        single = quantised & one_pass.notna().to_numpy()
+        side = np.zeros(n)
+        side[single] = one_pass_quantisation_s_array(m[single], k[single], one_pass.to_numpy(float)[single],
+                                                     quantise, bandwidth)
+        double = quantised & ~single
+        side[double] = input_quantisation_s_array(m[double], k[double], width[double], quantise, bandwidth)
         rows = padded_rows_array(m, row_tile)  # what the compute side runs (bytes: the real rows)
         return Work(2.0 * rows * k * nn, nbytes, peak, rows, nbytes, m, time_s,
                     side_s=side if quantised.any() else None,
