@@ -54,6 +54,8 @@ from servesim.calibration.aic_flags import (
     aggregated_policy,
     disaggregated_flags,
     generator_deployed,
+    inferencex_attention_dp,
+    inferencex_mtp_budget,
     kv_cache_dtype,
 )
 from servesim.calibration.serving_speculation import speculation
@@ -227,12 +229,22 @@ class ServingRow:
         """(deployment keys, engine knobs) the replay assumes where the file is silent: the flags
         AIConfigurator's generator gives an aggregated worker (:mod:`servesim.calibration.aic_flags`;
         its batch is per attention-DP rank), or a disaggregated row's groups (the keys of each
-        group under ``prefill`` and ``decode``)."""
+        group under ``prefill`` and ``decode``). An InferenceX worker (not the generator's) with
+        attention DP adds its scripts' ``attention_dp_config``, and one decoding with MTP their
+        ``max_num_tokens``."""
         if self.prefill is not None:
             return disaggregated_flags(self.engine, self.isl, self.prefill_batch, self.decode_batch,
                                        self.generated)
         per_rank = -(-self.concurrency // self.dp)  # rounded up
-        return aggregated_flags(self.engine, self.isl, per_rank, self.measured_on, self.generated)
+        flags, knobs = aggregated_flags(self.engine, self.isl, per_rank, self.measured_on, self.generated)
+        if self.generated:
+            return flags, knobs
+        if self.dp > 1:
+            knobs = {**knobs, **inferencex_attention_dp(self.engine)}
+        if self.speculative is not None and "max_num_batched_tokens" in flags:
+            proposals = int(self.speculative["num_speculative_tokens"])
+            flags = {**flags, "max_num_batched_tokens": inferencex_mtp_budget(self.isl, per_rank, proposals)}
+        return flags, knobs
 
     def policy(self) -> dict[str, Any] | None:
         """The ``policy`` section where the generator's rules change the engine's default
@@ -530,6 +542,8 @@ def _serving_row(line: int, row: pd.Series, campaigns: dict[tuple[str, str], str
     assert match is not None
     disaggregated = str(row["mode"]) == "disagg"
     engine = ENGINES[str(row["backend"])]
+    measured_on = (measured_day(str(row["silicon_data_source"]))
+                   or campaigns.get((str(row["backend"]), str(row.get("backend_version", ""))), ""))
     return ServingRow(
         row=line, engine=engine, model=str(catalogue_model(str(row["model_path"]))),
         hf_model=str(row["model_path"]), gpu=str(row["system"]), tp=_degree(row, "tp_size"),
@@ -542,11 +556,10 @@ def _serving_row(line: int, row: pd.Series, campaigns: dict[tuple[str, str], str
         decode=_group(row, "decode") if disaggregated else None,
         speculative=None if disaggregated else speculation(
             engine, str(row.get("backend_version", "")), str(row["model_path"]),
-            _degree(row, "attention_dp_size")),
+            _degree(row, "attention_dp_size"), measured_on),
         prefill_batch=_batch(row, "prefill_batch_size") if disaggregated else None,
         decode_batch=_batch(row, "decode_batch_size") if disaggregated else None,
-        measured_on=(measured_day(str(row["silicon_data_source"]))
-                     or campaigns.get((str(row["backend"]), str(row.get("backend_version", ""))), "")),
+        measured_on=measured_on,
         generated=generator_deployed(str(row["silicon_data_source"])))
 
 

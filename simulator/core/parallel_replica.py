@@ -7,7 +7,8 @@ and each keeps one micro-batch in flight. So up to ``pp`` micro-batches are in t
 once, one per virtual engine; a stage works on one micro-batch at a time, first come first
 served. With data-parallel attention each virtual engine has ``dp`` ranks, each with its own
 policy, queue and KV pool; their batches travel together (one micro-batch of ``dp`` parts)
-because every MoE layer synchronises them.
+because every MoE layer synchronises them. An engine may hold its ranks' new prompts until every
+rank has one (TensorRT-LLM's ``attention_dp_config.enable_balance``: :meth:`VirtualEngine._balance`).
 
 Every (virtual engine, DP rank) pair is one scheduling unit with a :class:`ReplicaState`, which
 the router sees like a replica. One loop per virtual engine: ask each of its ranks' policies for a
@@ -39,6 +40,7 @@ from servesim.core.step_log import StepLog
 from servesim.cost.parallel_step import ParallelCostModel
 
 if TYPE_CHECKING:  # policies are given to replicas; the core never imports them at run time
+    from servesim.engines.base import DpBalance
     from servesim.policies.base import Batch, Policy
 
 
@@ -55,9 +57,13 @@ class RankHandle:
 
     def accept(self, request: int) -> None:
         """As :meth:`Replica.accept <servesim.core.replica.Replica.accept>`: held until the step
-        after the next one while its engine runs a step and schedules ahead."""
+        after the next one while its engine runs a step and schedules ahead, or, when its ranks
+        balance their prompts, until its engine lets every rank's prompts start."""
         engine = self.engine
-        if engine.replica.schedule_ahead and engine.busy:
+        if engine.replica.dp_balance is not None:
+            if self.state.hold(request, engine.replica.env.now):
+                self.wake()
+        elif engine.replica.schedule_ahead and engine.busy:
             self.state.hold(request, engine.replica.env.now)
         elif self.state.enqueue(request):
             self.wake()
@@ -77,6 +83,11 @@ class VirtualEngine:
         """Whether a micro-batch of this engine is in flight (formed and not yet credited)."""
         self._last_start = -math.inf
         """When the micro-batch credited last was formed (see :class:`ReplicaState.release`)."""
+        self._balance_wait = 0
+        """Iterations the ranks' prompts have waited for every rank to have one (TensorRT-LLM's
+        ``adp_ctx_waiting_iters_count``)."""
+        self._batching_wait = 0
+        """Iterations they have waited more to batch (``adp_ctx_batching_wait_iters_count``)."""
 
     def wake(self) -> None:
         if self._idle is not None and not self._idle.triggered:
@@ -86,11 +97,15 @@ class VirtualEngine:
         replica = self.replica
         env, cost, log = replica.env, replica.cost, replica.steps
         stages = replica.stages
+        balance = replica.dp_balance
         while True:
             now = env.now
-            for rank in self.ranks:
-                if rank.state.inbox:
-                    rank.state.release(self._last_start)
+            if balance is not None:
+                self._balance(balance)
+            else:
+                for rank in self.ranks:
+                    if rank.state.inbox:
+                        rank.state.release(self._last_start)
             batches: list[Batch | None] = [rank.policy.schedule(now) for rank in self.ranks]
             if all(batch is None for batch in batches):
                 if any(rank.state.inbox for rank in self.ranks):  # idle: scheduled at once
@@ -137,6 +152,41 @@ class VirtualEngine:
                     _credit(rank, batch, end)
 
 
+    def _balance(self, balance: DpBalance) -> None:
+        """Start every rank's new prompts this iteration, or hold them all, as TensorRT-LLM's
+        ``PyExecutor._balance_adp_requests`` decides (:class:`~servesim.engines.base.DpBalance`):
+        they start when every rank has a prompt and a free seat (after ``batching_wait_iters``
+        iterations more while every rank decodes), or, failing that, after ``timeout_iters``
+        iterations of waiting or as soon as some rank has nothing to decode. The count runs on
+        every iteration that fails the test, with prompts waiting or not, as the engine's does.
+        A prompt counts from when it is queued (TensorRT-LLM counts the prompts its schedulers
+        picked: one that could not start for want of KV blocks or tokens is counted here)."""
+        ranks = self.ranks
+        for rank in ranks:
+            rank.state.withhold()
+        states = [rank.state for rank in ranks]
+        decoding = all(state.running.size > 0 for state in states)
+        start = False
+        if all(state.inbox and state.running.size < state.limits.max_num_seqs for state in states):
+            self._balance_wait = 0
+            start = True
+            if decoding:
+                if self._batching_wait < balance.batching_wait_iters:
+                    self._batching_wait += 1
+                    start = False
+                else:
+                    self._batching_wait = 0
+        else:
+            self._balance_wait += 1
+            if self._balance_wait >= balance.timeout_iters or not decoding:
+                self._balance_wait = 0
+                start = True
+        if start:
+            seen_by = self._last_start if self.replica.schedule_ahead else math.inf
+            for state in states:
+                state.release(seen_by)
+
+
 def _row_head(state: ReplicaState, batch: Batch, now: float) -> tuple[float, ...]:
     """The step log's batch fields, read when the batch is formed (as :class:`Replica` does)."""
     shape = batch.shape
@@ -170,12 +220,15 @@ class ParallelReplica:
     """``pp`` virtual engines x ``dp`` ranks sharing ``pp`` stages (see the module docstring)."""
 
     def __init__(self, env: simpy.Environment, units: Sequence[Sequence[tuple[ReplicaState, Policy]]],
-                 cost: ParallelCostModel, steps: StepLog, schedule_ahead: bool = False) -> None:
+                 cost: ParallelCostModel, steps: StepLog, schedule_ahead: bool = False,
+                 dp_balance: DpBalance | None = None) -> None:
         """``units[v][d]``: the state and policy of DP rank ``d`` of virtual engine ``v``.
         ``schedule_ahead``: the engine schedules each step while the one before runs
-        (:mod:`servesim.core.replica`)."""
+        (:mod:`servesim.core.replica`); ``dp_balance``: its DP ranks start prompts together
+        (:meth:`VirtualEngine._balance`; only with more than one rank)."""
         self.env = env
         self.schedule_ahead = schedule_ahead
+        self.dp_balance = dp_balance if max(len(ranks) for ranks in units) > 1 else None
         self.cost = cost
         self.steps = steps
         self.stages = [simpy.Resource(env, capacity=1) for _ in cost.stages]

@@ -202,6 +202,16 @@ class ReplicaState:
         while inbox and inbox[0][1] <= seen_by:
             waiting.append(inbox.popleft()[0])
 
+    def withhold(self) -> None:
+        """Take every queued request back into the :attr:`inbox`, ahead of the arrivals held
+        there and in queue order: an engine whose DP ranks start prompts together decides again
+        each iteration whether they may (:mod:`servesim.core.parallel_replica`)."""
+        waiting = self.waiting
+        if not waiting:
+            return
+        back = [(waiting.popleft(), -math.inf) for _ in range(len(waiting))]
+        self.inbox.extendleft(reversed(back))
+
     def release_all(self) -> None:
         """Queue every held arrival: the engine has nothing else to run, so it schedules them now."""
         self.release(math.inf)

@@ -46,6 +46,18 @@ the symmetric-memory all-reduce's messages reach at most): one row of an engine'
 
 
 @dataclass(frozen=True)
+class DpBalance:
+    """TensorRT-LLM's context balancing across attention-DP ranks (``AttentionDpConfig``,
+    ``PyExecutor._balance_adp_requests``): each iteration, new prompts start only when every rank
+    has one to start and a free seat; otherwise they wait, counting iterations, until
+    ``timeout_iters`` have passed or some rank has nothing to decode. When every rank has one and
+    every rank is decoding, they wait ``batching_wait_iters`` iterations more, to batch prompts."""
+
+    timeout_iters: int
+    batching_wait_iters: int
+
+
+@dataclass(frozen=True)
 class RuntimeCosts:
     """An engine's software around the GPU kernels of one step, as the cost model folds it in.
 
@@ -125,6 +137,10 @@ class RuntimeCosts:
     """The engine forms step ``n + 1`` as it launches step ``n`` (knob ``schedule_ahead``, only
     with ``overlap``): a request that arrives while a step runs first runs two steps later
     (:mod:`servesim.core.replica`). Not a step cost; the replicas read it."""
+    dp_balance: DpBalance | None = None
+    """Data-parallel attention ranks hold new prompts back until every rank has one (TensorRT-LLM's
+    ``attention_dp_config.enable_balance``); None: each rank starts its prompts when it can. Not
+    a step cost; a replica with DP ranks reads it (:mod:`servesim.core.parallel_replica`)."""
 
     @classmethod
     def none(cls) -> RuntimeCosts:

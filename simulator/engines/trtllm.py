@@ -19,6 +19,9 @@ Runtime:
   (``CudaGraphConfig._generate_cuda_graph_batch_sizes`` with ``max_batch_size`` 128 and
   ``enable_padding`` false). Without padding a batch whose size was not captured runs eagerly;
   context steps always run eagerly.
+- **Attention-DP balancing** (``attention_dp_config``, off unless ``attention_dp_balance``): new
+  prompts wait until every DP rank has one, at most ``attention_dp_timeout_iters`` iterations
+  (:class:`~servesim.engines.base.DpBalance`, :mod:`servesim.core.parallel_replica`).
 - **All-reduce**: TensorRT-LLM's own custom all-reduce (``AllReduceStrategy.AUTO``: one-shot and
   two-shot kernels for small messages, NCCL for large); its exact thresholds are not modelled,
   vLLM's are assumed.
@@ -27,6 +30,7 @@ Runtime:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from pydantic import Field, PositiveInt
@@ -34,6 +38,7 @@ from pydantic import Field, PositiveInt
 from servesim.engines.base import (
     UNFITTED_CPU,
     CpuCosts,
+    DpBalance,
     Engine,
     EngineKnobs,
     RuntimeCosts,
@@ -56,6 +61,15 @@ class TrtllmKnobs(EngineKnobs):
     disable_cuda_graph: bool = Field(False, description="no cuda_graph_config: never use CUDA graphs")
     launch_s: float | None = Field(None, ge=0, allow_inf_nan=False,
                                    description="host time per kernel launch outside a graph")
+    attention_dp_balance: bool = Field(
+        False, description="attention_dp_config.enable_balance: with attention DP, start new prompts "
+        "only when every rank has one (or after attention_dp_timeout_iters iterations)")
+    attention_dp_timeout_iters: int = Field(
+        50, ge=0, description="attention_dp_config.timeout_iters: iterations a prompt waits for the "
+        "other ranks before it starts anyway (default 50)")
+    attention_dp_batching_wait_iters: int = Field(
+        10, ge=0, description="attention_dp_config.batching_wait_iters: iterations every rank's prompts "
+        "wait more, to batch, while every rank decodes (default 10)")
 
 
 def trtllm_capture_sizes(max_batch_size: int, padding: bool) -> tuple[int, ...]:
@@ -108,8 +122,12 @@ class Trtllm(Engine):
             sizes = (tuple(sorted(set(knobs.cuda_graph_batch_sizes))) if knobs.cuda_graph_batch_sizes
                      else trtllm_capture_sizes(knobs.cuda_graph_max_batch_size or 128,
                                                knobs.cuda_graph_padding))
-        return cpu.runtime(
+        runtime = cpu.runtime(
             overlap=not knobs.disable_overlap_scheduler, cuda_graph_sizes=sizes, graph_mixed=False,
             graph_counts_requests=True,
             graph_padding=knobs.cuda_graph_padding,
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s, allreduce="custom")
+        if not knobs.attention_dp_balance:
+            return runtime
+        return replace(runtime, dp_balance=DpBalance(knobs.attention_dp_timeout_iters,
+                                                     knobs.attention_dp_batching_wait_iters))

@@ -244,7 +244,8 @@ def _build_pipelined(sim: Sim, group: ReplicaGroup, first_index: int,
                 ranks.append((state, policy))
                 index += 1
             grid.append(ranks)
-        replica = ParallelReplica(sim.env, grid, cost, sim.steps, schedule_ahead=group.runtime.schedule_ahead)
+        replica = ParallelReplica(sim.env, grid, cost, sim.steps, schedule_ahead=group.runtime.schedule_ahead,
+                                  dp_balance=group.runtime.dp_balance)
         pipelines.append(replica)
         units.extend(replica.ranks)
     return GroupRun(group, units, first_index, pipelines)
