@@ -151,38 +151,6 @@ TensorRT-LLM's own default of 0.9. vLLM's template passes no ``--gpu-memory-util
 (:func:`generator_deployed`): the templates are its, not InferenceX's."""
 
 
-INFERENCEX_ATTENTION_DP = {"trtllm": {"attention_dp_balance": True, "attention_dp_timeout_iters": 60,
-                                      "attention_dp_batching_wait_iters": 0}}
-"""The engine knobs InferenceX's single-node scripts give a worker with attention DP: every
-TensorRT-LLM DeepSeek-R1 script (``benchmarks/dsr1_*_trt*.sh`` in SemiAnalysisAI/InferenceX, each
-stored version read, 2025-11 to 2026-04) appends ``attention_dp_config: {batching_wait_iters: 0,
-enable_balance: true, timeout_iters: 60}`` when ``DP_ATTENTION`` is true. AIConfigurator's
-generator sets no ``attention_dp_config`` (TensorRT-LLM's default: no balancing), so its own
-campaigns' rows keep the engine's default."""
-
-
-INFERENCEX_TOKEN_ROUNDING = 64
-"""InferenceX's MTP scripts round ``max_num_tokens`` up to a multiple of 64 tokens."""
-INFERENCEX_PROMPT_HEADROOM = 64
-"""... after adding 64 tokens to the input length."""
-
-
-def inferencex_mtp_budget(isl: int, max_batch_size: int, proposals: int) -> int:
-    """``max_num_tokens`` of an InferenceX TensorRT-LLM worker decoding with ``proposals`` MTP
-    layers: every stored version of its ``dsr1_*_trt_mtp.sh`` scripts sets
-    ``MAX_NUM_TOKENS=(((MTP+1)*MAX_BATCH_SIZE+ISL+64+63)/64*64)``, room for one prompt beside a
-    full batch of decodes each verifying its proposals, with ``--max_batch_size`` the client
-    concurrency (over the ranks with attention DP)."""
-    tokens = (proposals + 1) * max_batch_size + isl + INFERENCEX_PROMPT_HEADROOM
-    return -(-tokens // INFERENCEX_TOKEN_ROUNDING) * INFERENCEX_TOKEN_ROUNDING
-
-
-def inferencex_attention_dp(engine: str) -> dict[str, Any]:
-    """The engine knobs of an InferenceX worker of ``engine`` with attention DP (none where its
-    scripts add none)."""
-    return dict(INFERENCEX_ATTENTION_DP.get(engine, {}))
-
-
 def generator_deployed(source: str) -> bool:
     """Whether a row's ``silicon_data_source`` names one of AIConfigurator's own campaigns, whose
     workers its generator deployed: its gap-analysis files (``aic-auto-gap-analysis``,

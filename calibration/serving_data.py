@@ -54,10 +54,9 @@ from servesim.calibration.aic_flags import (
     aggregated_policy,
     disaggregated_flags,
     generator_deployed,
-    inferencex_attention_dp,
-    inferencex_mtp_budget,
     kv_cache_dtype,
 )
+from servesim.calibration.inferencex_flags import inferencex_attention_dp, inferencex_mtp_budget
 from servesim.calibration.serving_speculation import speculation
 from servesim.dtypes import DType
 from servesim.engines import ENGINES as ENGINE_MODELS
@@ -229,9 +228,9 @@ class ServingRow:
         """(deployment keys, engine knobs) the replay assumes where the file is silent: the flags
         AIConfigurator's generator gives an aggregated worker (:mod:`servesim.calibration.aic_flags`;
         its batch is per attention-DP rank), or a disaggregated row's groups (the keys of each
-        group under ``prefill`` and ``decode``). An InferenceX worker (not the generator's) with
-        attention DP adds its scripts' ``attention_dp_config``, and one decoding with MTP their
-        ``max_num_tokens``."""
+        group under ``prefill`` and ``decode``). An InferenceX worker (not the generator's) adds its
+        scripts' TensorRT-LLM ``attention_dp_config`` with attention DP, and their
+        ``max_num_tokens`` with MTP (:mod:`~servesim.calibration.inferencex_flags`)."""
         if self.prefill is not None:
             return disaggregated_flags(self.engine, self.isl, self.prefill_batch, self.decode_batch,
                                        self.generated)

@@ -39,7 +39,7 @@ The recipe is InferenceX's (``benchmarks/dsr1_fp8_b200_trt_mtp.sh`` and
 ``dsr1_fp4_b200_trt_mtp.sh``): ``speculative_config: {decoding_type: MTP,
 num_nextn_predict_layers: 3}``, or 1 with attention data parallelism; their ``--max_batch_size``
 is the client concurrency (over the ranks with DP) and their ``max_num_tokens`` room for one
-prompt beside a batch of verifying decodes (:func:`~servesim.calibration.aic_flags.
+prompt beside a batch of verifying decodes (:func:`~servesim.calibration.inferencex_flags.
 inferencex_mtp_budget`). The acceptance is not in the file either. Until 2026-11-29 the replay
 took AIConfigurator's own default, ``nextn_accept_rates`` = 0.85, 0.3, 0, ... (2.1 tokens a step
 with 3 layers), which left the 74 speculating rows with tensor-parallel attention at a median

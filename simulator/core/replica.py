@@ -20,6 +20,12 @@ it makes the replayed TTFT worse: README, Calibration) the replica holds such an
 with nothing to run schedules an arrival at once, as it does when idle. Not modelled: the
 step that an overlapping engine schedules for a request already finished (its last token is seen
 one step late, so its seat and blocks free a step later and one token is computed in vain).
+
+**Reading arrivals every n steps.** SGLang's ``--scheduler-recv-interval n``
+(``RuntimeCosts.recv_interval``) reads the input queue only when a counter reaches ``n``: each
+pure-decode step adds 1, any other step enough to read at once. Arrivals are held
+(``ReplicaState.hold``) until then, or taken at once by an engine with nothing else to run; such
+a replica runs step by step (its arrivals' wait is counted in steps, not in time).
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ class Replica:
                  cost: CostModel | StepPricer, steps: StepLog, prompts_done: PromptsDone | None = None,
                  next_arrival: Callable[[], float] | None = None, sole_replica: bool = False,
                  horizon: Callable[[], float] | None = None, stream: OutputStream | None = None,
-                 schedule_ahead: bool = False) -> None:
+                 schedule_ahead: bool = False, recv_interval: int = 1) -> None:
         """``prompts_done`` makes this a prefill-only replica: a request whose prompt is computed
         emits nothing here and goes to ``prompts_done`` instead. ``next_arrival`` (when the next
         request enters the deployment) turns fast-forward on: runs of pure-decode steps become one
@@ -101,7 +107,9 @@ class Replica:
         its requests' first-token and finish times become the times their clients see them.
         ``schedule_ahead``: the engine schedules each step while the one before runs (its host work
         overlaps the GPU), so a request that arrives while a step runs is first scheduled in the
-        step after the next one (see the module docstring)."""
+        step after the next one (see the module docstring). ``recv_interval``: the engine reads its
+        arrivals only every that many decode steps (see the module docstring); above 1 the replica
+        runs step by step."""
         self.env = env
         self.stream = stream
         self.state = state
@@ -113,7 +121,13 @@ class Replica:
         plain_cost = cost if isinstance(cost, CostModel) and state.speculation is None else None
         self.run_cost = plain_cost if prompts_done is None and plain_pool else None
         """The cost model that prices fast-forwarded runs (None: this replica never fast-forwards)."""
-        self.next_arrival = next_arrival if self.run_cost is not None else None
+        self.recv_interval = recv_interval
+        self._recv_count = 0
+        """Decode steps since the engine last read its arrivals (SGLang's ``SchedulerRecvSkipper``)."""
+        self._last_weight = 1
+        """What the step that just ended adds to the count: 1 for a pure-decode step, the interval
+        for any other (a prefill step: the engine reads at once after it)."""
+        self.next_arrival = next_arrival if self.run_cost is not None and recv_interval == 1 else None
         self.sole_replica = sole_replica
         self.horizon = horizon
         self.fast_forwarded_steps = 0
@@ -137,7 +151,10 @@ class Replica:
     def accept(self, request: int) -> None:
         """An arrival routed here: queue it (or reject it) and wake the loop if idle; held until
         the step after the next one while a step runs on an engine that schedules ahead."""
-        if self.schedule_ahead and self._idle is None:
+        if self.recv_interval > 1:
+            if self.state.hold(request, self.env.now):
+                self.wake()
+        elif self.schedule_ahead and self._idle is None:
             self.state.hold(request, self.env.now)
         elif self.state.enqueue(request):
             self.wake()
@@ -243,6 +260,8 @@ class Replica:
         its queue (those up to the start of the step that just ended); an engine that would
         otherwise sit idle takes the rest at once."""
         state = self.state
+        if self.recv_interval > 1:
+            return self._schedule_reading_every(now)
         if not state.inbox:
             return self.policy.schedule(now)
         state.release(self._last_start)
@@ -250,6 +269,24 @@ class Replica:
         if batch is None and state.inbox:
             state.release_all()
             batch = self.policy.schedule(now)
+        return batch
+
+    def _schedule_reading_every(self, now: float) -> Batch | None:
+        """:meth:`_schedule` for an engine that reads its arrivals only when its count reaches
+        ``recv_interval`` (counted once per step, as SGLang's scheduler counts once per loop;
+        after a prefill step it reads at once, and an engine with nothing else to run reads
+        whatever has come)."""
+        state = self.state
+        self._recv_count += self._last_weight
+        if self._recv_count >= self.recv_interval:
+            self._recv_count = 0
+            state.release(self._last_start if self.schedule_ahead else math.inf)
+        batch = self.policy.schedule(now)
+        if batch is None and state.inbox:
+            state.release_all()
+            batch = self.policy.schedule(now)
+        if batch is not None:
+            self._last_weight = 1 if batch.decode_only else self.recv_interval
         return batch
 
     def _may_chain(self, end: float) -> bool:

@@ -137,6 +137,11 @@ class RuntimeCosts:
     """The engine forms step ``n + 1`` as it launches step ``n`` (knob ``schedule_ahead``, only
     with ``overlap``): a request that arrives while a step runs first runs two steps later
     (:mod:`servesim.core.replica`). Not a step cost; the replicas read it."""
+    recv_interval: int = 1
+    """The engine reads its input queue only every this many decode steps, and at once after a
+    prefill step or when idle (SGLang's ``--scheduler-recv-interval``): an arrival waits for that
+    read. 1: every step. Not a step cost; a replica of one scheduling unit reads it
+    (:mod:`servesim.core.replica`), and runs step by step when it is above 1."""
     dp_balance: DpBalance | None = None
     """Data-parallel attention ranks hold new prompts back until every rank has one (TensorRT-LLM's
     ``attention_dp_config.enable_balance``); None: each rank starts its prompts when it can. Not

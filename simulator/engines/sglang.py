@@ -36,6 +36,12 @@ Runtime:
   requests once per iteration, after launching the next batch), so a request that arrives while
   a step runs first runs two steps later: knob ``schedule_ahead``, off by default
   (``servesim.core.replica``).
+- **Reading new requests** (``--scheduler-recv-interval``, default 1): above 1, the scheduler
+  reads its input queue only when a counter reaches the interval; each decode step adds 1 to it,
+  a prefill step enough to read at once (``SchedulerRecvSkipper``: weight 1 for ``DECODE`` and
+  ``TARGET_VERIFY``, 1000 otherwise), and an idle scheduler reads at once. So during long decode
+  runs an arrival waits up to that many steps (:mod:`servesim.core.replica`; not with DP
+  attention, where SGLang 0.5 refuses it).
 - **CUDA graphs** for decode batches only (prefill runs eagerly), at batch sizes
   ``[1, 2, 4, 8, 12] + range(16, 257, 8) + range(272, 512, 16) + range(512, max + 1, 32)`` up to
   ``cuda_graph_max_bs`` (``_generate_cuda_graph_batch_sizes``), padded to the next size.
@@ -83,6 +89,9 @@ class SglangKnobs(EngineKnobs):
     disable_custom_all_reduce: bool = Field(False, description="use NCCL for every all-reduce")
     launch_s: float | None = Field(None, ge=0, allow_inf_nan=False,
                                    description="host time per kernel launch outside a graph")
+    scheduler_recv_interval: PositiveInt = Field(
+        1, description="--scheduler-recv-interval: read new requests only every this many decode "
+        "steps (at once after a prefill step or when idle; default 1)")
     max_prefill_tokens: PositiveInt | None = Field(
         None, description="--max-prefill-tokens: new prompt tokens per prefill batch, at most "
                           f"(default {MAX_PREFILL_TOKENS}); the step budget is the smaller of it and "
@@ -221,9 +230,12 @@ class Sglang(Engine):
             else:
                 default_max = default_graph_max_bs(hbm_bytes, tp) if hbm_bytes is not None else 160
                 sizes = sglang_capture_sizes(knobs.cuda_graph_max_bs or default_max)
-        return cpu.runtime(
+        runtime = cpu.runtime(
             overlap=not knobs.disable_overlap_schedule, cuda_graph_sizes=sizes, graph_mixed=False,
             graph_counts_requests=True,
             launch_s=LAUNCH_S if knobs.launch_s is None else knobs.launch_s,
             allreduce="nccl" if knobs.disable_custom_all_reduce else "custom",
             custom_allreduce_worlds=CUSTOM_ALL_REDUCE_WORLDS)
+        if knobs.scheduler_recv_interval == 1:
+            return runtime
+        return replace(runtime, recv_interval=knobs.scheduler_recv_interval)

@@ -216,7 +216,8 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
         replicas.append(Replica(sim.env, state, policy, cost, sim.steps,
                                 next_arrival=sim.next_arrival if fast else None,
                                 sole_replica=sole, horizon=sim.horizon, stream=stream,
-                                schedule_ahead=group.runtime.schedule_ahead))
+                                schedule_ahead=group.runtime.schedule_ahead,
+                                recv_interval=group.runtime.recv_interval))
     return GroupRun(group, replicas, first_index)
 
 

@@ -263,7 +263,8 @@ class FleetRuntime:
         policy = plan.group.policy.make(state)
         stream = open_stream(self.sim.requests.streams, state.index, plan.group.runtime.frontend_chunk_s)
         return Replica(self.sim.env, state, policy, self._costs[slot.group], self.sim.steps, stream=stream,
-                       schedule_ahead=plan.group.runtime.schedule_ahead)
+                       schedule_ahead=plan.group.runtime.schedule_ahead,
+                       recv_interval=plan.group.runtime.recv_interval)
 
     def _set(self, slot: Slot, state: str, now: float) -> None:
         if state == READY:
