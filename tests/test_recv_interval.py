@@ -13,6 +13,8 @@ from engine_helpers import PLACEHOLDER_WORKLOAD, run, table
 
 from servesim.config import validate_document
 from servesim.engines import make_engine
+from servesim.errors import ServesimError
+from servesim.pipeline import prepare, simulate
 
 LONG = 60
 
@@ -55,3 +57,15 @@ def test_an_idle_engine_reads_at_once() -> None:
     result = run(config, table([0.0, 5.0], 128, [8, 8]))
     assert result.requests.loc[0, "finish_s"] < 5.0
     assert result.requests.loc[1, "first_scheduled_s"] == 5.0
+
+
+def test_a_deployment_with_dp_ranks_is_refused_in_one_line() -> None:
+    """SGLang 0.5 refuses the interval with data-parallel attention; so does servesim, naming the
+    knob, rather than ignoring it."""
+    config = validate_document({"model": "mixtral-8x7b", "hardware": "h100-sxm-80gb",
+                                "engine": {"name": "sglang", "scheduler_recv_interval": 30},
+                                "deployment": {"tp": 1, "dp": 2, "ep": 2}, "workload": PLACEHOLDER_WORKLOAD})
+    with pytest.raises(ServesimError) as caught:
+        simulate(prepare(config, workload=table([0.0], 128, 4)))
+    assert "engine.scheduler_recv_interval" in str(caught.value)
+    assert "\n" not in str(caught.value)

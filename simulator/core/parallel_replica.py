@@ -151,7 +151,6 @@ class VirtualEngine:
                 if batch is not None:
                     _credit(rank, batch, end)
 
-
     def _balance(self, balance: DpBalance) -> None:
         """Start every rank's new prompts this iteration, or hold them all, as TensorRT-LLM's
         ``PyExecutor._balance_adp_requests`` decides (:class:`~servesim.engines.base.DpBalance`):

@@ -196,6 +196,11 @@ def build_group(sim: Sim, group: ReplicaGroup, first_index: int,
             raise ServesimError("engine.frontend_chunk_s", "the front end's streaming cost is modelled for "
                                 "replicas of one scheduling unit, not pipeline stages or data-parallel "
                                 "attention ranks", "leave it 0 (unset) for this deployment")
+        if group.runtime.recv_interval > 1:
+            raise ServesimError("engine.scheduler_recv_interval", "reading arrivals every n steps is "
+                                "modelled for replicas of one scheduling unit (SGLang refuses it with "
+                                "data-parallel attention), not pipeline stages or DP ranks",
+                                "leave it 1 (unset) for this deployment")
         return _build_pipelined(sim, group, first_index, make_state, wrap_policy)
     cost = group.step_pricer()
     from servesim.core.replica import Replica  # here: resolving a plan (validate) builds no replica
