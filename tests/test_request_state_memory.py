@@ -67,3 +67,21 @@ def test_itl_arrays_move_out_and_merge_later_pairs_in_time_order() -> None:
     values, counts = log.arrays()
     assert values.tolist() == [0.25, 0.5, 0.1, 0.9, 0.3, 0.7, 0.4]
     assert counts.tolist() == [1, 2, 1, 1, 2, 1, 2]
+
+
+@pytest.mark.parametrize("distinct", [1, 2, 3])
+def test_a_wide_steps_gaps_are_stored_as_their_distinct_values_and_counts(distinct: int) -> None:
+    """A step of 100 requests (past the Python grouping of a few): its gaps are kept as
+    ``np.unique``'s (value, count) pairs in sorted order, whether they take one value, two (the
+    batch's gap and its new requests'; counted without a sort) or more."""
+    rng = np.random.default_rng(7)
+    choices = np.array([0.012, 0.031, 0.0205])[:distinct]
+    gaps = rng.choice(choices, size=100)
+    gaps[:distinct] = choices  # every value present
+    log = ItlLog()
+    log.add(gaps, 5.0)
+    values, counts = np.unique(gaps, return_counts=True)
+    assert list(log.values) == values.tolist()
+    assert list(log.counts) == counts.tolist()
+    assert list(log.at) == [5.0] * distinct
+    assert sum(log.counts) == 100

@@ -110,6 +110,12 @@ class ItlLog:
             self.counts.append(size)
             self.at.append(now)
             return
+        lows, highs = int(np.count_nonzero(gaps == low)), int(np.count_nonzero(gaps == high))
+        if lows + highs == size:  # two values (the batch's gap and its new or stalled requests'):
+            self.values.extend((float(low), float(high)))  # np.unique's pairs, a sort cheaper
+            self.counts.extend((lows, highs))
+            self.at.extend((now, now))
+            return
         values, counts = np.unique(gaps, return_counts=True)
         self.values.extend(values.tolist())
         self.counts.extend(counts.tolist())
