@@ -160,13 +160,11 @@ class VirtualEngine:
         every iteration that fails the test, with prompts waiting or not, as the engine's does.
         A prompt counts from when it is queued (TensorRT-LLM counts the prompts its schedulers
         picked: one that could not start for want of KV blocks or tokens is counted here)."""
-        ranks = self.ranks
-        for rank in ranks:
-            rank.state.withhold()
-        states = [rank.state for rank in ranks]
+        states = [rank.state for rank in self.ranks]
         decoding = all(state.running.size > 0 for state in states)
         start = False
-        if all(state.inbox and state.running.size < state.limits.max_num_seqs for state in states):
+        if all((state.inbox or state.waiting) and state.running.size < state.limits.max_num_seqs
+               for state in states):
             self._balance_wait = 0
             start = True
             if decoding:
@@ -180,10 +178,13 @@ class VirtualEngine:
             if self._balance_wait >= balance.timeout_iters or not decoding:
                 self._balance_wait = 0
                 start = True
-        if start:
+        if start:  # queued prompts stay queued, ahead of the arrivals released behind them
             seen_by = self._last_start if self.replica.schedule_ahead else math.inf
             for state in states:
                 state.release(seen_by)
+        else:  # held: the queued ones back into the inbox, where the policies do not see them
+            for state in states:
+                state.withhold()
 
 
 def _row_head(state: ReplicaState, batch: Batch, now: float) -> tuple[float, ...]:
