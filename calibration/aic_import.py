@@ -86,6 +86,15 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
                 f"; expert-parallel rows (rank 0 of EP 2-256, not fitted): {row['rows_held_out']} rows, "
                 f"median {row['fit_out_median_%']:.1f}% p90 {row['fit_out_p90_%']:.1f}% (before: median "
                 f"{row['prior_median_%']:.1f}% p90 {row['prior_p90_%']:.1f}%)")
+    skewed_rows = validation_report(measured.moe_skewed, prior, fitted, "_power_law")
+    for row in skewed_rows:
+        key = f"efficiency.{row['family'].removesuffix('_power_law')}"
+        if key in provenance:
+            provenance[key] += (
+                f"; power-law routed rows (exponent 1.01, not fitted; experts hit as its generator "
+                f"leaves them): {row['rows_held_out']} rows, median {row['fit_out_median_%']:.1f}% "
+                f"p90 {row['fit_out_p90_%']:.1f}%")
+    ep_rows += skewed_rows
     dropped = ", ".join(f"{reason} ({count:,})" for reason, count in measured.dropped.items())
     provenance["calibration"] = (
         f"{provenance.get('calibration', '')}; rows left out of the AIConfigurator import: "
@@ -123,6 +132,13 @@ def expert_parallel_report(rows: pd.DataFrame | None, prior: HardwareProfile,
     """Error on the fused-MoE rows of expert-parallel layouts (none of them fitted), per family:
     the cost model's rank-0 share (``1/ep`` of the assignments and experts) with the profile before
     and after the import."""
+    return validation_report(rows, prior, fitted, "_ep")
+
+
+def validation_report(rows: pd.DataFrame | None, prior: HardwareProfile, fitted: HardwareProfile,
+                      suffix: str) -> list[dict[str, Any]]:
+    """Error on fused-MoE rows the import validates but does not fit (expert-parallel layouts,
+    skewed routing), per family (named with ``suffix``), with the profile before and after."""
     out: list[dict[str, Any]] = []
     if rows is None or rows.empty:
         return out
@@ -130,7 +146,7 @@ def expert_parallel_report(rows: pd.DataFrame | None, prior: HardwareProfile,
         measured = group["time_s"].to_numpy(float)
         before = error_stats(ape(predict(str(family), group, prior), measured))
         after = error_stats(ape(predict(str(family), group, fitted), measured))
-        out.append({"family": f"{family}_ep", "rows_fit": 0, "rows_held_out": len(group),
+        out.append({"family": f"{family}{suffix}", "rows_fit": 0, "rows_held_out": len(group),
                     "spec_median_%": float("nan"), "spec_p90_%": float("nan"),
                     "prior_median_%": before[0], "prior_p90_%": before[1],
                     "fit_in_median_%": float("nan"), "fit_in_p90_%": float("nan"),

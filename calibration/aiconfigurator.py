@@ -60,6 +60,9 @@ class AicTables:
     dropped: dict[str, int] = field(default_factory=dict)
     moe_expert_parallel: pd.DataFrame | None = None
     """Fused-MoE rows of expert-parallel layouts (rank 0), validated apart from the fit."""
+    moe_skewed: pd.DataFrame | None = None
+    """Fused-MoE rows routed by the collector's power law (exponent 1.01), without expert
+    parallelism: validated apart from the fit (:mod:`~servesim.calibration.moe_routing`)."""
 
     def drop(self, reason: str, count: int) -> None:
         if count:
@@ -177,7 +180,8 @@ power-law ones (1.01 is the mildest skew), priced as uniform routing."""
 
 
 def moe_tables(root: Path, gpu: str, out: AicTables) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
-    """(fused-MoE tables to fit by family, the expert-parallel rows to validate only).
+    """(fused-MoE tables to fit by family, the expert-parallel rows to validate only); the
+    power-law rows without expert parallelism go to ``out.moe_skewed``, validated only.
 
     ``FusedMoE.forward`` on one GPU with routing inside: ``num_tokens`` tokens entering, experts
     TP-sharded ``moe_tp_size`` ways. Rows with ``moe_ep_size > 1`` build rank 0 of an
@@ -189,22 +193,32 @@ def moe_tables(root: Path, gpu: str, out: AicTables) -> tuple[dict[str, pd.DataF
         out.drop(f"moe {dtype} (format not modelled)", count)
     raw = raw[known]
     routing = next(r for r in MOE_ROUTING if (raw["distribution"] == r).any())
+    if routing == "balanced":
+        validated = (raw["distribution"] == "power_law_1.01") & (raw["moe_ep_size"] == 1)
+        out.moe_skewed = _moe_frame(raw[validated], gpu, "power_law_1.01", "power_law_1.01")
+        out.drop("moe with power-law routing (validated, not fitted)", int(validated.sum()))
+        raw = raw[~validated]
     skewed = raw["distribution"] != routing
     out.drop(f"moe with routing other than {routing}", int(skewed.sum()))
-    raw = raw[~skewed]
-    table = pd.DataFrame({"tokens": raw["num_tokens"].to_numpy(), "hidden": raw["hidden_size"].to_numpy(),
-                          "inter": raw["inter_size"].to_numpy(), "topk": raw["topk"].to_numpy(),
-                          "experts": raw["num_experts"].to_numpy(), "tp": raw["moe_tp_size"].to_numpy(),
-                          "ep": raw["moe_ep_size"].to_numpy(),
-                          "routing": np.where(raw["distribution"] == "balanced", "balanced", "uniform"),
-                          "family": raw["moe_dtype"].map(MOE_FAMILIES).to_numpy(),
-                          "time_s": raw["latency"].to_numpy() * 1e-3,
-                          "source": f"aiconfigurator {gpu} moe vllm {VERSIONS[gpu]} ({routing} routing)"})
+    table = _moe_frame(raw[~skewed], gpu, routing, "balanced" if routing == "balanced" else "uniform")
     expert_parallel = table["ep"] > 1
     out.drop("moe with expert parallelism (validated, not fitted)", int(expert_parallel.sum()))
     tables = {str(family): rows.drop(columns="family").reset_index(drop=True)
               for family, rows in table[~expert_parallel].groupby("family")}
     return tables, table[expert_parallel].reset_index(drop=True)
+
+
+def _moe_frame(raw: pd.DataFrame, gpu: str, routing: str, priced: str) -> pd.DataFrame:
+    """The fused-MoE rows ``raw``, measured with the collector's ``routing``, as the fit reads
+    them, their experts hit priced as ``priced`` routes (a
+    :data:`~servesim.calibration.moe_routing.ROUTINGS` name)."""
+    return pd.DataFrame({"tokens": raw["num_tokens"].to_numpy(), "hidden": raw["hidden_size"].to_numpy(),
+                         "inter": raw["inter_size"].to_numpy(), "topk": raw["topk"].to_numpy(),
+                         "experts": raw["num_experts"].to_numpy(), "tp": raw["moe_tp_size"].to_numpy(),
+                         "ep": raw["moe_ep_size"].to_numpy(), "routing": np.full(len(raw), priced),
+                         "family": raw["moe_dtype"].map(MOE_FAMILIES).to_numpy(),
+                         "time_s": raw["latency"].to_numpy() * 1e-3,
+                         "source": f"aiconfigurator {gpu} moe vllm {VERSIONS[gpu]} ({routing} routing)"})
 
 
 def aic_tables(root: Path, gpu: str) -> AicTables:

@@ -29,7 +29,9 @@ import numpy as np
 
 from servesim.cost.routing import experts_hit
 
-ROUTINGS = ("uniform", "balanced")
+ROUTINGS = ("uniform", "balanced", "power_law_1.01")
+POWER_LAW_SAMPLES = 256
+"""Routings drawn per (tokens, experts, top-k) to average the power-law generator's experts hit."""
 
 
 @cache
@@ -42,6 +44,38 @@ def balanced_rank0(tokens: int, experts: int, top_k: int, ep: int) -> tuple[int,
     ids = (base + j * stride) % experts
     local = ids[ids < experts // ep]
     return int(np.unique(local).size), int(local.size)
+
+
+@cache
+def power_law_hits(tokens: int, experts: int, top_k: int, alpha: float = 1.01) -> float:
+    """Expected experts with at least one token under AIConfigurator's power-law routing
+    (``collector/helper.py::power_law_logits_v3``, described, not copied): every expert draws a
+    load from a power law of exponent ``alpha`` on ``[1, 0.8 T]`` (on ``[0.01, 2]`` when the
+    ``T k`` assignments are fewer than the experts), the loads are scaled to ``T k`` assignments
+    and rounded, and the rounding's surplus or shortfall is settled one assignment at a time on
+    the busiest (surplus) or least busy non-empty (shortfall) experts. Averaged over
+    :data:`POWER_LAW_SAMPLES` draws of a fixed seed, so the same call gives the same number."""
+    total = tokens * top_k
+    low, high = (1.0, 0.8 * tokens) if total > experts else (0.01, 2.0)
+    if high <= low:  # one token with many assignments: every draw is the same load
+        return float(min(experts, total))
+    u = np.random.default_rng(0).random((POWER_LAW_SAMPLES, experts))
+    power = 1.0 - alpha
+    loads = ((high**power - low**power) * u + low**power) ** (1.0 / power)
+    counts = np.round(loads / loads.sum(axis=1, keepdims=True) * total).astype(np.int64)
+    hits = np.empty(POWER_LAW_SAMPLES)
+    for i, row in enumerate(counts):
+        delta = total - int(row.sum())
+        order = np.argsort(-row, kind="stable")
+        if delta > 0:  # the surplus goes to the busiest experts, one each, in turn
+            np.add.at(row, order[np.arange(delta) % experts], 1)
+        while delta < 0:  # the shortfall comes off the least busy experts that have any
+            busy = order[row[order] > 0][::-1]
+            take = busy[:min(-delta, busy.size)]
+            row[take] -= 1
+            delta += take.size
+        hits[i] = np.count_nonzero(row)
+    return float(hits.mean())
 
 
 def routed_work(tokens: np.ndarray, experts: np.ndarray, top_k: np.ndarray, ep: np.ndarray,
@@ -59,4 +93,9 @@ def routed_work(tokens: np.ndarray, experts: np.ndarray, top_k: np.ndarray, ep: 
     for row in np.flatnonzero(routing == "balanced"):
         hit[row], assignments[row] = balanced_rank0(int(tokens[row]), int(experts[row]), int(top_k[row]),
                                                     int(ep[row]))
+    skewed = np.flatnonzero(routing == "power_law_1.01")
+    if (ep[skewed] != 1).any():
+        raise ValueError("power-law routing is modelled without expert parallelism only")
+    for row in skewed:
+        hit[row] = power_law_hits(int(tokens[row]), int(experts[row]), int(top_k[row]))
     return hit, assignments

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from servesim import load_hardware, load_model
-from servesim.calibration.moe_routing import balanced_rank0
+from servesim.calibration.moe_routing import balanced_rank0, power_law_hits, routed_work
 from servesim.calibration.work import MOE_FORMATS, fast_predict, moe_elementwise_s, moe_experts, work
 from servesim.cost.batch import BatchShape
 from servesim.cost.step_cost import CostModel
@@ -130,3 +130,34 @@ def test_a_balanced_row_is_priced_with_the_experts_it_read() -> None:
     assert balanced["rows_per_expert"][0] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="routing"):
         moe_experts("moe", row.assign(routing="power_law_1.2"))
+
+
+def test_power_law_hits_follow_the_collector_generator() -> None:
+    """AIConfigurator's power-law routing, worked out by hand where it is certain: one token of
+    top-1 over two experts puts its one assignment on the expert of the larger share (the other
+    rounds to 0), so one expert is hit; three tokens of top-4 over four experts draw loads on
+    [1, 2.4], so even the smallest share (at least 1 / (1 + 3 x 2.4)) of 12 assignments rounds to
+    one or more: all four hit."""
+    assert power_law_hits(1, 2, 1) == 1.0
+    assert power_law_hits(3, 4, 4) == 4.0
+    assert power_law_hits(1, 256, 8) == 8.0  # one token: its eight assignments on eight experts
+    assert power_law_hits(64, 256, 8) == power_law_hits(64, 256, 8)  # a fixed seed: the same number
+
+
+@pytest.mark.parametrize("tokens", [16, 32, 64, 128])
+def test_the_power_law_hits_fewer_experts_than_uniform_routing(tokens: int) -> None:
+    """The skew concentrates a batch's assignments: fewer distinct experts than uniform routing's
+    E (1 - (1 - k/E)^T), itself fewer than the balanced collector's min(E, T k)."""
+    uniform = 256 * (1 - (1 - 8 / 256) ** tokens)
+    skewed = power_law_hits(tokens, 256, 8)
+    assert skewed < uniform < min(256, 8 * tokens)
+    hit, assignments = routed_work(np.array([float(tokens)]), np.array([256.0]), np.array([8.0]),
+                                   np.array([1.0]), np.array(["power_law_1.01"]))
+    assert hit[0] == pytest.approx(skewed)
+    assert assignments[0] == pytest.approx(8 * tokens)  # every assignment lands on the one rank
+
+
+def test_power_law_routing_is_refused_with_expert_parallelism() -> None:
+    with pytest.raises(ValueError, match="expert parallelism"):
+        routed_work(np.array([64.0]), np.array([256.0]), np.array([8.0]), np.array([8.0]),
+                    np.array(["power_law_1.01"]))
