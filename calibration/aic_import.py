@@ -79,21 +79,10 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
         f"group's error; {detail}; eager_call_s = median eager minus graphed time of vLLM's all-reduce "
         "up to 64 KiB")
     ep_rows = expert_parallel_report(measured.moe_expert_parallel, prior, fitted)
-    for row in ep_rows:
-        key = f"efficiency.{row['family'].removesuffix('_ep')}"
-        if key in provenance:
-            provenance[key] += (
-                f"; expert-parallel rows (rank 0 of EP 2-256, not fitted): {row['rows_held_out']} rows, "
-                f"median {row['fit_out_median_%']:.1f}% p90 {row['fit_out_p90_%']:.1f}% (before: median "
-                f"{row['prior_median_%']:.1f}% p90 {row['prior_p90_%']:.1f}%)")
     skewed_rows = validation_report(measured.moe_skewed, prior, fitted, "_power_law")
-    for row in skewed_rows:
-        key = f"efficiency.{row['family'].removesuffix('_power_law')}"
-        if key in provenance:
-            provenance[key] += (
-                f"; power-law routed rows (exponent 1.01, not fitted; experts hit as its generator "
-                f"leaves them): {row['rows_held_out']} rows, median {row['fit_out_median_%']:.1f}% "
-                f"p90 {row['fit_out_p90_%']:.1f}%")
+    note_validated(provenance, ep_rows, "_ep", "expert-parallel rows (rank 0 of EP 2-256, not fitted)")
+    note_validated(provenance, skewed_rows, "_power_law", "power-law routed rows (exponent 1.01, not "
+                   "fitted; experts hit as its generator leaves them)")
     ep_rows += skewed_rows
     dropped = ", ".join(f"{reason} ({count:,})" for reason, count in measured.dropped.items())
     provenance["calibration"] = (
@@ -125,6 +114,18 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
                           for r in reports])
     ep = pd.DataFrame([{"gpu": gpu, "profile": prior.name, **row} for row in ep_rows])
     return profile, pd.concat([table, extra, ep, pd.DataFrame(mla_rows)], ignore_index=True)
+
+
+def note_validated(provenance: dict[str, str], rows: list[dict[str, Any]], suffix: str, label: str) -> None:
+    """Add each validated family's error (:func:`validation_report` rows named with ``suffix``) to
+    the provenance of the efficiency class that priced it."""
+    for row in rows:
+        key = f"efficiency.{row['family'].removesuffix(suffix)}"
+        if key in provenance:
+            provenance[key] += (
+                f"; {label}: {row['rows_held_out']} rows, median {row['fit_out_median_%']:.1f}% p90 "
+                f"{row['fit_out_p90_%']:.1f}% (before: median {row['prior_median_%']:.1f}% p90 "
+                f"{row['prior_p90_%']:.1f}%)")
 
 
 def expert_parallel_report(rows: pd.DataFrame | None, prior: HardwareProfile,
