@@ -40,6 +40,7 @@ import datetime as dt
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -418,6 +419,34 @@ def summarise(rows: pd.DataFrame, total_rows: int) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+CONCURRENCY_BANDS = (1, 9, 33, 129)
+"""Lower edges of the client-concurrency bands :func:`by_concurrency` reports (1-8, 9-32, 33-128,
+129 and more)."""
+
+
+def by_concurrency(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per engine (and all together) and band of client concurrency: rows, the median ratio of
+    predicted to measured TTFT and TPOT (1: unbiased; below 1: predicted too fast) and their median
+    APE. The bias by band is what a per-engine median hides: a replay that is right at a few
+    clients and short at many."""
+    edges = [*CONCURRENCY_BANDS, np.inf]
+    labels = [f"{lo}-{hi - 1:.0f}" if np.isfinite(hi) else f"{lo}+" for lo, hi in pairwise(edges)]
+    band = pd.cut(rows["concurrency"], edges, right=False, labels=labels)
+    out = []
+    for engine, group in [("all", rows), *rows.groupby("engine")]:
+        for label in labels:
+            part = group[band.loc[group.index] == label]
+            if part.empty:
+                continue
+            line: dict[str, Any] = {"engine": engine, "concurrency": label, "rows": len(part)}
+            for metric in ("ttft", "tpot"):
+                ratio = part[f"predicted_{metric}_ms"] / part[f"measured_{metric}_ms"]
+                line[f"{metric}_median_ratio"] = float(ratio.median())
+                line[f"{metric}_median_ape_%"] = float(part[f"{metric}_ape_%"].median())
+            out.append(line)
+    return pd.DataFrame(out)
+
+
 def skipped_table(data: ServingFile, traced: list[TracedRow]) -> pd.DataFrame:
     refused = pd.DataFrame([{"row": t.row.row, "backend": t.row.engine, "model": t.row.hf_model,
                              "system": t.row.gpu, "reason": t.problem}
@@ -462,6 +491,7 @@ def write_outputs(out: Path, rows: pd.DataFrame, summary: pd.DataFrame, skipped:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "serving_rows.csv", rows.to_csv(index=False))
     atomic_write_text(out / "serving_summary.csv", summary.to_csv(index=False))
+    atomic_write_text(out / "serving_by_concurrency.csv", by_concurrency(rows).to_csv(index=False))
     atomic_write_text(out / "serving_skipped.csv", skipped.to_csv(index=False))
     if noise is not None:
         atomic_write_text(out / "serving_noise.csv", noise.to_csv(index=False))

@@ -16,7 +16,13 @@ from servesim.calibration.aic_flags import generator_deployed
 from servesim.calibration.engine_fit import loss, weighted_mean
 from servesim.calibration.replay import TRACE_FRONTEND_S, ZERO_CPU, Coefficients, simulate_document
 from servesim.calibration.serving_data import ServingRow, catalogue_model, read_serving_file
-from servesim.calibration.serving_validate import fit_serving, round_weights, trace_rows, validate_serving
+from servesim.calibration.serving_validate import (
+    by_concurrency,
+    fit_serving,
+    round_weights,
+    trace_rows,
+    validate_serving,
+)
 from servesim.calibration.stacked_means import StackedMeans
 from servesim.config import validate_document
 from servesim.errors import ServesimError
@@ -229,11 +235,30 @@ def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Pa
     # the disaggregated row's prefill group: one prompt of ISL + 1500 tokens (in 32-token blocks)
     assert list(rows.loc[rows["replay"] == "simulated", "step_budget"]) == [-(-(ISL + 1500) // 32) * 32]
     assert skipped["reason"].str.startswith("the simulator refuses the deployment").sum() == 1
-    for name in ("serving_rows.csv", "serving_summary.csv", "serving_skipped.csv", "serving_noise.csv",
-                 "serving.html"):
+    for name in ("serving_rows.csv", "serving_summary.csv", "serving_by_concurrency.csv",
+                 "serving_skipped.csv", "serving_noise.csv", "serving.html"):
         assert (tmp_path / name).is_file()
     overall = summary.set_index(["engine", "gpu"]).loc[("all", "all")]
     assert overall["rows"] == 5 and overall["share_of_file_%"] == pytest.approx(5 / 11 * 100)
+
+
+def test_by_concurrency_reports_the_bias_per_band() -> None:
+    """Four rows of one engine in two bands: at 4 and 8 clients predicted 0.9x and 1.3x the
+    measured TTFT (median ratio 1.1, APE 10% and 30%: median 20%), at 256 and 512 clients 0.5x and
+    0.7x (0.6; 50% and 30%: 40%); TPOT exact everywhere."""
+    rows = pd.DataFrame({"engine": "vllm", "concurrency": [4, 8, 256, 512],
+                         "measured_ttft_ms": 100.0, "predicted_ttft_ms": [90.0, 130.0, 50.0, 70.0],
+                         "measured_tpot_ms": 10.0, "predicted_tpot_ms": 10.0})
+    rows["ttft_ape_%"] = (rows["predicted_ttft_ms"] / rows["measured_ttft_ms"] - 1).abs() * 100
+    rows["tpot_ape_%"] = 0.0
+    bands = by_concurrency(rows).set_index(["engine", "concurrency"])
+    assert list(bands.index) == [("all", "1-8"), ("all", "129+"), ("vllm", "1-8"), ("vllm", "129+")]
+    assert bands.loc[("vllm", "1-8"), "rows"] == 2
+    assert bands.loc[("vllm", "1-8"), "ttft_median_ratio"] == pytest.approx(1.1)
+    assert bands.loc[("vllm", "1-8"), "ttft_median_ape_%"] == pytest.approx(20.0)
+    assert bands.loc[("vllm", "129+"), "ttft_median_ratio"] == pytest.approx(0.6)
+    assert bands.loc[("vllm", "129+"), "ttft_median_ape_%"] == pytest.approx(40.0)
+    assert bands.loc[("all", "129+"), "tpot_median_ratio"] == pytest.approx(1.0)
 
 
 def test_fit_serving_recovers_the_cpu_coefficients(serving_file: Path) -> None:

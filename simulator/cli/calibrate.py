@@ -121,7 +121,8 @@ def import_aiconfigurator_command(
 def validate_serving_command(
     path: Annotated[Path, typer.Argument(help="A serving file in AIConfigurator's silicon CSV format")],
     out: Annotated[Path | None, Opt(help="Folder for serving_rows.csv, serving_summary.csv, "
-                                        "serving_skipped.csv and serving.html")] = None,
+                                        "serving_by_concurrency.csv, serving_skipped.csv and "
+                                        "serving.html")] = None,
     workers: Annotated[int, Opt(help="Processes that replay rows")] = 1,
     measured: Annotated[int, Opt(help="Measured requests per client (after one warm-up request)")] = 3,
     length_spread: Annotated[float, Opt(help="Replay output lengths uniform within +/- this fraction of "
@@ -133,14 +134,29 @@ def validate_serving_command(
     from servesim.calibration.serving_validate import validate_serving
 
     _check_spread(length_spread)
-    _, summary, skipped, noise = validate_serving(path, out, workers=workers, measured=measured,
-                                                  length_spread=length_spread)
+    rows, summary, skipped, noise = validate_serving(path, out, workers=workers, measured=measured,
+                                                     length_spread=length_spread)
     _print(summary, f"{path.name}: absolute % error of mean TTFT and TPOT, engines as shipped")
+    _print_bands(rows)
     _print_noise(noise)
     _print_skipped(skipped)
     if out:
-        _console.print(f"wrote {out}/serving_rows.csv, serving_summary.csv, serving_noise.csv, "
-                       "serving_skipped.csv, serving.html")
+        _console.print(f"wrote {out}/serving_rows.csv, serving_summary.csv, serving_by_concurrency.csv, "
+                       "serving_noise.csv, serving_skipped.csv, serving.html")
+
+
+def _print_bands(rows: pd.DataFrame) -> None:
+    """The replay's bias by band of client concurrency (:func:`~servesim.calibration.
+    serving_validate.by_concurrency`)."""
+    from servesim.calibration.serving_validate import by_concurrency
+
+    if rows.empty:
+        return
+    bands = by_concurrency(rows)
+    for column in ("ttft_median_ratio", "tpot_median_ratio"):  # two decimals, where _print keeps one
+        bands[column] = bands[column].map(lambda v: f"{v:.2f}")
+    _print(bands, "by client concurrency: median predicted / measured (1 = unbiased) and median "
+           "absolute % error")
 
 
 def _print_noise(noise: pd.DataFrame) -> None:
@@ -200,6 +216,7 @@ def fit_serving_command(
                        + (f", {c.frontend_chunk_s * 1e6:.3g} us per streamed chunk" if stream else "")
                        + f" ({result.rows_used[engine]} rows)")
     _print(result.lomo_summary, "leave-one-model-out: absolute % error of mean TTFT and TPOT")
+    _print_bands(result.lomo_rows)
     _print_noise(result.noise)
     _print_skipped(result.skipped)
     written = write_engine_fits(result, source or path.name, out_dir or configs_dir() / "engines")
