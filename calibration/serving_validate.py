@@ -463,26 +463,37 @@ def _hover(r: Any, engine: str) -> str:
 
 
 def chart(rows: pd.DataFrame, title: str, path: Path) -> None:
-    """Predicted vs measured TTFT and TPOT (log-log), coloured by engine."""
+    """Predicted vs measured TTFT and TPOT (log-log, top) and their ratio against the client
+    concurrency (bottom: the bias :func:`by_concurrency` tabulates), coloured by engine."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT (ms)", "TPOT (ms)"))
+    fig = make_subplots(rows=2, cols=2, subplot_titles=(
+        "TTFT (ms)", "TPOT (ms)", "TTFT predicted / measured by clients",
+        "TPOT predicted / measured by clients"))
     colours = {"vllm": "#1f77b4", "sglang": "#d62728", "trtllm": "#2ca02c"}
     for col, metric in ((1, "ttft"), (2, "tpot")):
+        measured, predicted = f"measured_{metric}_ms", f"predicted_{metric}_ms"
         for engine, group in rows.groupby("engine"):
-            fig.add_trace(go.Scatter(
-                x=group[f"measured_{metric}_ms"], y=group[f"predicted_{metric}_ms"], mode="markers",
-                name=str(engine), legendgroup=str(engine), showlegend=col == 1,
-                marker={"color": colours.get(str(engine), "gray"), "size": 6, "opacity": 0.7},
-                text=[_hover(r, str(engine)) for r in group.itertuples()]), row=1, col=col)
-        values = rows[[f"measured_{metric}_ms", f"predicted_{metric}_ms"]].to_numpy()
+            style = {"name": str(engine), "legendgroup": str(engine), "mode": "markers",
+                     "marker": {"color": colours.get(str(engine), "gray"), "size": 6, "opacity": 0.7},
+                     "text": [_hover(r, str(engine)) for r in group.itertuples()]}
+            fig.add_trace(go.Scatter(x=group[measured], y=group[predicted], showlegend=col == 1, **style),
+                          row=1, col=col)
+            fig.add_trace(go.Scatter(x=group["concurrency"], y=group[predicted] / group[measured],
+                                     showlegend=False, **style), row=2, col=col)
+        values = rows[[measured, predicted]].to_numpy()
         lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
         fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", showlegend=False,
                                  line={"dash": "dash", "color": "gray"}), row=1, col=col)
+        clients = rows["concurrency"].to_numpy(float)
+        fig.add_trace(go.Scatter(x=[clients.min(), clients.max()], y=[1.0, 1.0], mode="lines",
+                                 showlegend=False, line={"dash": "dash", "color": "gray"}), row=2, col=col)
         fig.update_xaxes(type="log", title="measured", row=1, col=col)
         fig.update_yaxes(type="log", title="predicted", row=1, col=col)
-    fig.update_layout(title=title, template="plotly_white")
+        fig.update_xaxes(type="log", title="client concurrency", row=2, col=col)
+        fig.update_yaxes(type="log", title="predicted / measured", row=2, col=col)
+    fig.update_layout(title=title, template="plotly_white", height=900)
     atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 

@@ -238,6 +238,8 @@ def test_validate_serving_writes_the_comparison(serving_file: Path, tmp_path: Pa
     for name in ("serving_rows.csv", "serving_summary.csv", "serving_by_concurrency.csv",
                  "serving_skipped.csv", "serving_noise.csv", "serving.html"):
         assert (tmp_path / name).is_file()
+    page = (tmp_path / "serving.html").read_text()
+    assert "TTFT predicted \\u002f measured by clients" in page  # the bias panels under the scatter
     overall = summary.set_index(["engine", "gpu"]).loc[("all", "all")]
     assert overall["rows"] == 5 and overall["share_of_file_%"] == pytest.approx(5 / 11 * 100)
 
