@@ -42,7 +42,7 @@ from servesim.calibration.serving_validate import (
     replayable,
     shipped_coefficients,
 )
-from servesim.errors import ServesimError
+from servesim.errors import ServesimError, run_script
 
 SHARES = np.round(np.arange(0.0, 0.3001, 0.01), 2)
 """The burst shares tried (0: the steady state alone; 0.05: the recipe's 1/20)."""
@@ -134,4 +134,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

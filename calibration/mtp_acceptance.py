@@ -29,6 +29,7 @@ import pandas as pd
 
 from servesim.calibration.serving_data import ServingRow, read_serving_file
 from servesim.calibration.serving_validate import MEASURED, WARMUP, replayed_means
+from servesim.errors import run_script
 
 GRID = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
 """The rates every row is replayed at."""
@@ -133,4 +134,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -8,6 +8,9 @@ ordinary exceptions so that they do show a traceback.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 class ServesimError(Exception):
     """A user mistake, reported as ``<field>: <problem>; <fix>`` on one line."""
@@ -24,3 +27,13 @@ class ServesimError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+def run_script(main: Callable[[], None]) -> None:
+    """Run the ``main`` of a ``python -m servesim....`` script as the CLI runs a command: a user
+    mistake is its one ``error:`` line on stderr and exit status 2, never a traceback."""
+    try:
+        main()
+    except ServesimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

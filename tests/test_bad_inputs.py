@@ -323,3 +323,22 @@ def test_run_names_never_leave_the_output_folders(tmp_path: Path) -> None:
 
 def test_seeds_stay_within_the_int64_result_columns() -> None:
     refused(lambda: validate_document({**SMALL, "seed": 2**63}), "seed: Input should be less than or equal")
+
+
+@pytest.mark.parametrize("script", ["servesim.calibration.burst_share",
+                                    "servesim.calibration.mtp_acceptance"])
+def test_calibration_scripts_refuse_a_bad_serving_file_in_one_line(tmp_path: Path, script: str) -> None:
+    """The ``python -m`` analyses of a serving file print a missing file or a file of the wrong
+    format as the CLI prints a mistake (``servesim.errors.run_script``), not as a traceback."""
+    import subprocess
+    import sys
+
+    def run(path: Path) -> str:
+        done = subprocess.run([sys.executable, "-m", script, str(path)], capture_output=True, text=True,
+                              timeout=60)
+        return one_line(done)
+
+    assert "not found; check the path" in run(tmp_path / "missing.csv")
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("a,b\n1,2\n")
+    assert "missing column(s) backend" in run(wrong)
