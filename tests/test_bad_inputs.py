@@ -342,3 +342,12 @@ def test_calibration_scripts_refuse_a_bad_serving_file_in_one_line(tmp_path: Pat
     wrong = tmp_path / "wrong.csv"
     wrong.write_text("a,b\n1,2\n")
     assert "missing column(s) backend" in run(wrong)
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--measured"])
+@pytest.mark.parametrize("command", ["validate-serving", "fit-serving"])
+def test_serving_replays_need_a_worker_and_a_measured_round(tmp_path: Path, command: str, flag: str) -> None:
+    """0 workers is no pool and 0 measured rounds would read each prediction off the burst alone:
+    both refused before the file is read."""
+    line = one_line(servesim("calibrate", command, str(tmp_path / "any.csv"), flag, "0"))
+    assert line == f"error: {flag}: must be >= 1, got 0; use 1 or more"

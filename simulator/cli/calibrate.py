@@ -133,7 +133,7 @@ def validate_serving_command(
     TPOT per engine and GPU, and every other row counted by reason."""
     from servesim.calibration.serving_validate import validate_serving
 
-    _check_spread(length_spread)
+    _check_replay(length_spread, workers, measured)
     rows, summary, skipped, noise = validate_serving(path, out, workers=workers, measured=measured,
                                                      length_spread=length_spread)
     _print(summary, f"{path.name}: absolute % error of mean TTFT and TPOT, engines as shipped")
@@ -169,13 +169,17 @@ def _print_noise(noise: pd.DataFrame) -> None:
            "as each one's prediction (the floor under any replay's error on these rows)")
 
 
-def _check_spread(length_spread: float) -> None:
-    """A spread outside [0, 0.5) is one line, not a replay of impossible lengths."""
+def _check_replay(length_spread: float, workers: int, measured: int) -> None:
+    """A spread outside [0, 0.5), no worker process or no measured round is one line, not a replay
+    of impossible lengths, a pool of none, or a prediction read from the burst round alone."""
     from servesim.errors import ServesimError
 
     if not 0.0 <= length_spread < 0.5:
         raise ServesimError("--length-spread", f"{length_spread} is not a fraction in [0, 0.5)",
                             "use e.g. 0.02, or 0 for exactly each row's OSL")
+    for flag, value in (("--workers", workers), ("--measured", measured)):
+        if value < 1:
+            raise ServesimError(flag, f"must be >= 1, got {value}", "use 1 or more")
 
 
 def _print_skipped(skipped: pd.DataFrame) -> None:
@@ -206,7 +210,7 @@ def fit_serving_command(
     from servesim.calibration.serving_validate import fit_serving, write_engine_fits, write_outputs
     from servesim.resources import configs_dir
 
-    _check_spread(length_spread)
+    _check_replay(length_spread, workers, measured)
     result = fit_serving(path, workers=workers, measured=measured, length_spread=length_spread, stream=stream)
     for engine, c in result.coefficients.items():
         _console.print(f"{engine}: overlapped {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us "
