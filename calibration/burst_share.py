@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from servesim.calibration.replay import simulate_document
+from servesim.calibration.replay_pool import replay_map
 from servesim.calibration.serving_data import HARDWARE, ServingRow, read_serving_file
 from servesim.calibration.serving_validate import (
     MEASURED,
@@ -66,11 +66,7 @@ def round_means(row: ServingRow) -> dict[str, object] | None:
 
 def replay_rounds(rows: Sequence[ServingRow], workers: int = 1) -> pd.DataFrame:
     """:func:`round_means` of every row the simulator accepts, one line each."""
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            means = list(pool.map(round_means, rows, chunksize=4))
-    else:
-        means = [round_means(row) for row in rows]
+    means = replay_map(round_means, rows, workers, "replaying rows")
     return pd.DataFrame([m for m in means if m is not None])
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from servesim.calibration.replay_pool import replay_map
 from servesim.calibration.serving_data import ServingRow, read_serving_file
 from servesim.calibration.serving_validate import MEASURED, WARMUP, replayed_means
 from servesim.errors import run_script
@@ -56,11 +56,7 @@ def acceptance_curves(rows: Sequence[ServingRow], grid: Sequence[float] = GRID,
     """One line per row: its campaign, measured TPOT and the log error of its replayed TPOT at
     every rate of ``grid`` (columns named by the rate)."""
     jobs = [(row, rate) for row in rows for rate in grid]
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            replays = list(pool.map(_replay, jobs, chunksize=1))
-    else:
-        replays = [_replay(job) for job in jobs]
+    replays = replay_map(_replay, jobs, workers, "replaying rows at each rate")
     measured = {r.row: r.tpot_s for r in rows}
     table = pd.DataFrame(replays, columns=["row", "rate", "tpot_s"])
     table["log_error"] = np.log(table["tpot_s"] / table["row"].map(measured))

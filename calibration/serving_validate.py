@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
@@ -64,6 +63,7 @@ from servesim.calibration.replay import (
     simulate_document,
     trace_run,
 )
+from servesim.calibration.replay_pool import replay_map
 from servesim.calibration.serving_data import HARDWARE, ServingFile, ServingRow, read_serving_file
 from servesim.calibration.serving_noise import replayed_noise
 from servesim.config import validate_document
@@ -161,10 +161,7 @@ def replayed_means(document: dict, concurrency: int, warmup: int) -> tuple[float
 def _run_simulations(jobs: list[tuple[ServingRow, int, int, Coefficients]],
                      workers: int) -> list[tuple[int, float, float]]:
     """:func:`_simulate` of every job, in order (``workers`` processes)."""
-    if workers <= 1 or len(jobs) <= 1:
-        return [_simulate(job) for job in jobs]
-    with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(_simulate, jobs, chunksize=1))
+    return replay_map(_simulate, jobs, workers, "simulating rows")
 
 
 def needs_simulation(t: TracedRow, c: Coefficients) -> bool:
@@ -350,11 +347,7 @@ def fit_handoff(traced: list[TracedRow], lomo: dict[int, Coefficients], fitted: 
 def trace_rows(rows: Iterable[ServingRow], warmup: int = WARMUP, measured: int = MEASURED,
                workers: int = 1) -> list[TracedRow]:
     """Every row's schedule (in file order); ``workers`` processes."""
-    jobs = [(row, warmup + measured) for row in rows]
-    if workers <= 1:
-        return [_trace(job) for job in jobs]
-    with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(_trace, jobs, chunksize=1))
+    return replay_map(_trace, [(row, warmup + measured) for row in rows], workers, "tracing rows")
 
 
 def shipped_coefficients(engine: str, hardware: str) -> Coefficients:

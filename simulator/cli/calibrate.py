@@ -9,6 +9,8 @@ need only numpy and pandas. The calibration package is imported inside each comm
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -23,6 +25,26 @@ if TYPE_CHECKING:
 calibrate_app = typer.Typer(help="Microbenchmark kernels, fit hardware profiles, validate the cost model.",
                             no_args_is_help=True)
 Opt = typer.Option
+
+
+@contextmanager
+def _replay_progress() -> Iterator[None]:
+    """A progress bar (on a terminal, gone when done) over every batch of rows a serving replay
+    runs, labelled by its stage (:mod:`servesim.calibration.replay_pool`)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from servesim.calibration.replay_pool import reporting
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=_console, transient=True) as bar:
+        task = bar.add_task("replaying rows", total=0)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            bar.update(task, description=stage, completed=done, total=total)
+
+        with reporting(progress):
+            yield
 
 
 def _print(table: pd.DataFrame, title: str) -> None:
@@ -134,8 +156,9 @@ def validate_serving_command(
     from servesim.calibration.serving_validate import validate_serving
 
     _check_replay(length_spread, workers, measured)
-    rows, summary, skipped, noise = validate_serving(path, out, workers=workers, measured=measured,
-                                                     length_spread=length_spread)
+    with _replay_progress():
+        rows, summary, skipped, noise = validate_serving(path, out, workers=workers, measured=measured,
+                                                         length_spread=length_spread)
     _print(summary, f"{path.name}: absolute % error of mean TTFT and TPOT, engines as shipped")
     _print_bands(rows)
     _print_noise(noise)
@@ -211,7 +234,9 @@ def fit_serving_command(
     from servesim.resources import configs_dir
 
     _check_replay(length_spread, workers, measured)
-    result = fit_serving(path, workers=workers, measured=measured, length_spread=length_spread, stream=stream)
+    with _replay_progress():
+        result = fit_serving(path, workers=workers, measured=measured, length_spread=length_spread,
+                             stream=stream)
     for engine, c in result.coefficients.items():
         _console.print(f"{engine}: overlapped {c.fixed_s * 1e6:.0f} us per step + {c.per_seq_s * 1e6:.2f} us "
                        f"per sequence; serial {c.serial_fixed_s * 1e6:.0f} us per step + "
