@@ -29,6 +29,13 @@ class ServesimError(Exception):
         return self.message
 
 
+def at_least_one(flag: str, value: int | None) -> None:
+    """A count flag (``--workers``, ``--measured``) given below 1 is one line naming it, before
+    anything runs (None: not given, the command's default)."""
+    if value is not None and value < 1:
+        raise ServesimError(flag, f"must be >= 1, got {value}", "use 1 or more")
+
+
 def run_script(main: Callable[[], None]) -> None:
     """Run the ``main`` of a ``python -m servesim....`` script as the CLI runs a command: a user
     mistake is its one ``error:`` line on stderr and exit status 2, never a traceback."""

@@ -351,3 +351,12 @@ def test_serving_replays_need_a_worker_and_a_measured_round(tmp_path: Path, comm
     both refused before the file is read."""
     line = one_line(servesim("calibrate", command, str(tmp_path / "any.csv"), flag, "0"))
     assert line == f"error: {flag}: must be >= 1, got 0; use 1 or more"
+
+
+@pytest.mark.parametrize("argv", [["sweep", "compare-policies", "--dry-run"], ["plan-day", "chat-day"],
+                                  ["capacity", "llama3-8b-chat"]])
+def test_every_command_with_workers_refuses_none_before_it_starts(argv: list[str]) -> None:
+    """``--workers 0`` is one line, before a dry run lists the points or a day plan starts its
+    probes (plan-day ran with none; a sweep's dry run passed it and only its real run refused)."""
+    line = one_line(servesim(*argv, "--workers", "0"))
+    assert line == "error: --workers: must be >= 1, got 0; use 1 or more"

@@ -45,7 +45,7 @@ from servesim.capacity.evaluate import sample_workload
 from servesim.capacity.limits import decode_batch_limits
 from servesim.dtypes import Precision
 from servesim.engines import make_engine
-from servesim.errors import ServesimError
+from servesim.errors import ServesimError, at_least_one
 from servesim.hardware_io import load_hardware
 from servesim.launch import launch_configs
 from servesim.model_config import load_model
@@ -100,8 +100,7 @@ def plan_capacity(config: CapacityConfig, base_dir: Path | None = None, workers:
     """The whole capacity answer as one JSON-ready mapping (see the module docstring)."""
     prices, overridden = check_inputs(config)
     config = with_engine_defaults(config)
-    if workers < 1:
-        raise ServesimError("--workers", f"must be >= 1, got {workers}", "use 1 or more")
+    at_least_one("--workers", workers)
     candidates = expand_candidates(config)
     records = _analyse_all(config, candidates, base_dir, workers)
     for record in records:

@@ -195,14 +195,13 @@ def _print_noise(noise: pd.DataFrame) -> None:
 def _check_replay(length_spread: float, workers: int, measured: int) -> None:
     """A spread outside [0, 0.5), no worker process or no measured round is one line, not a replay
     of impossible lengths, a pool of none, or a prediction read from the burst round alone."""
-    from servesim.errors import ServesimError
+    from servesim.errors import ServesimError, at_least_one
 
     if not 0.0 <= length_spread < 0.5:
         raise ServesimError("--length-spread", f"{length_spread} is not a fraction in [0, 0.5)",
                             "use e.g. 0.02, or 0 for exactly each row's OSL")
-    for flag, value in (("--workers", workers), ("--measured", measured)):
-        if value < 1:
-            raise ServesimError(flag, f"must be >= 1, got {value}", "use 1 or more")
+    at_least_one("--workers", workers)
+    at_least_one("--measured", measured)
 
 
 def _print_skipped(skipped: pd.DataFrame) -> None:

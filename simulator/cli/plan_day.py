@@ -31,7 +31,9 @@ def plan_day_command(
 ) -> None:
     """What fleet, scaled how, serves a day of traffic within the SLOs at the lowest cost."""
     from servesim.capacity.day import load_day_plan, plan_day
+    from servesim.errors import at_least_one
 
+    at_least_one("--workers", workers)
     path = find_builtin(plan, [configs_dir() / "plans"], "PLAN", "day plan")
     config, experiment, base_dir = load_day_plan(path, overrides)
     out_dir = out or Path("runs") / f"day-{config.name}"

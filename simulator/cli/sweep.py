@@ -56,11 +56,13 @@ def sweep_command(
         TimeRemainingColumn,
     )
 
+    from servesim.errors import at_least_one
     from servesim.sweep import find_sweep, load_sweep
     from servesim.sweep.axes import point_label
     from servesim.sweep.backends import check_backend
     from servesim.sweep.runner import prepare
 
+    at_least_one("--workers", workers)
     chosen = check_backend(backend)
     check_plotlyjs_early(plotlyjs)
     sweep = load_sweep(find_sweep(sweep_file), overrides)

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from servesim.errors import ServesimError
+from servesim.errors import ServesimError, at_least_one
 from servesim.sweep.execute import RunFiles, execute_run, failed_run
 from servesim.sweep.local_pool import WorkerPool
 from servesim.sweep.plan import RunTask
@@ -32,8 +32,7 @@ def default_workers() -> int:
 def run_tasks(tasks: Sequence[RunTask], on_done: OnDone, backend: Backend = "local",
               workers: int | None = None, ray_address: str | None = None,
               deaths: list[str] | None = None) -> None:
-    if workers is not None and workers < 1:
-        raise ServesimError("--workers", f"must be at least 1 (got {workers})", "give a positive count")
+    at_least_one("--workers", workers)
     check_backend(backend)
     if backend == "local":
         run_local(tasks, on_done, workers or default_workers(), deaths)
