@@ -78,7 +78,7 @@ def import_gpu(root: Path, gpu: str, date: str) -> tuple[HardwareProfile, pd.Dat
         "per octave of wire bytes over the bandwidth-bound fitted rows, kept where it lowers that "
         f"group's error; {detail}; eager_call_s = median eager minus graphed time of vLLM's all-reduce "
         "up to 64 KiB")
-    ep_rows = expert_parallel_report(measured.moe_expert_parallel, prior, fitted)
+    ep_rows = validation_report(measured.moe_expert_parallel, prior, fitted, "_ep")
     skewed_rows = validation_report(measured.moe_skewed, prior, fitted, "_power_law")
     note_validated(provenance, ep_rows, "_ep", "expert-parallel rows (rank 0 of EP 2-256, not fitted)")
     note_validated(provenance, skewed_rows, "_power_law", "power-law routed rows (exponent 1.01, not "
@@ -128,18 +128,11 @@ def note_validated(provenance: dict[str, str], rows: list[dict[str, Any]], suffi
                 f"{row['prior_p90_%']:.1f}%)")
 
 
-def expert_parallel_report(rows: pd.DataFrame | None, prior: HardwareProfile,
-                           fitted: HardwareProfile) -> list[dict[str, Any]]:
-    """Error on the fused-MoE rows of expert-parallel layouts (none of them fitted), per family:
-    the cost model's rank-0 share (``1/ep`` of the assignments and experts) with the profile before
-    and after the import."""
-    return validation_report(rows, prior, fitted, "_ep")
-
-
 def validation_report(rows: pd.DataFrame | None, prior: HardwareProfile, fitted: HardwareProfile,
                       suffix: str) -> list[dict[str, Any]]:
-    """Error on fused-MoE rows the import validates but does not fit (expert-parallel layouts,
-    skewed routing), per family (named with ``suffix``), with the profile before and after."""
+    """Error on fused-MoE rows the import validates but does not fit, per family (named with
+    ``suffix``), with the profile before and after: expert-parallel layouts (the cost model's
+    rank-0 share, ``1/ep`` of the assignments and experts) and skewed routing."""
     out: list[dict[str, Any]] = []
     if rows is None or rows.empty:
         return out
